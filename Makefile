@@ -1,0 +1,38 @@
+# make test: the whole suite against real redis-server processes (a standalone
+# server and a 3-master cluster) started by internal/redistest on free
+# loopback ports and stopped at the end. Installs redis-server first when it
+# is missing and the machine allows it (root with apt-get).
+
+GO ?= go
+
+.PHONY: test redis-server check fuzz bench
+
+test: redis-server check
+	$(GO) run ./internal/redistest/cmd/redisharness -- $(GO) test -race -count=1 ./...
+
+check:
+	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
+	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+redis-server:
+	@if command -v redis-server >/dev/null 2>&1; then \
+		redis-server --version; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing redis-server with apt-get"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null && redis-server --version; \
+	else \
+		echo "redis-server not found and cannot be installed here (needs root and apt-get)."; \
+		echo "Install Redis 7: Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis"; \
+		if [ "$$CI" = true ]; then exit 1; fi; \
+	fi
+
+# Short coverage-guided fuzzing of every fuzz target (not part of make test).
+FUZZTIME ?= 30s
+fuzz: redis-server
+	$(GO) test ./internal/keys -run '^$$' -fuzz FuzzEncode -fuzztime $(FUZZTIME)
+	$(GO) test ./gcra -run '^$$' -fuzz FuzzDifferential -fuzztime $(FUZZTIME)
+
+# Peer comparison benchmarks (separate module; see BENCHMARKS.md).
+bench: redis-server
+	cd bench && $(GO) run ./cmd/benchtable

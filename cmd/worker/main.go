@@ -1,0 +1,13 @@
+// Command worker is the taskrl worker binary described in DESIGN.md's command-line
+// contract. It is being built; for now it says so and exits with status 2.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+func main() {
+	fmt.Fprintln(os.Stderr, "taskrl worker: not implemented yet")
+	os.Exit(2)
+}

@@ -1,0 +1,145 @@
+package gcra
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/internal/script"
+)
+
+//go:embed gcra.lua
+var gcraLua string
+
+var gcraScript = script.New(gcraLua, "gcra")
+
+// DefaultPrefix is the key prefix used when Config.Prefix is empty.
+const DefaultPrefix = "taskrl:"
+
+// explicitTTLFloor is the shortest TTL a key gets when the limiter runs on an
+// explicit clock: keys still expire by the server's clock, which an explicit
+// clock may outrun, so they must outlive the run that drives it.
+const explicitTTLFloor = time.Hour
+
+// Config configures a Limiter.
+type Config struct {
+	// Client is the Redis connection: a *redis.Client, *redis.ClusterClient
+	// or *redis.Ring. Required.
+	Client redis.UniversalClient
+	// Prefix starts every key the limiter writes. Default DefaultPrefix
+	// ("taskrl:"). At most 64 printable ASCII bytes without spaces, '{' or
+	// '}'.
+	Prefix string
+	// Now, when set, supplies the time of every decision instead of the
+	// Redis server's TIME. It exists for tests and simulations; leave it nil
+	// in production so that worker clocks never enter a decision. Keys
+	// written under an explicit clock live at least an hour of server time.
+	Now func() time.Time
+}
+
+// Limiter is a GCRA rate limiter whose state lives in Redis, so every process
+// sharing the Redis shares the limit. Each call is one EVALSHA of one script
+// on one key (falling back to EVAL once after a script flush), so decisions
+// are atomic across any number of processes, and each key lives only until it
+// is back at its full burst.
+//
+// A Limiter is safe for concurrent use.
+type Limiter struct {
+	client redis.UniversalClient
+	prefix string
+	now    func() time.Time
+}
+
+// New validates cfg and returns a Limiter.
+func New(cfg Config) (*Limiter, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("gcra: Config.Client is required")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if err := keys.ValidatePrefix(cfg.Prefix); err != nil {
+		return nil, fmt.Errorf("gcra: Config.Prefix: %w", err)
+	}
+	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + "gcra:", now: cfg.Now}, nil
+}
+
+// Key returns the Redis key holding the state of key. The key is built with
+// internal encoding: any bytes are allowed in key, and the result always has
+// the form PREFIX "gcra:{" ENCODED "}", at most about 140 bytes, hash-tagged on
+// the encoded key.
+func (l *Limiter) Key(key string) string {
+	return l.prefix + "{" + keys.Encode(key) + "}"
+}
+
+// Allow is AllowN with a cost of 1.
+func (l *Limiter) Allow(ctx context.Context, key string, limit Limit) (Result, error) {
+	return l.AllowN(ctx, key, limit, 1)
+}
+
+// AllowN admits a request of cost n against key if it conforms to limit now,
+// charging it; otherwise it charges nothing and RetryAfter says how long
+// until it would conform. A cost of 0 peeks without charging, and a cost
+// above limit.Burst is never allowed (RetryAfter is Never). A denial is a
+// Result; the error is for invalid input and Redis failures.
+func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int) (Result, error) {
+	return l.run(ctx, key, limit, n, opAllow, 0)
+}
+
+// Peek reports the state of key under limit without charging: whether a
+// request would be allowed, Remaining and ResetAfter. It is AllowN with cost 0.
+func (l *Limiter) Peek(ctx context.Context, key string, limit Limit) (Result, error) {
+	return l.run(ctx, key, limit, 0, opAllow, 0)
+}
+
+// Reserve books the earliest moment a request of cost n conforms, if that
+// moment is at most maxWait away, and charges it now: Allowed is true and the
+// caller must wait Delay before acting. This is how a task is rescheduled to
+// exactly when it may run. If the moment is further than maxWait, nothing is
+// charged, Allowed is false and RetryAfter is the wait. Cancel a booking with
+// Refund. A cost above limit.Burst is never booked.
+func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, n int, maxWait time.Duration) (Result, error) {
+	return l.run(ctx, key, limit, n, opReserve, maxWait)
+}
+
+// Refund gives back n units charged to key, as if the requests had never
+// been made; refunding more than was charged leaves the key full, never in
+// credit. Use it when an admitted request did not happen or a reservation is
+// cancelled.
+func (l *Limiter) Refund(ctx context.Context, key string, limit Limit, n int) (Result, error) {
+	return l.run(ctx, key, limit, n, opRefund, 0)
+}
+
+// Reset deletes the state of key: it is back at its full burst.
+func (l *Limiter) Reset(ctx context.Context, key string) error {
+	return l.client.Del(ctx, l.Key(key)).Err()
+}
+
+func (l *Limiter) run(ctx context.Context, key string, limit Limit, n int, o op, maxWait time.Duration) (Result, error) {
+	r, err := newRequest(limit, n, o, maxWait)
+	if err != nil {
+		return Result{}, err
+	}
+	now, floor := int64(-1), int64(0)
+	if l.now != nil {
+		if now, err = checkTime(l.now()); err != nil {
+			return Result{}, err
+		}
+		floor = explicitTTLFloor.Milliseconds()
+	}
+	v, err := gcraScript.Run(ctx, l.client, []string{l.Key(key)},
+		r.em, r.burst, r.n, int(o), r.maxWait, now, floor).Int64Slice()
+	if err != nil {
+		return Result{}, fmt.Errorf("gcra: %w", err)
+	}
+	if len(v) != 6 {
+		return Result{}, fmt.Errorf("gcra: unexpected script reply %v", v)
+	}
+	d := decision{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], resetAfter: v[3], delay: v[4]}
+	return d.result(limit, v[5]), nil
+}

@@ -1,0 +1,70 @@
+-- GCRA arithmetic shared by every script that decides a GCRA rule.
+-- A library, not a script: it defines functions and touches no key.
+--
+-- All times are integer microseconds; all values stay below 2^53 (checked in
+-- Go before the call), so double arithmetic here is exact.
+--
+-- gcra_decide(stored, now, em, burst, n, op, max_wait)
+--   stored    theoretical arrival time (TAT) read from the key, or nil
+--   now       current time
+--   em        emission interval T = period / rate
+--   burst     B: requests allowed at once from idle (tolerance = B*T)
+--   n         cost; 0 peeks
+--   op        0 allow, 1 reserve (book up to max_wait ahead), 2 refund n
+--   max_wait  reserve horizon
+-- returns allowed (0/1), tat (state after the call), write (0 keep, 1 set,
+--   2 delete), remaining, retry_after (-1: never), reset_after, delay
+local function gcra_decide(stored, now, em, burst, n, op, max_wait)
+  local tol = em * burst
+  local tat = now
+  if stored ~= nil and stored > now then
+    tat = stored
+  end
+  if op == 2 then
+    local new = tat - n * em
+    if new <= now then
+      return 1, now, 2, burst, 0, 0, 0
+    end
+    local rem = math.floor((tol - (new - now)) / em)
+    if rem < 0 then rem = 0 end
+    return 1, new, 1, rem, 0, new - now, 0
+  end
+  local left = math.floor((tol - (tat - now)) / em)
+  if left < 0 then left = 0 end
+  if n > burst then
+    return 0, tat, 0, left, -1, tat - now, 0
+  end
+  local new = tat + n * em
+  local wait = new - tol - now
+  if wait <= 0 or (op == 1 and wait <= max_wait) then
+    local rem = math.floor((tol - (new - now)) / em)
+    if rem < 0 then rem = 0 end
+    if wait < 0 then wait = 0 end
+    local write = 1
+    if n == 0 then write = 0 end
+    return 1, new, write, rem, 0, new - now, wait
+  end
+  return 0, tat, 0, left, wait, tat - now, 0
+end
+
+-- gcra_now(arg) returns arg when it is a non-negative explicit time, else the
+-- server's TIME in microseconds.
+local function gcra_now(arg)
+  local now = tonumber(arg)
+  if now >= 0 then return now end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- gcra_store(key, tat, write, now, ttl_floor_ms) applies a decision: sets the
+-- key with a TTL equal to the time until the bucket is full again (at least
+-- ttl_floor_ms), or deletes it.
+local function gcra_store(key, tat, write, now, ttl_floor_ms)
+  if write == 1 then
+    local ttl = math.ceil((tat - now) / 1000)
+    if ttl < ttl_floor_ms then ttl = ttl_floor_ms end
+    redis.call('SET', key, string.format('%d', tat), 'PX', ttl)
+  elseif write == 2 then
+    redis.call('DEL', key)
+  end
+end

@@ -1,0 +1,36 @@
+// Package script holds the Lua sources shared by the Redis scripts of gcra
+// and quotas, so that each algorithm is written once, and builds scripts from
+// them.
+package script
+
+import (
+	"embed"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/*.lua
+var files embed.FS
+
+// Source returns the embedded library file lua/<name>.lua. It panics if the
+// file does not exist, which is a programming error caught by every test.
+func Source(name string) string {
+	b, err := files.ReadFile("lua/" + name + ".lua")
+	if err != nil {
+		panic("script: no embedded Lua library " + name)
+	}
+	return string(b)
+}
+
+// New concatenates the named library files and main, in that order, into one
+// script. go-redis runs it with EVALSHA and falls back to EVAL on NOSCRIPT.
+func New(main string, libs ...string) *redis.Script {
+	var b strings.Builder
+	for _, l := range libs {
+		b.WriteString(Source(l))
+		b.WriteByte('\n')
+	}
+	b.WriteString(main)
+	return redis.NewScript(b.String())
+}
