@@ -125,15 +125,17 @@ func (l *Limiter) run(ctx context.Context, key string, limit Limit, n int, o op,
 	if err != nil {
 		return Result{}, err
 	}
-	now, floor := int64(-1), int64(0)
+	args := []any{r.em, r.burst, r.n}
 	if l.now != nil {
-		if now, err = checkTime(l.now()); err != nil {
+		now, err := checkTime(l.now())
+		if err != nil {
 			return Result{}, err
 		}
-		floor = explicitTTLFloor.Milliseconds()
+		args = append(args, int(o), r.maxWait, now, explicitTTLFloor.Milliseconds())
+	} else if o != opAllow {
+		args = append(args, int(o), r.maxWait)
 	}
-	v, err := gcraScript.Run(ctx, l.client, []string{l.Key(key)},
-		r.em, r.burst, r.n, int(o), r.maxWait, now, floor).Int64Slice()
+	v, err := gcraScript.Run(ctx, l.client, []string{l.Key(key)}, args...).Int64Slice()
 	if err != nil {
 		return Result{}, fmt.Errorf("gcra: %w", err)
 	}
