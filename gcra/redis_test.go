@@ -3,11 +3,10 @@ package gcra
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -128,47 +127,13 @@ func newDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64
 func TestDifferential(t *testing.T) {
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
-	const workers, perWorker = 8, 12_500
-	var wg sync.WaitGroup
-	errs := make(chan string, workers)
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			ft := &fatalCatcher{TB: t}
-			d := newDiffer(ft, c, prefix, uint64(w+1), 4)
-			defer func() {
-				if r := recover(); r != nil && r != ft {
-					panic(r)
-				}
-				if ft.msg != "" {
-					errs <- ft.msg
-				}
-			}()
-			for i := 0; i < perWorker; i++ {
-				d.step(ft)
-			}
-		}(w)
-	}
-	wg.Wait()
-	close(errs)
-	for e := range errs {
-		t.Error(e)
-	}
+	redistest.Parallel(t, 8, func(t testing.TB, w int) {
+		d := newDiffer(t, c, prefix, uint64(w+1), 4)
+		for i := 0; i < 12_500; i++ {
+			d.step(t)
+		}
+	})
 }
-
-// fatalCatcher turns Fatalf in a goroutine into a recorded message.
-type fatalCatcher struct {
-	testing.TB
-	msg string
-}
-
-func (f *fatalCatcher) Helper() {}
-func (f *fatalCatcher) Fatalf(format string, args ...any) {
-	f.msg = fmt.Sprintf(format, args...)
-	panic(f)
-}
-func (f *fatalCatcher) Fatal(args ...any) { f.Fatalf("%s", fmt.Sprint(args...)) }
 
 // FuzzDifferential drives the Lua limiter and the model with operations
 // decoded from the fuzzer's bytes.
@@ -346,8 +311,10 @@ func TestServerClock(t *testing.T) {
 }
 
 // TestCrossProcess hammers one key from 3 processes × 20 goroutines for about
-// 3 s at 200/s burst 10: the total allowed must be exactly what GCRA permits
-// over the span between the first and the last admission.
+// 3 s at 200/s burst 10. Every decision, replayed in the order the server
+// made it through the model, must be exactly what GCRA permits at that
+// instant: no race ever admits too many, and none denies one too many; so
+// the total equals what GCRA permits over the span.
 func TestCrossProcess(t *testing.T) {
 	if os.Getenv("GCRA_HAMMER") != "" {
 		hammerChild(t)
@@ -358,57 +325,57 @@ func TestCrossProcess(t *testing.T) {
 	}
 	redistest.Client(t) // skip early when Redis is missing
 	prefix := redistest.Prefix(t)
-	var wg sync.WaitGroup
-	results := make([]hammerResult, 3)
-	for i := range results {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestCrossProcess$", "-test.v")
-			cmd.Env = append(os.Environ(), "GCRA_HAMMER="+prefix, "GORACE=atexit_sleep_ms=0")
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Errorf("child %d: %v\n%s", i, err, out)
-				return
+	var mu sync.Mutex
+	var ds []hammered
+	redistest.Parallel(t, 3, func(t testing.TB, i int) {
+		out, err := redistest.Child("TestCrossProcess", "GCRA_HAMMER="+prefix).CombinedOutput()
+		if err != nil {
+			t.Fatalf("child %d: %v\n%s", i, err, out)
+		}
+		sc := bufio.NewScanner(strings.NewReader(string(out)))
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "D "); ok {
+				var d hammered
+				fmt.Sscan(v, &d.at, &d.allowed)
+				mu.Lock()
+				ds = append(ds, d)
+				mu.Unlock()
 			}
-			sc := bufio.NewScanner(strings.NewReader(string(out)))
-			for sc.Scan() {
-				if line, ok := strings.CutPrefix(sc.Text(), "HAMMER "); ok {
-					json.Unmarshal([]byte(line), &results[i])
-				}
-			}
-			if results[i].Allowed == 0 {
-				t.Errorf("child %d reported nothing:\n%s", i, out)
-			}
-		}(i)
-	}
-	wg.Wait()
+		}
+	})
 	if t.Failed() {
 		return
 	}
-	var total, calls int64
-	first, last := results[0].First, results[0].Last
-	for _, r := range results {
-		total += r.Allowed
-		calls += r.Calls
-		first, last = min(first, r.First), max(last, r.Last)
+	sort.SliceStable(ds, func(i, j int) bool { return ds[i].at < ds[j].at })
+	var m Model
+	var allowed int64
+	first, last := int64(-1), int64(0)
+	for i, d := range ds {
+		want, _ := m.AllowN(time.UnixMicro(d.at), "hot", hammerLimit, 1)
+		if want.Allowed != d.allowed {
+			t.Fatalf("decision %d of %d at %d: limiter allowed=%v, GCRA allows=%v", i, len(ds), d.at, d.allowed, want.Allowed)
+		}
+		if d.allowed {
+			allowed++
+			if first < 0 {
+				first = d.at
+			}
+			last = d.at
+		}
 	}
-	em := hammerLimit.Interval().Microseconds()
-	permitted := int64(hammerLimit.Burst) + (last-first)/em
-	t.Logf("%d calls, %d allowed over %.3fs; GCRA permits %d", calls, total, float64(last-first)/1e6, permitted)
-	if total > permitted || total < permitted-1 {
-		t.Fatalf("allowed %d, GCRA permits %d over the span", total, permitted)
-	}
-	if calls < 3*total {
-		t.Fatalf("only %d calls for %d admissions: the key was not contended", calls, total)
+	permitted := int64(hammerLimit.Burst) + (last-first)/hammerLimit.Interval().Microseconds()
+	t.Logf("%d decisions, each what GCRA permits; %d allowed over %.3fs, where GCRA permits at most %d", len(ds), allowed, float64(last-first)/1e6, permitted)
+	if len(ds) < 3*int(allowed) {
+		t.Fatalf("only %d decisions for %d admissions: the key was not contended", len(ds), allowed)
 	}
 }
 
 var hammerLimit = Limit{Rate: 200, Period: time.Second, Burst: 10}
 
-type hammerResult struct {
-	Allowed, Calls int64
-	First, Last    int64 // server time of the first and last admission, µs
+// hammered is one decision of a child: its server time and outcome.
+type hammered struct {
+	at      int64
+	allowed bool
 }
 
 func hammerChild(t *testing.T) {
@@ -418,40 +385,18 @@ func hammerChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	res := hammerResult{First: 1 << 62}
-	ctx := context.Background()
-	deadline := time.After(3 * time.Second)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	for g := 0; g < 20; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				r, err := l.Allow(ctx, "hot", hammerLimit)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				res.Calls++
-				if r.Allowed {
-					res.Allowed++
-					us := r.Now.UnixMicro()
-					res.First, res.Last = min(res.First, us), max(res.Last, us)
-				}
-				mu.Unlock()
+	var lines []string
+	stop := time.Now().Add(3 * time.Second)
+	redistest.Parallel(t, 20, func(t testing.TB, _ int) {
+		for time.Now().Before(stop) {
+			r, err := l.Allow(context.Background(), "hot", hammerLimit)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}()
-	}
-	<-deadline
-	close(done)
-	wg.Wait()
-	b, _ := json.Marshal(res)
-	fmt.Printf("HAMMER %s\n", b)
+			mu.Lock()
+			lines = append(lines, fmt.Sprintf("D %d %v", r.Now.UnixMicro(), r.Allowed))
+			mu.Unlock()
+		}
+	})
+	fmt.Println(strings.Join(lines, "\n"))
 }

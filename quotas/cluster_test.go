@@ -1,0 +1,219 @@
+package quotas
+
+import (
+	"context"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/internal/redistest"
+)
+
+// roundTrips counts the commands and pipelines a client sends.
+type roundTrips struct{ cmds, pipes atomic.Int64 }
+
+func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.cmds.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.pipes.Add(1)
+		return next(ctx, cmds)
+	}
+}
+func (h *roundTrips) take() (int64, int64) { return h.cmds.Swap(0), h.pipes.Swap(0) }
+
+var spanSet = mustSet(
+	Rule{Name: "vendor", Limit: GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 5})},
+	Rule{Name: "daily", Limit: CalendarWindow{Limit: 100, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
+	Rule{Name: "business", Limit: GCRA(gcra.Limit{Rate: 1, Period: time.Second, Burst: 1})},
+	Rule{Name: "slots", Limit: Concurrency{Max: 2, Lease: 30 * time.Second}},
+)
+
+// TestClusterRoundTrips shows that a set spanning two slots is decided in
+// one parallel round trip when admitted, and that a denial in one slot is
+// undone in the other with one more.
+func TestClusterRoundTrips(t *testing.T) {
+	c := redistest.Cluster(t)
+	h := &roundTrips{}
+	c.AddHook(h)
+	l, _ := New(Config{Client: c, Prefix: redistest.Prefix(t)})
+	ctx := context.Background()
+	req := Request{Keys: []string{"", "", "b7", "b7"}, Holder: "task1"}
+	calls, _ := l.bind(spanSet, req)
+	if got := len(l.groups(calls)); got != 2 {
+		t.Fatalf("%d slot groups, want 2", got)
+	}
+	// Load the script on every master first, so no NOSCRIPT round trip.
+	if err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		return setScript.Load(ctx, m).Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Allow(ctx, spanSet, req); err != nil {
+		t.Fatal(err)
+	}
+	h.take()
+	req.Holder = "task2"
+	d, err := l.Allow(ctx, spanSet, Request{Keys: []string{"", "", "b8", "b8"}, Holder: "task2"})
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if cmds, pipes := h.take(); cmds != 0 || pipes != 1 {
+		t.Fatalf("admitted decision took %d commands and %d pipelines, want one pipeline", cmds, pipes)
+	}
+	// b7 is over its per-business rate: denied in its slot, undone in the
+	// global slot, which shows no charge afterwards.
+	d, err = l.Allow(ctx, spanSet, Request{Keys: []string{"", "", "b7", "b7"}, Holder: "task3"})
+	if err != nil || d.Allowed || d.Rule != "business" || d.RetryAfter <= 0 || d.RetryAfter > time.Second {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if cmds, pipes := h.take(); cmds+pipes != 2 {
+		t.Fatalf("denied decision took %d commands and %d pipelines, want 2 round trips", cmds, pipes)
+	}
+	if d.Rules[0].Used != 2 || d.Rules[1].Used != 2 || d.Rules[3].Used != 1 {
+		t.Fatalf("after the undo: %+v", d.Rules)
+	}
+	st, _ := l.Status(ctx, spanSet, Request{Keys: []string{"", "", "b7", "b7"}, Holder: "x"})
+	for i, r := range st.Rules {
+		if r.Used != d.Rules[i].Used || r.Remaining != d.Rules[i].Remaining {
+			t.Fatalf("status %+v\ndecision %+v", st.Rules, d.Rules)
+		}
+	}
+}
+
+// TestClusterMatchesStandalone runs the same random operations through a
+// limiter on the cluster (sets spanning slots, charge per slot, undo on
+// denial) and one on a single server (one script), on explicit clocks: the
+// decisions must be the same.
+func TestClusterMatchesStandalone(t *testing.T) {
+	single := newDiffer(t, redistest.Client(t), redistest.Prefix(t), 77)
+	cluster := newDiffer(t, redistest.Cluster(t), redistest.Prefix(t), 77)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(5, 5))
+	type held struct {
+		set      *Set
+		req      Request
+		one, two Decision
+	}
+	var hs []held
+	clean := func(d Decision) Decision {
+		d.nonce, d.undo = "", nil
+		for i := range d.Leases {
+			d.Leases[i].Token, d.Leases[i].zkey, d.Leases[i].hkey = 0, "", ""
+		}
+		return d
+	}
+	for op := 0; op < 3000; op++ {
+		step := time.Duration(rng.Int64N(int64(single.scale) * 2))
+		single.l.now = single.l.now.Add(step).Truncate(time.Microsecond)
+		cluster.l.now = single.l.now
+		si := rng.IntN(len(single.sets))
+		req := Request{Cost: rng.IntN(3), Holder: "h" + string(rune('a'+rng.IntN(4))), Keys: make([]string, len(single.sets[si].rules))}
+		for i := range req.Keys {
+			req.Keys[i] = entities[rng.IntN(len(entities))]
+		}
+		var a, b Decision
+		var ea, eb error
+		switch x := rng.IntN(10); {
+		case x < 6:
+			a, ea = single.l.Allow(ctx, single.sets[si], req)
+			b, eb = cluster.l.Allow(ctx, cluster.sets[si], req)
+			if a.Allowed {
+				hs = append(hs, held{single.sets[si], req, a, b})
+			}
+		case x < 8:
+			hz := time.Duration(rng.Int64N(int64(single.scale) * 10))
+			a, ea = single.l.Reserve(ctx, single.sets[si], req, hz)
+			b, eb = cluster.l.Reserve(ctx, cluster.sets[si], req, hz)
+		case x < 9 || len(hs) == 0:
+			a, ea = single.l.Status(ctx, single.sets[si], req)
+			b, eb = cluster.l.Status(ctx, cluster.sets[si], req)
+		default:
+			i := rng.IntN(len(hs))
+			h := hs[i]
+			hs = append(hs[:i], hs[i+1:]...)
+			ea = single.l.Refund(ctx, h.set, h.req, h.one)
+			eb = cluster.l.Refund(ctx, cluster.sets[indexOf(single.sets, h.set)], h.req, h.two)
+		}
+		if ea != nil || eb != nil {
+			t.Fatalf("op %d: %v / %v", op, ea, eb)
+		}
+		if a, b = clean(a), clean(b); !reflect.DeepEqual(a, b) {
+			t.Fatalf("op %d on %v keys %q:\n single  %+v\n cluster %+v", op, single.sets[si].rules, req.Keys, a, b)
+		}
+	}
+}
+
+func indexOf(sets []*Set, s *Set) int {
+	for i, x := range sets {
+		if x == s {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestKeysFromUserData checks that any entity id gives distinct, bounded
+// keys whose hash tag is the encoded id and that land where the tag says.
+func TestKeysFromUserData(t *testing.T) {
+	c := redistest.Cluster(t)
+	l, _ := New(Config{Client: c, Prefix: redistest.Prefix(t)})
+	ctx := context.Background()
+	ids := []string{"b7", "b7 ", "{b7}", "b7}", "{", "}", ":", "a:b", "a\nb", "\x00\xff", strings.Repeat("x", 10<<10), strings.Repeat("x", 10<<10-1) + "y", "~g", "%7B"}
+	seen := map[string]string{}
+	for _, id := range ids {
+		checkKeys(t, l, id, seen)
+		d, err := l.Allow(ctx, spanSet, Request{Keys: []string{id, id, id, id}, Holder: "h"})
+		if err != nil || !d.Allowed {
+			t.Fatalf("id %.20q: %+v %v", id, d, err)
+		}
+	}
+}
+
+func checkKeys(t testing.TB, l *Limiter, id string, seen map[string]string) {
+	calls, err := l.bind(spanSet, Request{Keys: []string{id, id, id, id}, Holder: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range calls {
+		for _, k := range c.keys {
+			if len(k) > len(l.prefix)+100 {
+				t.Fatalf("key %q for %.20q is %d bytes", k, id, len(k))
+			}
+			tag := k[strings.IndexByte(k, '{')+1 : strings.IndexByte(k, '}')]
+			if tag != keys.Encode(id) && !(id == "" && tag == "~g") {
+				t.Fatalf("key %q for %.20q has tag %q", k, id, tag)
+			}
+			if prev, ok := seen[k]; ok && prev != id {
+				t.Fatalf("ids %.20q and %.20q share key %q", prev, id, k)
+			}
+			seen[k] = id
+		}
+	}
+}
+
+// FuzzKeys checks that distinct ids never share a key and keys stay bounded
+// and correctly tagged.
+func FuzzKeys(f *testing.F) {
+	l := &Limiter{prefix: "taskrl:q:"}
+	for _, s := range []string{"", "b7", "{", "}{", ":", "\n", "~g", "%25"} {
+		f.Add(s, s+"}")
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		seen := map[string]string{}
+		checkKeys(t, l, a, seen)
+		checkKeys(t, l, b, seen)
+	})
+}

@@ -1,0 +1,166 @@
+package quotas_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/quotas"
+)
+
+// monday9 is the explicit clock the examples run on, so their output is
+// exact. Production code leaves Config.Now nil: the Redis server's clock
+// decides.
+var monday9 = time.Date(2026, 11, 23, 17, 0, 0, 0, time.UTC) // 09:00 in Los Angeles
+
+func exampleLimiter(now *time.Time) *quotas.Limiter {
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.SharedAddr()}) // your Redis
+	l, err := quotas.New(quotas.Config{Client: rdb, Prefix: redistest.NewPrefix("example"), Now: func() time.Time { return *now }})
+	if err != nil {
+		panic(err)
+	}
+	return l
+}
+
+// A vendor allows 20 calls/s, 10,000 calls per day resetting at midnight in
+// Los Angeles, and 2 calls/s per customer. One Allow decides all three
+// atomically, in one round trip.
+func Example() {
+	now := monday9
+	limiter := exampleLimiter(&now)
+	vendor, err := quotas.NewSet(
+		quotas.Rule{Name: "vendor-peak", Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 5})},
+		quotas.Rule{Name: "vendor-daily", Limit: quotas.CalendarWindow{Limit: 10000, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
+		quotas.Rule{Name: "per-customer", Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})},
+	)
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for _, customer := range []string{"c1", "c2", "c1"} {
+		d, err := limiter.Allow(ctx, vendor, quotas.Request{Keys: []string{"", "", customer}})
+		if err != nil {
+			panic(err)
+		}
+		if d.Allowed {
+			fmt.Printf("%s: allowed, %d calls left today\n", customer, d.Rules[1].Remaining)
+		} else {
+			fmt.Printf("%s: denied by %s, retry in %v\n", customer, d.Rule, d.RetryAfter)
+		}
+	}
+	// Output:
+	// c1: allowed, 9999 calls left today
+	// c2: allowed, 9998 calls left today
+	// c1: denied by per-customer, retry in 500ms
+}
+
+func ExampleLimiter_Reserve() {
+	now := monday9
+	limiter := exampleLimiter(&now)
+	// A backfill may run 2 tasks per second and 3 per 10-second window.
+	set, _ := quotas.NewSet(
+		quotas.Rule{Name: "rate", Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})},
+		quotas.Rule{Name: "window", Limit: quotas.FixedWindow{Limit: 3, Every: 10 * time.Second}},
+	)
+	for i := 0; i < 5; i++ {
+		d, _ := limiter.Reserve(context.Background(), set, quotas.Request{}, time.Minute)
+		fmt.Printf("task %d runs in %v\n", i, d.Delay)
+	}
+	// Output:
+	// task 0 runs in 0s
+	// task 1 runs in 500ms
+	// task 2 runs in 1s
+	// task 3 runs in 10s
+	// task 4 runs in 10.5s
+}
+
+func ExampleLimiter_Release() {
+	now := monday9
+	limiter := exampleLimiter(&now)
+	ctx := context.Background()
+	// At most 2 calls in flight per business.
+	set, _ := quotas.NewSet(quotas.Rule{Name: "in-flight", Limit: quotas.Concurrency{Max: 2, Lease: 30 * time.Second}})
+	var held []quotas.Lease
+	for _, task := range []string{"t1", "t2", "t3"} {
+		d, _ := limiter.Allow(ctx, set, quotas.Request{Keys: []string{"b7"}, Holder: task})
+		fmt.Println(task, d.Allowed)
+		held = append(held, d.Leases...)
+	}
+	limiter.Release(ctx, held[0]) // t1 is done
+	d, _ := limiter.Allow(ctx, set, quotas.Request{Keys: []string{"b7"}, Holder: "t3"})
+	fmt.Println("t3", d.Allowed)
+	// Output:
+	// t1 true
+	// t2 true
+	// t3 false
+	// t3 true
+}
+
+func ExampleLimiter_Renew() {
+	now := monday9
+	limiter := exampleLimiter(&now)
+	ctx := context.Background()
+	set, _ := quotas.NewSet(quotas.Rule{Name: "one", Limit: quotas.Concurrency{Max: 1, Lease: 30 * time.Second}})
+	d, _ := limiter.Allow(ctx, set, quotas.Request{Holder: "t1"})
+	now = now.Add(20 * time.Second)
+	ok, _ := limiter.Renew(ctx, d.Leases[0]) // heartbeat: 30s from now
+	fmt.Println("renewed:", ok)
+	now = now.Add(40 * time.Second) // the holder crashed: its lease ran out
+	ok, _ = limiter.Renew(ctx, d.Leases[0])
+	fmt.Println("renewed:", ok)
+	// Output:
+	// renewed: true
+	// renewed: false
+}
+
+func ExampleLimiter_Refund() {
+	now := monday9
+	limiter := exampleLimiter(&now)
+	ctx := context.Background()
+	set, _ := quotas.NewSet(quotas.Rule{Name: "daily", Limit: quotas.CalendarWindow{Limit: 100, Cron: "@daily"}})
+	d, _ := limiter.Allow(ctx, set, quotas.Request{Cost: 10})
+	fmt.Println(d.Rules[0].Remaining)
+	limiter.Refund(ctx, set, quotas.Request{Cost: 10}, d) // the batch was never sent
+	st, _ := limiter.Status(ctx, set, quotas.Request{})
+	fmt.Println(st.Rules[0].Remaining)
+	// Output:
+	// 90
+	// 100
+}
+
+func ExampleLimiter_Status() {
+	now := monday9
+	limiter := exampleLimiter(&now)
+	set, _ := quotas.NewSet(quotas.Rule{Name: "sliding", Limit: quotas.SlidingWindow{Limit: 5, Every: time.Minute}})
+	ctx := context.Background()
+	limiter.Allow(ctx, set, quotas.Request{Cost: 2})
+	now = now.Add(45 * time.Second)
+	limiter.Allow(ctx, set, quotas.Request{Cost: 1})
+	st, _ := limiter.Status(ctx, set, quotas.Request{})
+	r := st.Rules[0]
+	fmt.Printf("%s: used %d, remaining %d, oldest leaves in %v\n", r.Name, r.Used, r.Remaining, r.ResetAfter)
+	// Output: sliding: used 3, remaining 2, oldest leaves in 15s
+}
+
+func ExampleNewSet() {
+	_, err := quotas.NewSet(
+		quotas.Rule{Name: "daily", Limit: quotas.CalendarWindow{Limit: 10000, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
+		quotas.Rule{Name: "slots", Limit: quotas.Concurrency{Max: 2, Lease: 30 * time.Second, Reserved: 2}},
+	)
+	fmt.Println(err)
+	// Output: quotas: rule "slots": invalid limit: reserved must be between 0 and max-1 (1), got 2
+}
+
+func ExampleCalendarWindow_String() {
+	fmt.Println(quotas.CalendarWindow{Limit: 10000, Cron: "0 0 * * *", TZ: "America/Los_Angeles"})
+	fmt.Println(quotas.FixedWindow{Limit: 190, Every: 10 * time.Second})
+	fmt.Println(quotas.GCRA(gcra.PerSecond(18)))
+	// Output:
+	// 10000 per "0 0 * * *" in America/Los_Angeles (calendar window)
+	// 190 per 10s (fixed window)
+	// 18/1s burst 18 (GCRA)
+}

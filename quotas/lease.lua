@@ -1,0 +1,21 @@
+-- Renews or releases one concurrency lease. Composed after
+-- internal/script/lua/rules.lua.
+--
+-- KEYS[1]  the rule's holders sorted set
+-- KEYS[2]  the rule's tokens hash
+-- ARGV[1]  op: 0 renew, 1 release
+-- ARGV[2]  explicit now in microseconds, or -1 for the server's TIME
+-- ARGV[3]  TTL floor in milliseconds (0 in production)
+-- ARGV[4]  holder id
+-- ARGV[5]  fencing token the holder got when it acquired
+-- ARGV[6]  renew: new lease length, microseconds
+--
+-- Reply: 1 if the lease was renewed / released, 0 if the holder no longer
+-- holds it under that token (expired and reclaimed, or re-acquired).
+local now = gcra_now(ARGV[2])
+local floor = tonumber(ARGV[3])
+cc_reclaim(KEYS[1], KEYS[2], now)
+if ARGV[1] == '0' then
+  return cc_renew(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), now, floor)
+end
+return cc_release(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), now, floor)

@@ -1,0 +1,597 @@
+package quotas
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/internal/script"
+)
+
+var (
+	//go:embed quotas.lua
+	setLua    string
+	setScript = script.New(setLua, "gcra", "rules")
+	//go:embed lease.lua
+	leaseLua    string
+	leaseScript = script.New(leaseLua, "gcra", "rules")
+)
+
+// Never is the RetryAfter of a request that no wait can admit: its cost
+// exceeds a rule's burst or limit.
+const Never = gcra.Never
+
+// explicitTTLFloor: see gcra; keys written on an explicit clock live at least
+// this long by the server's clock.
+const explicitTTLFloor = time.Hour
+
+// tickMargin widens the range of calendar ticks sent with a request around
+// the expected server time, so that moderate clock skew costs nothing.
+const tickMargin = 10 * time.Minute
+
+// maxTicks bounds the calendar ticks sent with one request.
+const maxTicks = 64
+
+// Config configures a Limiter.
+type Config struct {
+	// Client is the Redis connection: a *redis.Client, *redis.ClusterClient
+	// or *redis.Ring. Required.
+	Client redis.UniversalClient
+	// Prefix starts every key. Default "taskrl:". At most 64 printable ASCII
+	// bytes without spaces, '{' or '}'.
+	Prefix string
+	// Now, when set, supplies the time of every decision instead of the
+	// Redis server's TIME: for tests and simulations only.
+	Now func() time.Time
+}
+
+// Limiter decides rule sets against Redis. A Limiter is safe for concurrent
+// use.
+type Limiter struct {
+	client  redis.UniversalClient
+	prefix  string
+	now     func() time.Time
+	sharded bool
+	// skew is the last seen server time minus local time, in µs; it centres
+	// the calendar ticks sent with a request on the server's clock.
+	skew atomic.Int64
+}
+
+// New validates cfg and returns a Limiter.
+func New(cfg Config) (*Limiter, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("quotas: Config.Client is required")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = gcra.DefaultPrefix
+	}
+	if err := keys.ValidatePrefix(cfg.Prefix); err != nil {
+		return nil, fmt.Errorf("quotas: Config.Prefix: %w", err)
+	}
+	_, single := cfg.Client.(*redis.Client)
+	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + "q:", now: cfg.Now, sharded: !single}, nil
+}
+
+// Request says whom a decision is for.
+type Request struct {
+	// Keys holds, per rule of the set in order, the entity the rule limits
+	// (a business id, a customer); "" means the rule's one global key. Nil
+	// means every rule is global. Any bytes are allowed.
+	Keys []string
+	// Cost is the units charged to every rule except concurrency rules,
+	// which take one slot per holder. Zero means 1.
+	Cost int
+	// Holder identifies who takes concurrency slots (an asynq task id). A
+	// holder that acquires again replaces its own lease, so a redelivered
+	// task never holds two slots. Required when the set has a concurrency
+	// rule.
+	Holder string
+	// Critical lets the request use the slots concurrency rules reserve
+	// for critical work.
+	Critical bool
+}
+
+// RuleStatus is the state of one rule's key after a decision.
+type RuleStatus struct {
+	// Name and Key identify the rule and the entity.
+	Name, Key string
+	// Used and Remaining are units in the current window (windows), in the
+	// bucket (GCRA: Burst−Remaining) or slots held (concurrency).
+	Used, Remaining int
+	// ResetAfter is the time until the window ends, the bucket is full
+	// again, the oldest sliding entry leaves, or the first lease expires.
+	ResetAfter time.Duration
+}
+
+// Lease is a concurrency slot taken by an admitted request; Renew keeps it,
+// Release gives it back. The zero value is not a lease.
+type Lease struct {
+	// Rule and Key name the concurrency rule and entity.
+	Rule, Key string
+	// Holder is the request's Holder; Token is the fencing token issued at
+	// acquisition: only the newest acquisition of a holder can renew or
+	// release.
+	Holder string
+	Token  int64
+	// Duration is the rule's lease length.
+	Duration   time.Duration
+	zkey, hkey string
+}
+
+// Decision is the outcome of deciding a set. Denied is a result, not an
+// error.
+type Decision struct {
+	// Allowed reports whether every rule admitted (Allow) or the request
+	// was booked (Reserve); then every rule was charged, otherwise none.
+	Allowed bool
+	// RetryAfter, when denied, is the longest wait among the rules that
+	// denied (for concurrency, when the first lease expires: a release may
+	// come sooner), or Never; for a Reserve not booked, the wait until the
+	// earliest moment all rules admit.
+	RetryAfter time.Duration
+	// Rule names the rule that set RetryAfter.
+	Rule string
+	// Delay is, for a booked Reserve, how long until the booked moment.
+	Delay time.Duration
+	// Now is the decision time: the server's TIME or the explicit clock. On
+	// Redis Cluster, rules in other slots are decided by their own node's
+	// clock in the same round trip; Now is the time of the first rule.
+	Now time.Time
+	// Rules holds each rule's state after the decision, in set order.
+	Rules []RuleStatus
+	// Leases are the concurrency slots an Allow took.
+	Leases []Lease
+
+	nonce string     // names this request's sliding-window entries
+	cost  int        // units charged
+	ats   []int64    // per rule, µs its group charged at
+	undo  [][2]int64 // per rule, what a refund needs to undo the charge
+}
+
+// call is one rule bound to its entity.
+type call struct {
+	i     int
+	key   string // entity
+	keys  []string
+	tag   string
+	c     compiled
+	ticks []int64
+}
+
+func (l *Limiter) bind(s *Set, r Request) ([]call, error) {
+	if s == nil {
+		return nil, errors.New("quotas: nil Set")
+	}
+	if r.Keys != nil && len(r.Keys) != len(s.rules) {
+		return nil, fmt.Errorf("quotas: Request.Keys has %d keys for %d rules", len(r.Keys), len(s.rules))
+	}
+	if r.Cost < 0 {
+		return nil, fmt.Errorf("quotas: Request.Cost must not be negative, got %d", r.Cost)
+	}
+	calls := make([]call, len(s.rules))
+	for i, rule := range s.rules {
+		var ent string
+		if r.Keys != nil {
+			ent = r.Keys[i]
+		}
+		tag := "~g"
+		if ent != "" {
+			tag = keys.Encode(ent)
+		}
+		c := s.comp[i]
+		// PREFIX "q:{" TAG "}:" NAME ":" KIND: the kind keeps rules of the
+		// same name but different kinds apart.
+		base := l.prefix + "{" + tag + "}:" + rule.Name + ":"
+		ks := []string{base + kindSuffix[c.kind]}
+		if c.kind == kindConcurrency {
+			if r.Holder == "" {
+				return nil, fmt.Errorf("quotas: rule %q is a concurrency rule: Request.Holder is required", rule.Name)
+			}
+			ks = []string{base + "holders", base + "tokens"}
+		}
+		calls[i] = call{i: i, key: ent, keys: ks, tag: tag, c: c}
+	}
+	return calls, nil
+}
+
+// groups splits calls by hash tag when the client shards keys, so that each
+// script touches one slot; a single server takes all calls in one script.
+func (l *Limiter) groups(calls []call) [][]call {
+	if !l.sharded {
+		return [][]call{calls}
+	}
+	var out [][]call
+	idx := map[string]int{}
+	for _, c := range calls {
+		j, ok := idx[c.tag]
+		if !ok {
+			j = len(out)
+			idx[c.tag] = j
+			out = append(out, nil)
+		}
+		out[j] = append(out[j], c)
+	}
+	return out
+}
+
+var kindSuffix = map[int]string{kindGCRA: "gcra", kindFixed: "fixed", kindCalendar: "calendar", kindSliding: "sliding"}
+
+const (
+	opAllow = iota
+	opReserve
+	opRefund
+	opStatus
+)
+
+// timing is what every script call of one request shares.
+type timing struct {
+	now   int64 // explicit now, or -1
+	floor int64
+	hint  time.Time // expected server time, to place calendar ticks
+}
+
+func (l *Limiter) timing() (timing, error) {
+	if l.now != nil {
+		t := l.now()
+		us := t.UnixMicro()
+		if us < 0 || us >= 1<<51 {
+			return timing{}, fmt.Errorf("quotas: time %s is outside 1970..2041", t.Format(time.RFC3339Nano))
+		}
+		return timing{now: us, floor: explicitTTLFloor.Milliseconds(), hint: t}, nil
+	}
+	// Only a hint for which calendar ticks to send: the script checks them
+	// against the server's TIME and asks again if they miss.
+	return timing{now: -1, hint: time.Now().Add(time.Duration(l.skew.Load()) * time.Microsecond)}, nil
+}
+
+// params is one request's script parameters.
+type params struct {
+	op      int
+	req     Request
+	n       int
+	horizon time.Duration
+	nonce   string
+	// notBefore: reserve no earlier (µs, 0: now).
+	notBefore int64
+	// Refund: per rule index, the time its group charged at and its undo
+	// values.
+	ats  []int64
+	undo [][2]int64
+}
+
+// args builds one group's script arguments.
+func (l *Limiter) args(g []call, p params, tm timing) ([]string, []any) {
+	var ks []string
+	at := p.notBefore
+	if p.op == opRefund {
+		at = p.ats[g[0].i]
+	}
+	argv := []any{p.op, tm.now, tm.floor, p.n, p.horizon.Microseconds(), p.req.Holder, b2i(p.req.Critical), p.nonce, at, len(g)}
+	for _, c := range g {
+		ks = append(ks, c.keys...)
+		switch c.c.kind {
+		case kindGCRA:
+			argv = append(argv, kindGCRA, c.c.em, c.c.burst)
+		case kindFixed, kindSliding:
+			argv = append(argv, c.c.kind, c.c.limit, c.c.every)
+		case kindCalendar:
+			// A refund needs the window it charged; the rest the windows
+			// from now to the horizon.
+			around := tm.hint
+			if p.op == opRefund {
+				around = time.UnixMicro(at)
+			}
+			ticks := c.c.sched.Ticks(around.Add(-tickMargin), around.Add(p.horizon+tickMargin), maxTicks)
+			argv = append(argv, kindCalendar, c.c.limit, len(ticks))
+			for _, t := range ticks {
+				argv = append(argv, t.UnixMicro())
+			}
+		case kindConcurrency:
+			argv = append(argv, kindConcurrency, c.c.max, c.c.reserved, c.c.lease)
+		}
+		var u [2]int64
+		if p.undo != nil {
+			u = p.undo[c.i]
+		}
+		argv = append(argv, u[0], u[1])
+	}
+	return ks, argv
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// reply is one script call's parsed answer.
+type reply struct {
+	status, wait, rule, now, at int64
+	rules                       [][5]int64 // used, remaining, reset, u1, u2
+}
+
+func parseReply(v []int64, n int) (reply, error) {
+	if len(v) < 5 || (v[0] != -2 && len(v) != 5+5*n) {
+		return reply{}, fmt.Errorf("quotas: unexpected script reply %v", v)
+	}
+	r := reply{status: v[0], wait: v[1], rule: v[2], now: v[3], at: v[4]}
+	for i := 5; i+4 < len(v); i += 5 {
+		r.rules = append(r.rules, [5]int64{v[i], v[i+1], v[i+2], v[i+3], v[i+4]})
+	}
+	return r, nil
+}
+
+// run evaluates every group in one parallel round trip. When a calendar
+// rule's ticks missed the server's clock it learns the skew and runs again.
+func (l *Limiter) run(ctx context.Context, gs [][]call, p params) ([]reply, error) {
+	for attempt := 0; ; attempt++ {
+		tm, err := l.timing()
+		if err != nil {
+			return nil, err
+		}
+		cmds := make([]*redis.Cmd, len(gs))
+		if len(gs) == 1 {
+			ks, argv := l.args(gs[0], p, tm)
+			cmds[0] = setScript.Run(ctx, l.client, ks, argv...)
+		} else {
+			// One parallel round trip: go-redis sends each node its scripts.
+			_, _ = l.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+				for i, g := range gs {
+					ks, argv := l.args(g, p, tm)
+					cmds[i] = setScript.EvalSha(ctx, pipe, ks, argv...)
+				}
+				return nil
+			})
+		}
+		replies := make([]reply, len(gs))
+		retry := false
+		for i, cmd := range cmds {
+			v, err := cmd.Int64Slice()
+			if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				ks, argv := l.args(gs[i], p, tm)
+				v, err = setScript.Run(ctx, l.client, ks, argv...).Int64Slice()
+			}
+			if err != nil {
+				return nil, fmt.Errorf("quotas: %w", err)
+			}
+			if replies[i], err = parseReply(v, len(gs[i])); err != nil {
+				return nil, err
+			}
+			if l.now == nil {
+				l.skew.Store(replies[i].now - time.Now().UnixMicro())
+			}
+			retry = retry || replies[i].status == -2
+		}
+		if !retry {
+			return replies, nil
+		}
+		if attempt > 0 {
+			return nil, errors.New("quotas: calendar ticks do not cover the server's time even after correcting for clock skew")
+		}
+	}
+}
+
+func newNonce() string {
+	var b [9]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:]) + ":"
+}
+
+// Allow admits the request if every rule of the set admits it now, and then
+// charges every rule (concurrency rules hand out a Lease each); if any rule
+// denies, nothing is charged and the Decision names the rule with the
+// longest wait. On a single Redis this is one script call. On Redis Cluster,
+// rules whose keys live in different slots are decided by one script per
+// slot, sent in one parallel round trip; if some slots admit and another
+// denies, the admitted charges are undone in a second round trip, so the set
+// never over-admits (a concurrent request may be denied meanwhile).
+func (l *Limiter) Allow(ctx context.Context, s *Set, req Request) (Decision, error) {
+	return l.decide(ctx, s, req, opAllow, 0)
+}
+
+// Reserve books the earliest moment, at most horizon away, at which every
+// rule except concurrency rules admits the request, charging them for that
+// moment: the caller acts after Decision.Delay. Concurrency is taken when
+// the work starts (Allow), never reserved. If no such moment lies within the
+// horizon, nothing is charged and RetryAfter says when it would be.
+func (l *Limiter) Reserve(ctx context.Context, s *Set, req Request, horizon time.Duration) (Decision, error) {
+	return l.decide(ctx, s, req, opReserve, max(horizon, 0))
+}
+
+// Status reports every rule's state without charging anything. Allowed is
+// true.
+func (l *Limiter) Status(ctx context.Context, s *Set, req Request) (Decision, error) {
+	calls, err := l.bind(s, req)
+	if err != nil {
+		return Decision{}, err
+	}
+	gs := l.groups(calls)
+	rs, err := l.run(ctx, gs, params{op: opStatus, req: req})
+	if err != nil {
+		return Decision{}, err
+	}
+	return l.assemble(s, gs, rs, params{req: req}), nil
+}
+
+func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horizon time.Duration) (Decision, error) {
+	calls, err := l.bind(s, req)
+	if err != nil {
+		return Decision{}, err
+	}
+	p := params{op: op, req: req, n: max(req.Cost, 1), horizon: horizon}
+	gs := l.groups(calls)
+	// On a sharded Redis a reservation may take a few rounds: each slot
+	// books its own earliest moment; if they differ, the bookings are undone
+	// and every slot books again no earlier than the latest of them.
+	rounds := 1
+	if op == opReserve && len(gs) > 1 {
+		rounds = 4
+	}
+	var d Decision
+	for round := 0; round < rounds; round++ {
+		p.nonce = newNonce()
+		rs, err := l.run(ctx, gs, p)
+		if err != nil {
+			return Decision{}, err
+		}
+		d = l.assemble(s, gs, rs, p)
+		agreed := true
+		for _, r := range rs {
+			agreed = agreed && r.at == rs[0].at
+			p.notBefore = max(p.notBefore, r.at)
+		}
+		if len(gs) == 1 || d.Allowed && (op == opAllow || agreed) {
+			return d, nil
+		}
+		// Undo what some slots charged, and report the state after that.
+		charged, undone, err := l.undo(ctx, gs, rs, p)
+		for gi, g := range charged {
+			for j, c := range g {
+				d.Rules[c.i] = status(s, c, undone[gi].rules[j])
+			}
+		}
+		if err != nil || !d.Allowed {
+			return d.denied(), err
+		}
+	}
+	d = d.denied()
+	d.RetryAfter, d.Rule = time.Duration(p.notBefore-d.Now.UnixMicro())*time.Microsecond, ""
+	return d, nil
+}
+
+// assemble merges the groups' replies into one Decision. Now is the time of
+// the group deciding the first rule.
+func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
+	d := Decision{Allowed: true, Rules: make([]RuleStatus, len(s.rules)), nonce: p.nonce, cost: p.n,
+		ats: make([]int64, len(s.rules)), undo: make([][2]int64, len(s.rules))}
+	worst := len(s.rules)
+	for gi, g := range gs {
+		r := rs[gi]
+		if gi == 0 {
+			d.Now = time.UnixMicro(r.now)
+		}
+		if r.status != 1 {
+			d.Allowed = false
+			w := time.Duration(r.wait) * time.Microsecond
+			if r.wait < 0 {
+				w = Never
+			}
+			// The longest wait; Never above all; ties to the earlier rule.
+			i := g[r.rule-1].i
+			if d.Rule == "" || d.RetryAfter != Never && (w == Never || w > d.RetryAfter) || w == d.RetryAfter && i < worst {
+				d.RetryAfter, d.Rule, worst = w, s.rules[i].Name, i
+			}
+		} else {
+			d.Delay = max(d.Delay, time.Duration(r.wait)*time.Microsecond)
+		}
+		for j, c := range g {
+			st := r.rules[j]
+			d.ats[c.i], d.undo[c.i] = r.at, [2]int64{st[3], st[4]}
+			d.Rules[c.i] = status(s, c, st)
+			if c.c.kind == kindConcurrency && st[3] > 0 {
+				d.Leases = append(d.Leases, Lease{Rule: s.rules[c.i].Name, Key: c.key, Holder: p.req.Holder, Token: st[3], Duration: time.Duration(c.c.lease) * time.Microsecond, zkey: c.keys[0], hkey: c.keys[1]})
+			}
+		}
+	}
+	if !d.Allowed {
+		d = d.denied()
+	}
+	return d
+}
+
+func status(s *Set, c call, st [5]int64) RuleStatus {
+	return RuleStatus{Name: s.rules[c.i].Name, Key: c.key, Used: int(st[0]), Remaining: int(st[1]), ResetAfter: time.Duration(st[2]) * time.Microsecond}
+}
+
+// denied clears what only an admitted decision carries.
+func (d Decision) denied() Decision {
+	d.Allowed, d.Delay, d.Leases = false, 0, nil
+	return d
+}
+
+// undo refunds, in one parallel round trip, the groups whose reply
+// admitted, and returns them with their replies.
+func (l *Limiter) undo(ctx context.Context, gs [][]call, rs []reply, p params) ([][]call, []reply, error) {
+	rules := 0
+	for _, g := range gs {
+		rules += len(g)
+	}
+	p.op, p.ats, p.undo = opRefund, make([]int64, rules), make([][2]int64, rules)
+	var charged [][]call
+	for i, g := range gs {
+		if rs[i].status != 1 {
+			continue
+		}
+		charged = append(charged, g)
+		for j, c := range g {
+			p.ats[c.i], p.undo[c.i] = rs[i].at, [2]int64{rs[i].rules[j][3], rs[i].rules[j][4]}
+		}
+	}
+	if len(charged) == 0 {
+		return nil, nil, nil
+	}
+	undone, err := l.run(ctx, charged, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	return charged, undone, nil
+}
+
+// Refund undoes the charges of an admitted or booked Decision d made for
+// req: GCRA rules get the cost back (exactly, if nothing was charged since;
+// otherwise less the time since, as the bucket may have refilled), windows
+// un-count it in the window it was charged to, sliding windows drop its
+// entries and its leases are released. Use it when an admitted request did
+// not happen. Refunding a denied decision does nothing.
+func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) error {
+	if !d.Allowed {
+		return nil
+	}
+	calls, err := l.bind(s, req)
+	if err != nil {
+		return err
+	}
+	if len(d.ats) != len(calls) {
+		return errors.New("quotas: the Decision is not from this Set")
+	}
+	_, err = l.run(ctx, l.groups(calls), params{op: opRefund, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo})
+	return err
+}
+
+// Renew extends lease to its Duration from now if its holder still holds
+// it under its token. It reports false when the lease was lost (expired and
+// reclaimed, or re-acquired by a redelivery of the same holder).
+func (l *Limiter) Renew(ctx context.Context, lease Lease) (bool, error) {
+	return l.lease(ctx, lease, 0)
+}
+
+// Release gives lease's slot back if its holder still holds it under its
+// token; it reports whether it did.
+func (l *Limiter) Release(ctx context.Context, lease Lease) (bool, error) {
+	return l.lease(ctx, lease, 1)
+}
+
+func (l *Limiter) lease(ctx context.Context, ls Lease, op int) (bool, error) {
+	if ls.zkey == "" {
+		return false, errors.New("quotas: not a lease from a Decision")
+	}
+	tm, err := l.timing()
+	if err != nil {
+		return false, err
+	}
+	v, err := leaseScript.Run(ctx, l.client, []string{ls.zkey, ls.hkey}, op, tm.now, tm.floor, ls.Holder, ls.Token, ls.Duration.Microseconds()).Int64()
+	if err != nil {
+		return false, fmt.Errorf("quotas: %w", err)
+	}
+	return v == 1, nil
+}

@@ -1,0 +1,180 @@
+package quotas
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/calendar"
+	"github.com/taskrl/taskrl/internal/redistest"
+)
+
+func TestNewSetErrors(t *testing.T) {
+	ok := GCRA(gcra.PerSecond(1))
+	cases := []struct {
+		rules []Rule
+		want  string
+	}{
+		{nil, "at least one rule"},
+		{[]Rule{{Name: "", Limit: ok}}, `rule 1: name "" must be 1-64 characters`},
+		{[]Rule{{Name: "a b", Limit: ok}}, `name "a b" contains ' '`},
+		{[]Rule{{Name: "a", Limit: ok}, {Name: "a", Limit: ok}}, `rule "a": duplicate name`},
+		{[]Rule{{Name: "a"}}, `rule "a": no limit`},
+		{[]Rule{{Name: "g", Limit: GCRA(gcra.Limit{Rate: -1, Period: time.Second, Burst: 1})}}, `rule "g": gcra: invalid limit -1/1s burst 1: rate must be a positive number`},
+		{[]Rule{{Name: "w", Limit: FixedWindow{Limit: 0, Every: time.Second}}}, `rule "w": invalid limit: limit must be at least 1, got 0`},
+		{[]Rule{{Name: "w", Limit: FixedWindow{Limit: 1, Every: 0}}}, `window must be at least 1ms, got 0s`},
+		{[]Rule{{Name: "s", Limit: SlidingWindow{Limit: 1_000_000, Every: time.Second}}}, `exceeds 100000`},
+		{[]Rule{{Name: "c", Limit: CalendarWindow{Limit: 1, Cron: "0 0 * *"}}}, `rule "c": `},
+		{[]Rule{{Name: "c", Limit: CalendarWindow{Limit: 1, Cron: "0 0 * * *", TZ: "Mars/Base"}}}, `Mars/Base`},
+		{[]Rule{{Name: "k", Limit: Concurrency{Max: 0, Lease: time.Minute}}}, `max must be at least 1`},
+		{[]Rule{{Name: "k", Limit: Concurrency{Max: 1, Lease: time.Millisecond}}}, `lease must be at least 1s`},
+		{[]Rule{{Name: "k", Limit: Concurrency{Max: 2, Lease: time.Minute, Reserved: 2}}}, `reserved must be between 0 and max-1 (1), got 2`},
+	}
+	for _, c := range cases {
+		_, err := NewSet(c.rules...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("NewSet(%v) = %v, want error containing %q", c.rules, err, c.want)
+		}
+	}
+}
+
+func TestRequestErrors(t *testing.T) {
+	l, _ := New(Config{Client: redistest.Client(t), Prefix: redistest.Prefix(t)})
+	ctx := context.Background()
+	set := mustSet(Rule{Name: "g", Limit: GCRA(gcra.PerSecond(1))}, Rule{Name: "c", Limit: Concurrency{Max: 1, Lease: time.Minute}})
+	for req, want := range map[*Request]string{
+		{Keys: []string{"a"}, Holder: "h"}: "Request.Keys has 1 keys for 2 rules",
+		{Cost: -1, Holder: "h"}:            "Request.Cost must not be negative",
+		{}:                                 `rule "c" is a concurrency rule: Request.Holder is required`,
+	} {
+		if _, err := l.Allow(ctx, set, *req); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Allow(%+v) = %v, want %q", *req, err, want)
+		}
+	}
+	if _, err := l.Allow(ctx, nil, Request{}); err == nil {
+		t.Error("nil set accepted")
+	}
+	if _, err := New(Config{}); err == nil {
+		t.Error("no client accepted")
+	}
+	if _, err := New(Config{Client: redistest.Client(t), Prefix: "a{b"}); err == nil {
+		t.Error("prefix with a brace accepted")
+	}
+	if _, err := l.Renew(ctx, Lease{}); err == nil {
+		t.Error("zero lease renewed")
+	}
+}
+
+// TestFencing: a redelivered holder replaces its own lease and never holds
+// two slots; the stale execution's token can neither renew nor release.
+func TestFencing(t *testing.T) {
+	c := redistest.Client(t)
+	l := newClocked(t, c, redistest.Prefix(t), time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	set := mustSet(Rule{Name: "slots", Limit: Concurrency{Max: 2, Lease: 30 * time.Second}})
+	first, _ := l.Allow(ctx, set, Request{Holder: "task-1"})
+	again, _ := l.Allow(ctx, set, Request{Holder: "task-1"}) // redelivery
+	if !first.Allowed || !again.Allowed || again.Rules[0].Used != 1 {
+		t.Fatalf("first %+v again %+v", first, again)
+	}
+	if again.Leases[0].Token <= first.Leases[0].Token {
+		t.Fatalf("tokens %d then %d: not increasing", first.Leases[0].Token, again.Leases[0].Token)
+	}
+	if ok, _ := l.Renew(ctx, first.Leases[0]); ok {
+		t.Fatal("stale token renewed")
+	}
+	if ok, _ := l.Release(ctx, first.Leases[0]); ok {
+		t.Fatal("stale token released the new lease")
+	}
+	other, _ := l.Allow(ctx, set, Request{Holder: "task-2"})
+	if !other.Allowed || other.Rules[0].Used != 2 {
+		t.Fatalf("second holder: %+v", other)
+	}
+	if d, _ := l.Allow(ctx, set, Request{Holder: "task-3"}); d.Allowed || d.RetryAfter != 30*time.Second || d.Rule != "slots" {
+		t.Fatalf("third holder: %+v", d)
+	}
+	// Renewal extends; expiry reclaims; tokens keep growing after the keys
+	// are gone.
+	l.now = l.now.Add(20 * time.Second)
+	if ok, _ := l.Renew(ctx, again.Leases[0]); !ok {
+		t.Fatal("renew failed")
+	}
+	l.now = l.now.Add(15 * time.Second) // task-2 expired, task-1 renewed
+	d, _ := l.Allow(ctx, set, Request{Holder: "task-3"})
+	if !d.Allowed || d.Rules[0].Used != 2 {
+		t.Fatalf("after expiry: %+v", d)
+	}
+	if ok, _ := l.Release(ctx, other.Leases[0]); ok {
+		t.Fatal("expired lease released")
+	}
+	for _, ls := range append(d.Leases, again.Leases...) {
+		if ok, _ := l.Release(ctx, ls); !ok {
+			t.Fatalf("release %+v failed", ls)
+		}
+	}
+	last, _ := l.Allow(ctx, set, Request{Holder: "task-1"})
+	if last.Leases[0].Token <= d.Leases[0].Token {
+		t.Fatalf("token %d after %d: reused", last.Leases[0].Token, d.Leases[0].Token)
+	}
+}
+
+// TestCriticalReserve: ordinary work leaves the reserved slots free for
+// critical work (a fleet-usage load shedder).
+func TestCriticalReserve(t *testing.T) {
+	l := newClocked(t, redistest.Client(t), redistest.Prefix(t), time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	set := mustSet(Rule{Name: "fleet", Limit: Concurrency{Max: 4, Lease: time.Minute, Reserved: 1}})
+	for i, want := range []bool{true, true, true, false} {
+		d, _ := l.Allow(ctx, set, Request{Holder: "bulk" + string(rune('0'+i))})
+		if d.Allowed != want {
+			t.Fatalf("ordinary request %d: %+v", i, d)
+		}
+	}
+	if d, _ := l.Allow(ctx, set, Request{Holder: "pay", Critical: true}); !d.Allowed || d.Rules[0].Remaining != 0 {
+		t.Fatalf("critical request: %+v", d)
+	}
+	if d, _ := l.Allow(ctx, set, Request{Holder: "pay2", Critical: true}); d.Allowed {
+		t.Fatalf("critical request beyond max: %+v", d)
+	}
+}
+
+// TestCalendarOnServerClock: a daily quota's window comes from the Redis
+// server's clock even when the worker's clock is days off: the script
+// rejects the ticks computed around the wrong time and the limiter retries
+// once with ticks around the server's time, then remembers the skew.
+func TestCalendarOnServerClock(t *testing.T) {
+	c := redistest.Client(t)
+	h := &roundTrips{}
+	c.AddHook(h)
+	l, _ := New(Config{Client: c, Prefix: redistest.Prefix(t)})
+	ctx := context.Background()
+	set := mustSet(Rule{Name: "daily", Limit: CalendarWindow{Limit: 3, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}})
+	if err := setScript.Load(ctx, c).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l.skew.Store(int64(-3 * 24 * time.Hour / time.Microsecond)) // worker clock 3 days behind
+	h.take()
+	d, err := l.Allow(ctx, set, Request{})
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if cmds, _ := h.take(); cmds != 2 {
+		t.Fatalf("%d round trips with a skewed clock, want 2", cmds)
+	}
+	server := c.Time(ctx).Val()
+	h.take()
+	start, end := calendar.MustParse("0 0 * * *", "America/Los_Angeles").Window(server)
+	if got := d.Now.Add(d.Rules[0].ResetAfter); !got.Equal(end) || d.Now.Before(start) {
+		t.Fatalf("window ends %v, want %v (server time %v)", got, end, server)
+	}
+	d, _ = l.Allow(ctx, set, Request{})
+	if cmds, _ := h.take(); cmds != 1 || !d.Allowed {
+		t.Fatalf("%d round trips once the skew is known, want 1 (%+v)", cmds, d)
+	}
+	l.Allow(ctx, set, Request{})
+	if d, _ := l.Allow(ctx, set, Request{}); d.Allowed || d.Rule != "daily" || d.RetryAfter != d.Rules[0].ResetAfter {
+		t.Fatalf("4th request: %+v", d)
+	}
+}
