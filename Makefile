@@ -9,6 +9,7 @@ GO ?= go
 
 test: redis-server check
 	$(GO) run ./internal/redistest/cmd/redisharness -- $(GO) test -race -count=1 ./...
+	cd bench && $(GO) test -count=1 ./...
 
 check:
 	$(GO) vet ./...
@@ -32,6 +33,9 @@ FUZZTIME ?= 30s
 fuzz: redis-server
 	$(GO) test ./internal/keys -run '^$$' -fuzz FuzzEncode -fuzztime $(FUZZTIME)
 	$(GO) test ./gcra -run '^$$' -fuzz FuzzDifferential -fuzztime $(FUZZTIME)
+	$(GO) test ./quotas -run '^$$' -fuzz FuzzDifferential -fuzztime $(FUZZTIME)
+	$(GO) test ./quotas -run '^$$' -fuzz FuzzKeys -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/calendar -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
 
 # Peer comparison benchmarks (separate module; see BENCHMARKS.md).
 bench: redis-server

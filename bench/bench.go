@@ -1,6 +1,6 @@
-// Package bench compares the taskrl GCRA limiter with github.com/go-redis/redis_rate
-// and with a plain Redis INCR, against one real redis-server, at 50
-// concurrent callers.
+// Package bench compares the taskrl GCRA limiter and rule sets of the
+// quotas package with github.com/go-redis/redis_rate and with a plain Redis
+// INCR, against one real redis-server, at 50 concurrent callers.
 //
 // It is a separate module so that redis_rate never enters the main module's
 // go.mod. Run the benchmarks with "go test -bench . -benchmem" in this
@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/quotas"
 )
 
 // Callers is the number of concurrent callers every case runs with.
@@ -36,6 +38,7 @@ const (
 	RateKeyBase  = "bench:rr:"     // redis_rate keys: rate:bench:rr:k…
 	RatePrefix   = "rate:"         // redis_rate's fixed key prefix (redisPrefix in rate.go)
 	IncrPrefix   = "bench:incr:"   // INCR keys: bench:incr:k…
+	QuotasPrefix = "bench:q:"      // quotas keys: bench:q:q:{tag}:rule:kind
 	hotKey       = "hot"           // the single key of hot-key mode
 	keyFormat    = "k%05d"         // random-mode key names
 )
@@ -50,10 +53,52 @@ var (
 )
 
 // Contenders and modes, in table order.
+//
+// The quotas contenders decide rule sets with quotas.Limiter.Allow:
+//
+//   - quotas-1rule: one GCRA rule with TaskrlLimit; its key is the global
+//     key in hot-key mode and one of NumKeys entities in random-keys mode.
+//   - quotas-4rule: FourRules (global GCRA, global 10s fixed window, global
+//     daily calendar window, per-business GCRA); the business is one of
+//     NumKeys (random-keys) or a single one (hot-key).
+//   - quotas-5rule: FiveRules, the four plus a per-business concurrency
+//     rule. One call is Allow and then Release of the lease it took: two
+//     script calls, two round trips.
 var (
-	Contenders = []string{"taskrl", "redis_rate", "incr"}
+	Contenders = []string{"taskrl", "redis_rate", "incr", "quotas-1rule", "quotas-4rule", "quotas-5rule"}
 	Modes      = []string{"random-keys", "hot-key"}
 )
+
+// Rule sets of the quotas cases. Every limit is far above what the machine
+// reaches, so nearly every call is allowed and each rule is charged.
+var (
+	// OneRule is one GCRA rule with the same limit as the gcra and
+	// redis_rate cases.
+	OneRule = mustSet(quotas.Rule{Name: "peak", Limit: quotas.GCRA(TaskrlLimit)})
+	// FourRules: peak GCRA (global), 10s fixed window (global), daily
+	// calendar window (global), business GCRA (per business).
+	FourRules = mustSet(fourRules()...)
+	// FiveRules is FourRules plus a per-business concurrency rule.
+	FiveRules = mustSet(append(fourRules(),
+		quotas.Rule{Name: "slots", Limit: quotas.Concurrency{Max: 1000000, Lease: 30 * time.Second}})...)
+)
+
+func fourRules() []quotas.Rule {
+	return []quotas.Rule{
+		{Name: "peak", Limit: quotas.GCRA(TaskrlLimit)},
+		{Name: "window", Limit: quotas.FixedWindow{Limit: 1 << 30, Every: 10 * time.Second}},
+		{Name: "daily", Limit: quotas.CalendarWindow{Limit: 1 << 30, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
+		{Name: "business", Limit: quotas.GCRA(TaskrlLimit)},
+	}
+}
+
+func mustSet(rules ...quotas.Rule) *quotas.Set {
+	s, err := quotas.NewSet(rules...)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
 
 // Server is the redis-server the benchmarks run against.
 type Server struct {
@@ -88,11 +133,13 @@ func StartServer() (*Server, error) {
 	return &Server{Addr: e.Standalone.Addr, stop: stop}, nil
 }
 
-// Env holds the client and both limiters, shared by every case.
+// Env holds the client and the limiters, shared by every case.
 type Env struct {
 	Client *redis.Client
 	Taskrl *gcra.Limiter
 	Rate   *redis_rate.Limiter
+	Quotas *quotas.Limiter
+	holder atomic.Uint64 // numbers the concurrency holders of quotas-5rule
 }
 
 // NewEnv connects to addr. The pool has one connection per caller, so the
@@ -108,8 +155,29 @@ func NewEnv(addr string) (*Env, error) {
 		_ = c.Close()
 		return nil, err
 	}
-	return &Env{Client: c, Taskrl: l, Rate: redis_rate.NewLimiter(c)}, nil
+	q, err := quotas.New(quotas.Config{Client: c, Prefix: QuotasPrefix})
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &Env{Client: c, Taskrl: l, Rate: redis_rate.NewLimiter(c), Quotas: q}, nil
 }
+
+// Allow5 makes one quotas-5rule decision for business biz, one Allow: the
+// holder comes from a pool of HolderPool ids, so a holder that takes a slot
+// again replaces its own lease (as a redelivered task does) and the slots
+// held per business stay bounded without a Release round trip.
+func (e *Env) Allow5(ctx context.Context, biz string) (bool, error) {
+	holder := "task-" + strconv.FormatUint(e.holder.Add(1)%HolderPool, 10)
+	d, err := e.Quotas.Allow(ctx, FiveRules, quotas.Request{Keys: []string{"", "", "", biz, biz}, Holder: holder})
+	if err != nil {
+		return false, err
+	}
+	return d.Allowed, nil
+}
+
+// HolderPool is how many distinct concurrency holders quotas-5rule uses.
+const HolderPool = 64
 
 // Close closes the client.
 func (e *Env) Close() error { return e.Client.Close() }
@@ -133,7 +201,7 @@ func (c Case) Calls() int64 { return c.calls.Load() }
 // Name is "contender/mode", the sub-benchmark name under BenchmarkAllow.
 func (c Case) Name() string { return c.Contender + "/" + c.Mode }
 
-// Cases returns the six cases in table order: each contender in random-keys
+// Cases returns the cases in table order: each contender in random-keys
 // mode, then each in hot-key mode.
 func (e *Env) Cases() []Case {
 	ops := map[string]op{
@@ -151,6 +219,15 @@ func (e *Env) Cases() []Case {
 		"incr": func(ctx context.Context, key string) (bool, error) {
 			return true, e.Client.Incr(ctx, key).Err()
 		},
+		"quotas-1rule": func(ctx context.Context, key string) (bool, error) {
+			d, err := e.Quotas.Allow(ctx, OneRule, quotas.Request{Keys: []string{key}})
+			return d.Allowed, err
+		},
+		"quotas-4rule": func(ctx context.Context, key string) (bool, error) {
+			d, err := e.Quotas.Allow(ctx, FourRules, quotas.Request{Keys: []string{"", "", "", key}})
+			return d.Allowed, err
+		},
+		"quotas-5rule": e.Allow5,
 	}
 	// Key names as each contender is called with them; the contender adds
 	// its own prefix (taskrl) or not (redis_rate always adds "rate:").
@@ -161,6 +238,9 @@ func (e *Env) Cases() []Case {
 			var keys []string
 			if mode == "hot-key" {
 				keys = []string{base[name] + hotKey}
+				if name == "quotas-1rule" {
+					keys = []string{""} // the rule's global key
+				}
 			} else {
 				keys = make([]string, NumKeys)
 				for i := range keys {

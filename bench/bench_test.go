@@ -5,7 +5,13 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/taskrl/taskrl/quotas"
 )
+
+func quotasRequest(keys []string) quotas.Request {
+	return quotas.Request{Keys: keys, Holder: "status"}
+}
 
 var env *Env
 
@@ -29,7 +35,8 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// BenchmarkAllow runs BenchmarkAllow/{taskrl,redis_rate,incr}/{random-keys,hot-key},
+// BenchmarkAllow runs BenchmarkAllow/{taskrl,redis_rate,incr,quotas-1rule,
+// quotas-4rule,quotas-5rule}/{random-keys,hot-key},
 // each with 50 concurrent callers against the same redis-server.
 func BenchmarkAllow(b *testing.B) {
 	for _, c := range env.Cases() {
@@ -49,5 +56,36 @@ func TestCases(t *testing.T) {
 	}
 	if got, want := env.Taskrl.Key("k00001"), TaskrlPrefix+"gcra:{k00001}"; got != want {
 		t.Logf("taskrl key for k00001 is %q (expected shape %q)", got, want)
+	}
+}
+
+// TestQuotas5RuleSlots checks that a quotas-5rule call charges every rule
+// and that the slots held per business stay within the holder pool.
+func TestQuotas5RuleSlots(t *testing.T) {
+	ctx := context.Background()
+	biz := "test-slots"
+	keys := []string{"", "", "", biz, biz}
+	before, err := env.Quotas.Status(ctx, FiveRules, quotasRequest(keys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 * HolderPool {
+		ok, err := env.Allow5(ctx, biz)
+		if err != nil || !ok {
+			t.Fatalf("Allow5: allowed=%v err=%v", ok, err)
+		}
+	}
+	after, err := env.Quotas.Status(ctx, FiveRules, quotasRequest(keys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := after.Rules[4].Used; got > HolderPool {
+		t.Errorf("slots held: %d, want at most %d", got, HolderPool)
+	}
+	// The fixed and calendar windows count every admitted call.
+	for _, i := range []int{1, 2} {
+		if d := after.Rules[i].Used - before.Rules[i].Used; d < 3*HolderPool {
+			t.Errorf("rule %s counted %d of %d calls", after.Rules[i].Name, d, 3*HolderPool)
+		}
 	}
 }

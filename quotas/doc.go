@@ -1,4 +1,29 @@
-// Package quotas will evaluate sets of rules — GCRA, fixed, calendar and
-// sliding windows, and concurrency leases — atomically in one Redis round
-// trip. It is being built (see the project's issues); nothing is exported yet.
+// Package quotas decides sets of rate and quota rules atomically against
+// Redis: a request is admitted only if every rule of its Set admits it, and
+// then every rule is charged; if any denies, none is, and the Decision names
+// the rule with the longest wait.
+//
+// Rule kinds:
+//   - GCRA: a rate with a burst (the arithmetic of package gcra);
+//   - FixedWindow: Limit per window aligned to the Unix epoch;
+//   - CalendarWindow: Limit per cron-defined window in an IANA time zone,
+//     such as a day resetting at midnight in the vendor's zone;
+//   - SlidingWindow: Limit in any interval, an exact log;
+//   - Concurrency: at most Max holders, with leases, renewal, fencing tokens
+//     and a reserve for critical work.
+//
+// Every rule applies to one key per entity: Request.Keys gives, per rule,
+// the entity ("" for the rule's global key). Keys are built as
+// PREFIX "q:{" ENTITY "}:" RULE ":" KIND, where ENTITY is the entity id
+// escaped or hashed so that any bytes are safe, and every key expires when
+// its state no longer matters.
+//
+// Time is the Redis server's TIME, read inside the script; worker clocks
+// never decide. Calendar windows are computed in Go around the expected
+// server time and checked by the script against the server's clock.
+//
+// On a single Redis a decision is one script call. On Redis Cluster the
+// keys of one entity share a hash tag; rules on different entities (a
+// global vendor key and a per-business key) are decided per slot in one
+// parallel round trip and undone on denial, which never over-admits.
 package quotas

@@ -14,7 +14,7 @@
 -- holds it under that token (expired and reclaimed, or re-acquired).
 local now = gcra_now(ARGV[2])
 local floor = tonumber(ARGV[3])
-cc_reclaim(KEYS[1], KEYS[2], now)
+cc_load({key = KEYS[1], hkey = KEYS[2]}, now, nil)
 if ARGV[1] == '0' then
   return cc_renew(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), now, floor)
 end

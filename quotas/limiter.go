@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -188,10 +189,10 @@ func (l *Limiter) bind(s *Set, r Request) ([]call, error) {
 			tag = keys.Encode(ent)
 		}
 		c := s.comp[i]
-		// PREFIX "q:{" TAG "}:" NAME ":" KIND: the kind keeps rules of the
-		// same name but different kinds apart.
+		// PREFIX "q:{" TAG "}:" NAME ":" KIND...: the kind (and a window's
+		// length) keeps rules of the same name but other definitions apart.
 		base := l.prefix + "{" + tag + "}:" + rule.Name + ":"
-		ks := []string{base + kindSuffix[c.kind]}
+		ks := []string{base + c.suffix}
 		if c.kind == kindConcurrency {
 			if r.Holder == "" {
 				return nil, fmt.Errorf("quotas: rule %q is a concurrency rule: Request.Holder is required", rule.Name)
@@ -222,8 +223,6 @@ func (l *Limiter) groups(calls []call) [][]call {
 	}
 	return out
 }
-
-var kindSuffix = map[int]string{kindGCRA: "gcra", kindFixed: "fixed", kindCalendar: "calendar", kindSliding: "sliding"}
 
 const (
 	opAllow = iota
@@ -275,28 +274,24 @@ func (l *Limiter) args(g []call, p params, tm timing) ([]string, []any) {
 	if p.op == opRefund {
 		at = p.ats[g[0].i]
 	}
-	argv := []any{p.op, tm.now, tm.floor, p.n, p.horizon.Microseconds(), p.req.Holder, b2i(p.req.Critical), p.nonce, at, len(g)}
+	var now any = minusOne
+	if tm.now >= 0 {
+		now = tm.now
+	}
+	argv := make([]any, 0, 10+6*len(g))
+	argv = append(argv, p.op, now, tm.floor, p.n, p.horizon.Microseconds(), p.req.Holder, b2i(p.req.Critical), p.nonce, at, len(g))
 	for _, c := range g {
 		ks = append(ks, c.keys...)
-		switch c.c.kind {
-		case kindGCRA:
-			argv = append(argv, kindGCRA, c.c.em, c.c.burst)
-		case kindFixed, kindSliding:
-			argv = append(argv, c.c.kind, c.c.limit, c.c.every)
-		case kindCalendar:
+		if c.c.kind == kindCalendar {
 			// A refund needs the window it charged; the rest the windows
 			// from now to the horizon.
 			around := tm.hint
 			if p.op == opRefund {
 				around = time.UnixMicro(at)
 			}
-			ticks := c.c.sched.Ticks(around.Add(-tickMargin), around.Add(p.horizon+tickMargin), maxTicks)
-			argv = append(argv, kindCalendar, c.c.limit, len(ticks))
-			for _, t := range ticks {
-				argv = append(argv, t.UnixMicro())
-			}
-		case kindConcurrency:
-			argv = append(argv, kindConcurrency, c.c.max, c.c.reserved, c.c.lease)
+			argv = append(argv, c.c.ticks.args(c.c, around.Add(-tickMargin), around.Add(p.horizon+tickMargin))...)
+		} else {
+			argv = append(argv, c.c.args...)
 		}
 		var u [2]int64
 		if p.undo != nil {
@@ -305,6 +300,34 @@ func (l *Limiter) args(g []call, p params, tm timing) ([]string, []any) {
 		argv = append(argv, u[0], u[1])
 	}
 	return ks, argv
+}
+
+// minusOne is the boxed "no explicit time" argument.
+var minusOne any = int64(-1)
+
+// tickCache keeps the last calendar ticks sent for a rule, as script
+// arguments, while they still cover the windows a request needs.
+type tickCache struct {
+	mu     sync.Mutex
+	lo, hi time.Time // the first and last tick
+	argv   []any
+}
+
+func (tc *tickCache) args(c compiled, from, to time.Time) []any {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if tc.argv != nil && !from.Before(tc.lo) && to.Before(tc.hi) {
+		return tc.argv
+	}
+	// Cover two days more than asked, within maxTicks.
+	ticks := c.sched.Ticks(from, to.Add(48*time.Hour), maxTicks)
+	argv := make([]any, 0, 3+len(ticks))
+	argv = append(argv, kindCalendar, c.limit, len(ticks))
+	for _, t := range ticks {
+		argv = append(argv, t.UnixMicro())
+	}
+	tc.lo, tc.hi, tc.argv = ticks[0], ticks[len(ticks)-1], argv
+	return argv
 }
 
 func b2i(b bool) int {
@@ -439,7 +462,9 @@ func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horiz
 	}
 	var d Decision
 	for round := 0; round < rounds; round++ {
-		p.nonce = newNonce()
+		if s.sliding {
+			p.nonce = newNonce()
+		}
 		rs, err := l.run(ctx, gs, p)
 		if err != nil {
 			return Decision{}, err

@@ -110,11 +110,7 @@ func (m *model) status(c call, now int64) (used, rem, reset int64) {
 		return used, max(0, c.c.limit-used), e - now
 	case kindSliding:
 		log := m.logs[k]
-		for _, e := range log {
-			if e.at > now-c.c.every && e.at <= now {
-				used++
-			}
-		}
+		used = int64(len(log))
 		if len(log) > 0 {
 			reset = max(0, log[0].at+c.c.every-now)
 		}
@@ -217,10 +213,12 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				m.wins[k] = map[int64]int64{}
 			}
 			m.wins[k][s] += n
-			cur, _ := m.window(c, now)
-			for ws := range m.wins[k] {
-				if ws < cur {
-					delete(m.wins[k], ws)
+			if m.wins[k][s] == n { // a new window: forget ended ones
+				cur, _ := m.window(c, now)
+				for ws := range m.wins[k] {
+					if ws < cur {
+						delete(m.wins[k], ws)
+					}
 				}
 			}
 		case kindSliding:

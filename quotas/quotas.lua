@@ -68,37 +68,44 @@ for i = 1, tonumber(ARGV[10]) do
   rules[i] = r
 end
 
-local function gcra_get(r)
-  return tonumber(redis.call('GET', r.key))
+-- load reads each rule's state once; later steps use and update the cache.
+local function load(r)
+  if r.kind == 1 then
+    r.stored = tonumber(redis.call('GET', r.key))
+  elseif r.kind == 2 or r.kind == 3 then
+    win_load(r)
+  elseif r.kind == 4 then
+    sl_load(r, now)
+  else
+    cc_load(r, now, holder)
+  end
 end
 
--- earliest time >= t at which rule r admits the request; -1 never, -2 unknown
+-- earliest time >= t at which rule r admits the request; -1 never
 local function earliest(r, t)
   if r.kind == 1 then
-    local allowed, _, _, _, retry = gcra_decide(gcra_get(r), t, r.em, r.burst, n, 0, 0)
+    local allowed, _, _, _, retry = gcra_decide(r.stored, t, r.em, r.burst, n, 0, 0)
     if allowed == 1 then return t end
     if retry < 0 then return -1 end
     return t + retry
   elseif r.kind == 2 or r.kind == 3 then
-    return win_earliest(r.key, r.kind, r.p, r.limit, t, n)
+    return win_earliest(r, t, n)
   elseif r.kind == 4 then
-    return sl_earliest(r.key, r.limit, r.p[1], t, n)
+    return sl_earliest(r, t, n, now)
   end
-  local cap = r.max
-  if not critical then cap = r.max - r.reserved end
-  return cc_earliest(r.key, cap, holder, t)
+  return cc_earliest(r, t, critical)
 end
 
 local function status(r)
   if r.kind == 1 then
-    local _, tat, _, rem, _, reset = gcra_decide(gcra_get(r), now, r.em, r.burst, 0, 0, 0)
+    local _, _, _, rem, _, reset = gcra_decide(r.stored, now, r.em, r.burst, 0, 0, 0)
     return r.burst - rem, rem, reset
   elseif r.kind == 2 or r.kind == 3 then
-    return win_status(r.key, r.kind, r.p, r.limit, now)
+    return win_status(r, now)
   elseif r.kind == 4 then
-    return sl_status(r.key, r.limit, r.p[1], now)
+    return sl_status(r, now)
   end
-  return cc_status(r.key, r.max, now)
+  return cc_status(r, now)
 end
 
 local function reply(st, wait, rule, t, undo)
@@ -115,20 +122,10 @@ local function reply(st, wait, rule, t, undo)
   return out
 end
 
--- Housekeeping that does not change any decision: drop expired leases and
--- sliding entries so that counts are current.
 for _, r in ipairs(rules) do
-  if r.kind == 5 then
-    cc_reclaim(r.key, r.hkey, now)
-  elseif r.kind == 4 then
-    sl_trim(r.key, r.p[1], now)
-  elseif r.kind == 3 and op ~= 2 and win_at(3, r.p, now) < 0 then
+  if r.kind == 3 and op ~= 2 and win_at(r, now) < 0 then
     return {-2, 0, 0, now, now}
   end
-end
-
-if op == 3 then
-  return reply(1, 0, 0, now, {})
 end
 
 if op == 2 then
@@ -140,7 +137,7 @@ if op == 2 then
       -- have refilled for at most the time since the charge, so give back n
       -- emissions less that time: never more than this charge still holds,
       -- however refunds interleave.
-      local cur = gcra_get(r)
+      local cur = tonumber(redis.call('GET', r.key))
       local tat = r.u2
       if cur ~= r.u1 then
         tat = math.max(cur or now, now) - math.max(0, n * r.em - (now - t))
@@ -151,14 +148,21 @@ if op == 2 then
         redis.call('DEL', r.key)
       end
     elseif r.kind == 2 or r.kind == 3 then
-      win_refund(r.key, r.kind, r.p, t, n)
+      win_refund(r, t, n)
     elseif r.kind == 4 then
-      sl_refund(r.key, n, nonce)
+      sl_refund(r, n, nonce)
     elseif r.u1 > 0 then
       cc_release(r.key, r.hkey, holder, r.u1, now, floor)
     end
   end
+  for _, r in ipairs(rules) do load(r) end
   return reply(1, 0, 0, t, {})
+end
+
+for _, r in ipairs(rules) do load(r) end
+
+if op == 3 then
+  return reply(1, 0, 0, now, {})
 end
 
 -- Find the time t at which every rule admits: now for an allow; for a
@@ -194,7 +198,7 @@ end
 if op == 1 then
   local known = true
   for _, r in ipairs(rules) do
-    if r.kind == 3 and win_at(3, r.p, t) < 0 then known = false end
+    if r.kind == 3 and win_at(r, t) < 0 then known = false end
   end
   if not agreed or not known or t - now > horizon then
     return reply(0, t - now, worst, now, {})
@@ -204,16 +208,16 @@ end
 local undo = {}
 for i, r in ipairs(rules) do
   if r.kind == 1 then
-    local prev = gcra_get(r)
-    local _, tat, write = gcra_decide(prev, t, r.em, r.burst, n, 0, 0)
+    local _, tat, write = gcra_decide(r.stored, t, r.em, r.burst, n, 0, 0)
     gcra_store(r.key, tat, write, now, floor)
-    undo[i] = {tat, prev or 0}
+    undo[i] = {tat, r.stored or 0}
+    r.stored = tat
   elseif r.kind == 2 or r.kind == 3 then
-    win_charge(r.key, r.kind, r.p, t, n, now, floor)
+    win_charge(r, t, n, now, floor)
   elseif r.kind == 4 then
-    sl_charge(r.key, r.p[1], t, n, now, floor, nonce)
+    sl_charge(r, t, n, now, floor, nonce)
   elseif op == 0 then
-    undo[i] = {cc_acquire(r.key, r.hkey, holder, r.lease, now, floor), 0}
+    undo[i] = {cc_acquire(r, holder, now, floor), 0}
   end
 end
 return reply(1, t - now, 0, t, undo)

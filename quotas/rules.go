@@ -1,8 +1,11 @@
 package quotas
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
@@ -46,10 +49,12 @@ type CalendarWindow struct {
 }
 
 // SlidingWindow admits at most Limit units in any interval of length Every.
-// It keeps an exact log (one sorted-set entry per admitted unit, about 60
-// bytes each, see BENCHMARKS.md), so it never admits more than Limit in any
-// window, at a memory cost proportional to Limit. A weighted two-counter
-// approximation would cost O(1) but can exceed Limit, so it is not offered.
+// It keeps an exact log, one sorted-set entry per admitted unit (measured:
+// about 30 bytes each up to 128 entries, about 100 bytes beyond, where Redis
+// switches encoding; see BENCHMARKS.md), so it never admits more than Limit
+// in any window, at a memory cost proportional to Limit. A weighted
+// two-counter approximation would cost O(1) but can exceed Limit, so it is
+// not offered.
 type SlidingWindow struct {
 	// Limit is the units allowed in any window, at least 1.
 	Limit int
@@ -91,7 +96,9 @@ const (
 
 // compiled is a validated limit in the units the script takes.
 type compiled struct {
-	kind      int
+	kind   int
+	suffix string // ends the rule's key; windows name their length, so
+	// that two definitions of one rule name never read each other's state
 	em, burst int64 // GCRA
 	limit     int64 // windows
 	every     int64 // fixed, sliding: µs
@@ -99,19 +106,39 @@ type compiled struct {
 	max       int64 // concurrency
 	reserved  int64
 	lease     int64 // µs
+	// args are the rule's script arguments that never change, boxed once.
+	args  []any
+	ticks *tickCache // calendar
+}
+
+// withArgs fills c.args from its parameters.
+func (c compiled) withArgs() compiled {
+	switch c.kind {
+	case kindGCRA:
+		c.args = []any{kindGCRA, c.em, c.burst}
+	case kindFixed, kindSliding:
+		c.args = []any{c.kind, c.limit, c.every}
+	case kindCalendar:
+		c.ticks = &tickCache{}
+	case kindConcurrency:
+		c.args = []any{kindConcurrency, c.max, c.reserved, c.lease}
+	}
+	return c
 }
 
 var errLimit = errors.New("invalid limit")
 
+// String describes the limit, e.g. for logs and errors.
 func (g GCRA) String() string { return gcra.Limit(g).String() + " (GCRA)" }
 func (g GCRA) compile() (compiled, error) {
 	l := gcra.Limit(g)
 	if err := l.Validate(); err != nil {
 		return compiled{}, err
 	}
-	return compiled{kind: kindGCRA, em: l.Interval().Microseconds(), burst: int64(l.Burst)}, nil
+	return compiled{kind: kindGCRA, suffix: "gcra", em: l.Interval().Microseconds(), burst: int64(l.Burst)}, nil
 }
 
+// String describes the limit, e.g. for logs and errors.
 func (w FixedWindow) String() string {
 	return fmt.Sprintf("%d per %v (fixed window)", w.Limit, w.Every)
 }
@@ -119,9 +146,10 @@ func (w FixedWindow) compile() (compiled, error) {
 	if err := checkWindow(w.Limit, w.Every); err != nil {
 		return compiled{}, err
 	}
-	return compiled{kind: kindFixed, limit: int64(w.Limit), every: w.Every.Microseconds()}, nil
+	return compiled{kind: kindFixed, suffix: "fixed:" + strconv.FormatInt(w.Every.Microseconds(), 10), limit: int64(w.Limit), every: w.Every.Microseconds()}, nil
 }
 
+// String describes the limit, e.g. for logs and errors.
 func (w SlidingWindow) String() string {
 	return fmt.Sprintf("%d per %v (sliding window)", w.Limit, w.Every)
 }
@@ -132,7 +160,7 @@ func (w SlidingWindow) compile() (compiled, error) {
 	if w.Limit > maxSliding {
 		return compiled{}, fmt.Errorf("%w: sliding window limit %d exceeds %d (the log keeps one entry per unit; use a fixed or calendar window)", errLimit, w.Limit, maxSliding)
 	}
-	return compiled{kind: kindSliding, limit: int64(w.Limit), every: w.Every.Microseconds()}, nil
+	return compiled{kind: kindSliding, suffix: "sliding:" + strconv.FormatInt(w.Every.Microseconds(), 10), limit: int64(w.Limit), every: w.Every.Microseconds()}, nil
 }
 
 // maxSliding bounds a sliding window's log.
@@ -151,6 +179,7 @@ func checkWindow(limit int, every time.Duration) error {
 	return nil
 }
 
+// String describes the limit, e.g. for logs and errors.
 func (w CalendarWindow) String() string {
 	tz := w.TZ
 	if tz == "" {
@@ -166,9 +195,11 @@ func (w CalendarWindow) compile() (compiled, error) {
 	if err != nil {
 		return compiled{}, err
 	}
-	return compiled{kind: kindCalendar, limit: int64(w.Limit), sched: s}, nil
+	h := sha256.Sum256([]byte(w.Cron + "\x00" + w.TZ))
+	return compiled{kind: kindCalendar, suffix: "calendar:" + hex.EncodeToString(h[:4]), limit: int64(w.Limit), sched: s}, nil
 }
 
+// String describes the limit, e.g. for logs and errors.
 func (c Concurrency) String() string {
 	if c.Reserved > 0 {
 		return fmt.Sprintf("%d at once, lease %v, %d reserved for critical (concurrency)", c.Max, c.Lease, c.Reserved)
@@ -192,8 +223,9 @@ func (c Concurrency) compile() (compiled, error) {
 // Set is a validated, immutable list of rules decided together. Build it
 // with NewSet. A Set is safe for concurrent use.
 type Set struct {
-	rules []Rule
-	comp  []compiled
+	rules   []Rule
+	comp    []compiled
+	sliding bool // a sliding rule needs a nonce per request
 }
 
 // NewSet validates rules and returns a Set. The error names the rule and
@@ -219,7 +251,8 @@ func NewSet(rules ...Rule) (*Set, error) {
 		if err != nil {
 			return nil, fmt.Errorf("quotas: rule %q: %w", r.Name, err)
 		}
-		s.comp = append(s.comp, c)
+		s.comp = append(s.comp, c.withArgs())
+		s.sliding = s.sliding || c.kind == kindSliding
 	}
 	return s, nil
 }

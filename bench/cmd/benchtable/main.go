@@ -98,6 +98,7 @@ func run(rounds int) error {
 			if err != nil {
 				return err
 			}
+			us /= calls
 			samples[i] = append(samples[i], sample{
 				opsPerSec: float64(res.N) / res.T.Seconds(),
 				nsPerOp:   float64(res.T.Nanoseconds()) / float64(res.N),
@@ -135,10 +136,12 @@ func run(rounds int) error {
 		return sample{}
 	}
 
-	fmt.Printf("\n%d callers (GOMAXPROCS %d × parallelism %d), %d keys in random-keys mode, limit %s for both limiters; median of %d interleaved rounds of ~%s per case.\n\n",
+	fmt.Printf("\n%d callers (GOMAXPROCS %d × parallelism %d), %d keys in random-keys mode, limit %s for taskrl, redis_rate and every quotas GCRA rule; median of %d interleaved rounds of ~%s per case.\n\n",
 		bench.Parallelism()*runtime.GOMAXPROCS(0), runtime.GOMAXPROCS(0), bench.Parallelism(), bench.NumKeys, bench.TaskrlLimit, rounds, flag.Lookup("test.benchtime").Value)
-	fmt.Println("| case | ops/s | ns/op | µs/call (50 callers) | allocs/op | B/op | allowed | vs redis_rate | vs INCR | client CPU µs/op | server CPU µs/op | server µs/cmd |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Println("One op is one call of the limiter (one round trip). quotas-5rule's Allow takes a concurrency slot for one of 64 pooled holders, which replaces that holder's previous lease (no Release call).")
+	fmt.Println()
+	fmt.Println("| case | ops/s | ns/op | µs/op (50 callers) | round trips/op | allocs/op | B/op | allowed | vs redis_rate | vs INCR | client CPU µs/op | server CPU µs/op | server µs/op (commandstats) |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for i, c := range cases {
 		m := med[i]
 		rr, incr := find("redis_rate", c.Mode), find("incr", c.Mode)
@@ -146,8 +149,8 @@ func run(rounds int) error {
 		if c.Contender != "incr" {
 			allowed = fmt.Sprintf("%.4f", m.allowed)
 		}
-		fmt.Printf("| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.2f× | %.2f× | %.1f | %.1f | %.2f |\n",
-			c.Name(), m.opsPerSec, m.nsPerOp, m.nsPerOp*float64(bench.Parallelism()*runtime.GOMAXPROCS(0))/1000,
+		fmt.Printf("| %s | %.0f | %.0f | %.0f | %d | %.0f | %.0f | %s | %.2f× | %.2f× | %.1f | %.1f | %.2f |\n",
+			c.Name(), m.opsPerSec, m.nsPerOp, m.nsPerOp*float64(bench.Parallelism()*runtime.GOMAXPROCS(0))/1000, roundTrips(c.Contender),
 			m.allocs, m.bytes, allowed, m.opsPerSec/rr.opsPerSec, m.opsPerSec/incr.opsPerSec,
 			m.clientCPU, m.serverCPU, m.serverUS)
 	}
@@ -162,48 +165,63 @@ func run(rounds int) error {
 		fmt.Printf("- %s: %s\n", c.Name(), strings.Join(v, ", "))
 	}
 
-	// The same comparison paired within each round, where the two cases ran
-	// back to back: less sensitive to drift than the ratio of medians.
+	// The same comparisons paired within each round (every case ran once
+	// per round, within ~30 s of each other): less sensitive to drift than
+	// the ratio of medians.
 	fmt.Println()
-	fmt.Println("taskrl ÷ redis_rate ops/s, paired within each round:")
+	fmt.Println("ops/s ÷ redis_rate ops/s in the same key mode, paired within each round (bars: taskrl ≥ 1.0×, quotas-5rule ≥ 0.6×):")
 	fmt.Println()
-	fmt.Println("| mode | median | min | max | rounds with taskrl ≥ redis_rate |")
-	fmt.Println("|---|---:|---:|---:|---:|")
+	fmt.Println("| case | median | min | max | per round | rounds meeting the bar |")
+	fmt.Println("|---|---:|---:|---:|---|---:|")
+	bars := map[string]float64{"taskrl": 1.0, "quotas-1rule": 0, "quotas-4rule": 0, "quotas-5rule": 0.6}
 	for _, mode := range bench.Modes {
-		var t, r []sample
+		var r []sample
 		for i, c := range cases {
-			if c.Mode == mode && c.Contender == "taskrl" {
-				t = samples[i]
-			}
 			if c.Mode == mode && c.Contender == "redis_rate" {
 				r = samples[i]
 			}
 		}
-		var ratios []float64
-		wins := 0
-		for k := range min(len(t), len(r)) {
-			x := t[k].opsPerSec / r[k].opsPerSec
-			ratios = append(ratios, x)
-			if x >= 1 {
-				wins++
+		for i, c := range cases {
+			bar, ok := bars[c.Contender]
+			if !ok || c.Mode != mode {
+				continue
 			}
+			t := samples[i]
+			var ratios, inOrder []float64
+			wins := 0
+			for k := range min(len(t), len(r)) {
+				x := t[k].opsPerSec / r[k].opsPerSec
+				ratios = append(ratios, x)
+				if x >= bar {
+					wins++
+				}
+			}
+			if len(ratios) == 0 {
+				continue
+			}
+			inOrder = slices.Clone(ratios)
+			slices.Sort(ratios)
+			m := ratios[len(ratios)/2]
+			if len(ratios)%2 == 0 {
+				m = (ratios[len(ratios)/2-1] + m) / 2
+			}
+			var per []string
+			for _, x := range inOrder {
+				per = append(per, fmt.Sprintf("%.2f", x))
+			}
+			meet := "—"
+			if bar > 0 {
+				meet = fmt.Sprintf("%d of %d (bar %.1f×)", wins, len(ratios), bar)
+			}
+			fmt.Printf("| %s | %.2f× | %.2f× | %.2f× | %s | %s |\n", c.Name(), m, ratios[0], ratios[len(ratios)-1], strings.Join(per, ", "), meet)
 		}
-		slices.Sort(ratios)
-		if len(ratios) == 0 {
-			continue
-		}
-		m := ratios[len(ratios)/2]
-		if len(ratios)%2 == 0 {
-			m = (ratios[len(ratios)/2-1] + m) / 2
-		}
-		fmt.Printf("| %s | %.2f× | %.2f× | %.2f× | %d of %d |\n", mode, m, ratios[0], ratios[len(ratios)-1], wins, len(ratios))
 	}
 
 	// Server-side cost of one call with a single sequential caller, so that
 	// the client does not compete with redis-server for the CPU.
 	fmt.Println()
-	fmt.Printf("Server time per call, 1 sequential caller, %d calls per case (INFO commandstats; the script's GET/SET included):\n\n", seqCalls)
-	fmt.Println("| case | server µs/call |")
+	fmt.Printf("Server time per op, 1 sequential caller, %d ops per case (INFO commandstats; the script's inner commands included):\n\n", seqCalls)
+	fmt.Println("| case | server µs/op |")
 	fmt.Println("|---|---:|")
 	for _, c := range cases {
 		if err := env.Client.ConfigResetStat(ctx).Err(); err != nil {
@@ -216,10 +234,13 @@ func run(rounds int) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("| %s | %.2f |\n", c.Name(), us)
+		fmt.Printf("| %s | %.2f |\n", c.Name(), us/seqCalls)
 	}
 
 	if err := printMemory(ctx, env); err != nil {
+		return err
+	}
+	if err := printQuotasMemory(ctx, env); err != nil {
 		return err
 	}
 	fmt.Printf("\nTotal runtime %s.\n", time.Since(start).Round(time.Second))
@@ -241,38 +262,39 @@ func median(s []sample, f func(sample) float64) float64 {
 	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
-// serverMicros returns the server-side time per call of the contender's
-// command since the last CONFIG RESETSTAT (EVALSHA for the limiters, the
-// script's GET/SET included; INCR for incr).
+// roundTrips is the number of Redis calls (round trips) one op makes.
+func roundTrips(contender string) int {
+	return 1
+}
+
+// serverMicros returns the server-side time in µs spent in the
+// contender's command since the last CONFIG RESETSTAT (EVALSHA and EVAL
+// for the limiters, the script's inner commands included; INCR for incr).
 func serverMicros(ctx context.Context, c *redis.Client, contender string) (float64, error) {
-	cmd := "evalsha"
+	cmds := []string{"evalsha", "eval"}
 	if contender == "incr" {
-		cmd = "incr"
+		cmds = []string{"incr"}
 	}
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
 		return 0, err
 	}
+	var total float64
 	for line := range strings.SplitSeq(info, "\r\n") {
-		rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":")
-		if !ok {
-			continue
-		}
-		var calls, usec float64
-		for kv := range strings.SplitSeq(rest, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			switch k {
-			case "calls":
-				calls, _ = strconv.ParseFloat(v, 64)
-			case "usec":
-				usec, _ = strconv.ParseFloat(v, 64)
+		for _, cmd := range cmds {
+			rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":")
+			if !ok {
+				continue
+			}
+			for kv := range strings.SplitSeq(rest, ",") {
+				if v, ok := strings.CutPrefix(kv, "usec="); ok {
+					x, _ := strconv.ParseFloat(v, 64)
+					total += x
+				}
 			}
 		}
-		if calls > 0 {
-			return usec / calls, nil
-		}
 	}
-	return 0, nil
+	return total, nil
 }
 
 // memLimit keeps a key alive for 6 s after one call in both limiters, long

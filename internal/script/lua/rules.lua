@@ -1,160 +1,193 @@
 -- Rule kinds other than GCRA, shared by the scripts that decide rule sets.
--- A library, not a script: it defines functions and touches only the keys
--- passed to them. Times are integer microseconds below 2^53.
+-- A library, not a script: it defines functions and touches only the keys of
+-- the rule tables passed to them. Times are integer microseconds below 2^53.
 --
--- Every kind offers:
---   *_earliest(..., t, n) -> the earliest time >= t at which a cost-n request
---       conforms given the stored state, or -1 if it never can (n > limit);
---       a calendar window beyond the known ticks is taken to be empty;
---   *_status(..., now) -> used, remaining, reset_after;
---   *_charge(..., t, n, now, floor) -> records a cost-n request made at t.
+-- A rule table r holds the rule's parameters (kind, key, limit, p, ...) and
+-- caches what has been read of its key, so that a decision reads each value
+-- once. Every kind offers:
+--   *_load(r, now)           read (and tidy) the state a decision needs;
+--   *_earliest(r, t, n, now) the earliest time >= t at which a cost-n request
+--                            conforms, or -1 if it never can (n > limit);
+--   *_charge(r, t, n, now, floor) record a cost-n request made at t;
+--   *_status(r, now)         used, remaining, reset_after.
 
 local function fmt(x) return string.format('%d', x) end
 
--- Fixed and calendar windows: a hash of window start -> count, so that
--- reservations can charge future windows without losing the current one.
-
-local function win_count(key, start)
-  return tonumber(redis.call('HGET', key, fmt(start))) or 0
+local function ttl_ms(us, floor)
+  local ttl = math.ceil(us / 1000)
+  if ttl < floor then ttl = floor end
+  return ttl
 end
 
--- win_at(kind, p, t) returns the window [start, end) containing t: for a fixed
--- window p = {every}; for a calendar window p = {ticks...}; -2 when t is
--- outside the ticks.
-local function win_at(kind, p, t)
-  if kind == 2 then
-    local start = t - (t % p[1])
-    return start, start + p[1]
+-- Fixed (kind 2, p = {every}) and calendar (kind 3, p = ticks) windows: a
+-- hash of window start -> count, so that reservations can charge future
+-- windows without losing the current one.
+
+-- win_at returns the window [start, stop) containing t, or -2 when a
+-- calendar window's ticks do not cover t.
+local function win_at(r, t)
+  if r.kind == 2 then
+    local start = t - (t % r.p[1])
+    return start, start + r.p[1]
   end
+  local p = r.p
   for i = 1, #p - 1 do
     if p[i] <= t and t < p[i + 1] then return p[i], p[i + 1] end
   end
   return -2, -2
 end
 
-local function win_earliest(key, kind, p, limit, t, n)
-  if n > limit then return -1 end
+local function win_count(r, start)
+  local c = r.counts[start]
+  if c == nil then
+    c = tonumber(redis.call('HGET', r.key, fmt(start))) or 0
+    r.counts[start] = c
+  end
+  return c
+end
+
+local function win_load(r)
+  r.counts = {}
+end
+
+-- A window beyond a calendar rule's ticks is taken to be empty.
+local function win_earliest(r, t, n)
+  if n > r.limit then return -1 end
   for _ = 1, 64 do
-    local start, stop = win_at(kind, p, t)
-    if start < 0 or win_count(key, start) + n <= limit then return t end
+    local start, stop = win_at(r, t)
+    if start < 0 or win_count(r, start) + n <= r.limit then return t end
     t = stop
   end
   return t
 end
 
-local function win_status(key, kind, p, limit, now)
-  local start, stop = win_at(kind, p, now)
-  if start < 0 then return 0, limit, 0 end
-  local used = win_count(key, start)
-  return used, math.max(0, limit - used), stop - now
-end
-
-local function win_charge(key, kind, p, t, n, now, floor)
-  local start, stop = win_at(kind, p, t)
-  redis.call('HINCRBY', key, fmt(start), n)
-  -- Forget windows that have ended; the key lives until its last window ends.
-  local fields = redis.call('HKEYS', key)
+local function win_charge(r, t, n, now, floor)
+  local start, stop = win_at(r, t)
+  local c = redis.call('HINCRBY', r.key, fmt(start), n)
+  r.counts[start] = c
+  if c ~= n then return end
+  -- A new window: forget the ones that have ended, and let the key live
+  -- until its last window ends.
+  local cur = win_at(r, now)
   local last = stop
-  local cur = win_at(kind, p, now)
-  for _, f in ipairs(fields) do
+  for _, f in ipairs(redis.call('HKEYS', r.key)) do
     local s = tonumber(f)
     if cur >= 0 and s < cur then
-      redis.call('HDEL', key, f)
+      redis.call('HDEL', r.key, f)
     elseif s > start then
-      local _, e = win_at(kind, p, s)
+      local _, e = win_at(r, s)
       if e > last then last = e end
     end
   end
-  local ttl = math.ceil((last - now) / 1000)
-  if ttl < floor then ttl = floor end
-  redis.call('PEXPIRE', key, ttl)
+  redis.call('PEXPIRE', r.key, ttl_ms(last - now, floor))
 end
 
-local function win_refund(key, kind, p, t, n)
-  local start = win_at(kind, p, t)
+local function win_status(r, now)
+  local start, stop = win_at(r, now)
+  if start < 0 then return 0, r.limit, 0 end
+  local used = win_count(r, start)
+  return used, math.max(0, r.limit - used), stop - now
+end
+
+local function win_refund(r, t, n)
+  local start = win_at(r, t)
   if start < 0 then return end
-  local c = win_count(key, start)
+  local c = tonumber(redis.call('HGET', r.key, fmt(start))) or 0
   if c <= n then
-    redis.call('HDEL', key, fmt(start))
+    redis.call('HDEL', r.key, fmt(start))
   else
-    redis.call('HINCRBY', key, fmt(start), -n)
+    redis.call('HINCRBY', r.key, fmt(start), -n)
   end
 end
 
--- Sliding window, exact log: a sorted set of one member per admitted unit,
--- scored by its time. A request at t conforms iff the entries newer than
--- t - every, plus n, fit in the limit (entries booked in the future count
--- too, which is conservative and never over-admits).
+-- Sliding window (kind 4, p = {every}), exact log: a sorted set of one
+-- member per admitted unit, scored by its time. Entries at or before
+-- now - every are dropped on every look; a request at t conforms iff the
+-- entries newer than t - every, plus n, fit in the limit (entries booked in
+-- the future count too, which is conservative and never over-admits).
 
-local function sl_trim(key, every, now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - every))
+local function sl_load(r, now)
+  redis.call('ZREMRANGEBYSCORE', r.key, '-inf', fmt(now - r.p[1]))
+  r.total = redis.call('ZCARD', r.key)
 end
 
-local function sl_earliest(key, limit, every, t, n)
-  if n > limit then return -1 end
-  local newer = redis.call('ZCOUNT', key, '(' .. fmt(t - every), '+inf')
-  if newer + n <= limit then return t end
+local function sl_earliest(r, t, n, now)
+  if n > r.limit then return -1 end
+  local every = r.p[1]
+  local newer = r.total
+  if t > now then
+    newer = redis.call('ZCOUNT', r.key, '(' .. fmt(t - every), '+inf')
+  end
+  if newer + n <= r.limit then return t end
   -- Wait until all but limit-n of the newer entries have left the window.
-  local older = redis.call('ZCARD', key) - newer
-  local idx = older + newer - (limit - n) - 1
-  local e = redis.call('ZRANGE', key, idx, idx, 'WITHSCORES')
+  local idx = r.total - (r.limit - n) - 1
+  local e = redis.call('ZRANGE', r.key, idx, idx, 'WITHSCORES')
   return math.max(t, tonumber(e[2]) + every)
 end
 
-local function sl_status(key, limit, every, now)
-  local used = redis.call('ZCOUNT', key, '(' .. fmt(now - every), fmt(now))
-  local reset = 0
-  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if first[2] then reset = math.max(0, tonumber(first[2]) + every - now) end
-  return used, math.max(0, limit - used), reset
-end
-
-local function sl_charge(key, every, t, n, now, floor, nonce)
+local function sl_charge(r, t, n, now, floor, nonce)
   local args = {}
   for i = 1, n do
     args[#args + 1] = fmt(t)
     args[#args + 1] = nonce .. i
   end
-  redis.call('ZADD', key, unpack(args))
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  local ttl = math.ceil((tonumber(last[2]) + every - now) / 1000)
-  if ttl < floor then ttl = floor end
-  redis.call('PEXPIRE', key, ttl)
+  redis.call('ZADD', r.key, unpack(args))
+  -- The key lives until its newest entry leaves the window.
+  local ttl = ttl_ms(t + r.p[1] - now, floor)
+  if r.total == 0 then
+    redis.call('PEXPIRE', r.key, ttl)
+  else
+    redis.call('PEXPIRE', r.key, ttl, 'GT')
+  end
+  r.total = r.total + n
 end
 
-local function sl_refund(key, n, nonce)
+-- used counts every entry still in the log, booked ones included: they are
+-- what the next request is measured against.
+local function sl_status(r, now)
+  local reset = 0
+  if r.total > 0 then
+    local first = redis.call('ZRANGE', r.key, 0, 0, 'WITHSCORES')
+    reset = math.max(0, tonumber(first[2]) + r.p[1] - now)
+  end
+  return r.total, math.max(0, r.limit - r.total), reset
+end
+
+local function sl_refund(r, n, nonce)
   local members = {}
   for i = 1, n do members[i] = nonce .. i end
-  redis.call('ZREM', key, unpack(members))
+  redis.call('ZREM', r.key, unpack(members))
 end
 
--- Concurrency: a sorted set of holders scored by lease expiry, and a hash of
--- holder -> fencing token (field "~seq" holds the last token issued). Expired leases are
--- reclaimed on every look. A holder that acquires again replaces its own
--- lease with a new token, so a redelivered task never holds two slots.
+-- Concurrency (kind 5): a sorted set of holders scored by lease expiry
+-- (r.key), and a hash of holder -> fencing token whose field "~seq" holds
+-- the last token issued (r.hkey). Expired leases are reclaimed on every
+-- look. A holder that acquires again replaces its own lease with a new
+-- token, so a redelivered task never holds two slots.
 
-local function cc_reclaim(zkey, hkey, now)
-  local gone = redis.call('ZRANGEBYSCORE', zkey, '-inf', fmt(now))
-  if #gone > 0 then
-    redis.call('ZREMRANGEBYSCORE', zkey, '-inf', fmt(now))
-    redis.call('HDEL', hkey, unpack(gone))
+local function cc_oldest(r)
+  local first = redis.call('ZRANGE', r.key, 0, 0, 'WITHSCORES')
+  r.oldest = tonumber(first[2])
+end
+
+local function cc_load(r, now, holder)
+  cc_oldest(r)
+  if r.oldest and r.oldest <= now then
+    local gone = redis.call('ZRANGEBYSCORE', r.key, '-inf', fmt(now))
+    redis.call('ZREMRANGEBYSCORE', r.key, '-inf', fmt(now))
+    redis.call('HDEL', r.hkey, unpack(gone))
+    cc_oldest(r)
   end
+  r.count = 0
+  if r.oldest then r.count = redis.call('ZCARD', r.key) end
+  r.mine = holder ~= nil and r.count > 0 and redis.call('ZSCORE', r.key, holder) ~= false
 end
 
-local function cc_earliest(zkey, cap, holder, now)
-  if cap < 1 then return -1 end
-  if redis.call('ZSCORE', zkey, holder) then return now end
-  if redis.call('ZCARD', zkey) < cap then return now end
-  local first = redis.call('ZRANGE', zkey, 0, 0, 'WITHSCORES')
-  return tonumber(first[2])
-end
-
-local function cc_status(zkey, max, now)
-  local used = redis.call('ZCARD', zkey)
-  local reset = 0
-  local first = redis.call('ZRANGE', zkey, 0, 0, 'WITHSCORES')
-  if first[2] then reset = tonumber(first[2]) - now end
-  return used, math.max(0, max - used), reset
+local function cc_earliest(r, t, critical)
+  local cap = r.max
+  if not critical then cap = r.max - r.reserved end
+  if r.mine or r.count < cap then return t end
+  return r.oldest
 end
 
 -- cc_expire sets both keys to live until the latest lease ends. With no
@@ -163,22 +196,46 @@ end
 -- run ahead of the clock.
 local function cc_expire(zkey, hkey, now, floor)
   local last = redis.call('ZRANGE', zkey, -1, -1, 'WITHSCORES')
-  local ttl = 1000
-  if last[2] then
-    ttl = math.ceil((tonumber(last[2]) - now) / 1000)
-  end
-  if ttl < floor then ttl = floor end
+  local ttl = 1000000
+  if last[2] then ttl = tonumber(last[2]) - now end
+  ttl = ttl_ms(ttl, floor)
   if last[2] then redis.call('PEXPIRE', zkey, ttl) end
   redis.call('PEXPIRE', hkey, ttl)
 end
 
-local function cc_acquire(zkey, hkey, holder, lease, now, floor)
-  redis.call('ZADD', zkey, fmt(now + lease), holder)
+local function cc_acquire(r, holder, now, floor)
+  local exp = now + r.lease
+  redis.call('ZADD', r.key, fmt(exp), holder)
   -- Tokens only grow, even across the keys' expiry: at least the time.
-  local token = math.max((tonumber(redis.call('HGET', hkey, '~seq')) or 0) + 1, now)
-  redis.call('HSET', hkey, '~seq', fmt(token), holder, fmt(token))
-  cc_expire(zkey, hkey, now, floor)
+  local seq = tonumber(redis.call('HGET', r.hkey, '~seq'))
+  local token = math.max((seq or 0) + 1, now)
+  redis.call('HSET', r.hkey, '~seq', fmt(token), holder, fmt(token))
+  -- The keys live until the latest lease ends: extend, never shorten (GT),
+  -- except on a key that has no TTL yet because it was just created.
+  local ttl = ttl_ms(r.lease, floor)
+  if r.count == 0 then
+    redis.call('PEXPIRE', r.key, ttl)
+  else
+    redis.call('PEXPIRE', r.key, ttl, 'GT')
+  end
+  if seq then
+    redis.call('PEXPIRE', r.hkey, ttl, 'GT')
+  else
+    redis.call('PEXPIRE', r.hkey, ttl)
+  end
+  if r.mine then
+    cc_oldest(r)
+  else
+    r.count = r.count + 1
+    if not r.oldest or exp < r.oldest then r.oldest = exp end
+  end
   return token
+end
+
+local function cc_status(r, now)
+  local reset = 0
+  if r.oldest then reset = r.oldest - now end
+  return r.count, math.max(0, r.max - r.count), reset
 end
 
 -- cc_release drops holder's lease if token is still its token; it returns 1
