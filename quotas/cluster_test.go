@@ -51,7 +51,7 @@ func TestClusterRoundTrips(t *testing.T) {
 	l, _ := New(Config{Client: c, Prefix: redistest.Prefix(t)})
 	ctx := context.Background()
 	req := Request{Keys: []string{"", "", "b7", "b7"}, Holder: "task1"}
-	calls, _ := l.bind(spanSet, req)
+	calls, _ := l.bind(spanSet, req, true)
 	if got := len(l.groups(calls)); got != 2 {
 		t.Fatalf("%d slot groups, want 2", got)
 	}
@@ -183,7 +183,7 @@ func TestKeysFromUserData(t *testing.T) {
 }
 
 func checkKeys(t testing.TB, l *Limiter, id string, seen map[string]string) {
-	calls, err := l.bind(spanSet, Request{Keys: []string{id, id, id, id}, Holder: "h"})
+	calls, err := l.bind(spanSet, Request{Keys: []string{id, id, id, id}, Holder: "h"}, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ func TestShardedInterleavings(t *testing.T) {
 			now += rng.Int64N(600)
 			if len(inflight) < 20 && rng.IntN(3) == 0 {
 				req := Request{Keys: []string{"", "", fmt.Sprintf("b%d", rng.IntN(5)), ""}, Holder: fmt.Sprintf("h%d", step)}
-				calls, _ := l.bind(set, req)
+				calls, _ := l.bind(set, req, true)
 				inflight = append(inflight, &pending{gs: l.groups(calls), holder: req.Holder})
 				continue
 			}

@@ -168,7 +168,7 @@ type call struct {
 	ticks []int64
 }
 
-func (l *Limiter) bind(s *Set, r Request) ([]call, error) {
+func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	if s == nil {
 		return nil, errors.New("quotas: nil Set")
 	}
@@ -194,7 +194,7 @@ func (l *Limiter) bind(s *Set, r Request) ([]call, error) {
 		base := l.prefix + "{" + tag + "}:" + rule.Name + ":"
 		ks := []string{base + c.suffix}
 		if c.kind == kindConcurrency {
-			if r.Holder == "" {
+			if r.Holder == "" && needHolder {
 				return nil, fmt.Errorf("quotas: rule %q is a concurrency rule: Request.Holder is required", rule.Name)
 			}
 			ks = []string{base + "holders", base + "tokens"}
@@ -434,7 +434,7 @@ func (l *Limiter) Reserve(ctx context.Context, s *Set, req Request, horizon time
 // Status reports every rule's state without charging anything. Allowed is
 // true.
 func (l *Limiter) Status(ctx context.Context, s *Set, req Request) (Decision, error) {
-	calls, err := l.bind(s, req)
+	calls, err := l.bind(s, req, false)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -447,7 +447,7 @@ func (l *Limiter) Status(ctx context.Context, s *Set, req Request) (Decision, er
 }
 
 func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horizon time.Duration) (Decision, error) {
-	calls, err := l.bind(s, req)
+	calls, err := l.bind(s, req, op == opAllow)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -582,7 +582,7 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 	if !d.Allowed {
 		return nil
 	}
-	calls, err := l.bind(s, req)
+	calls, err := l.bind(s, req, true)
 	if err != nil {
 		return err
 	}

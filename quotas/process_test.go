@@ -189,7 +189,7 @@ func replay(t *testing.T, ds []logged) {
 		if d.rule == "slots" {
 			continue
 		}
-		calls, _ := l.bind(rates, Request{Keys: []string{"", "", d.biz}})
+		calls, _ := l.bind(rates, Request{Keys: []string{"", "", d.biz}}, true)
 		r := m.decide(calls, opAllow, d.at, 1, 0, 0, "", false, "")
 		rule := "-"
 		if r.status != 1 {

@@ -140,7 +140,7 @@ func (d *differ) step(t testing.TB) {
 			req.Keys[i] = entities[d.rng.IntN(len(entities))]
 		}
 	}
-	calls, err := d.l.bind(s, req)
+	calls, err := d.l.bind(s, req, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func (d *differ) step(t testing.TB) {
 		if err := d.l.Refund(d.ctx, h.set, h.req, h.d); err != nil {
 			t.Fatal(err)
 		}
-		hc, _ := d.l.bind(h.set, h.req)
+		hc, _ := d.l.bind(h.set, h.req, true)
 		d.m.refund(hc, now, int64(h.d.cost), h.d.ats, h.d.undo, h.req.Holder, h.d.nonce)
 	default:
 		h := d.held[d.rng.IntN(len(d.held))]
@@ -195,7 +195,7 @@ func (d *differ) step(t testing.TB) {
 			return
 		}
 		ls := h.d.Leases[d.rng.IntN(len(h.d.Leases))]
-		hc, _ := d.l.bind(h.set, h.req)
+		hc, _ := d.l.bind(h.set, h.req, true)
 		d.m.housekeep(hc, now)
 		var got, want bool
 		if d.rng.IntN(2) == 0 {

@@ -1,5 +1,36 @@
-// Package taskrl will hold the asynq integration: policies, the worker
-// middleware that holds or reschedules throttled tasks, and policy-file
-// loading. It is being built (see the project's issues); nothing is exported
-// yet.
+// Package taskrl is the asynq integration of the project: it binds named
+// rate and quota rules (package quotas) to asynq tasks.
+//
+// A Policy is a validated list of Rules; each rule
+// has a name, a Match (task type glob and/or queue), an optional key template
+// that picks the entity it limits (a business id, a tenant) from the task's
+// JSON payload, and exactly one limit: quotas.GCRA, quotas.FixedWindow,
+// quotas.CalendarWindow, quotas.SlidingWindow or quotas.Concurrency. Build one
+// in Go with NewPolicy, or from the YAML policy file the worker reads with
+// ParsePolicy or LoadPolicyFile; a policy that is wrong in any way is refused
+// whole, with errors naming the line, the rule, the field and what is wrong.
+//
+// Policy.Bind returns the rules that apply to a (task type, queue) as a
+// Binding: one quotas.Set, decided atomically by a quotas.Limiter, and Keys,
+// which renders each rule's entity key from a payload (the value for
+// quotas.Request.Keys). Bindings are cached, so binding a task costs one map
+// lookup; tasks no rule matches bind to nil.
+//
+// Middleware applies a policy in asynq workers. A task no rule matches runs
+// without a Redis call. Otherwise its rate and window rules book the
+// earliest slot (quotas.Limiter.Reserve, one round trip): a slot within
+// Config.MaxHold is waited for in the worker; a later one is booked and the
+// task rescheduled to it. Rescheduling enqueues a copy (same payload,
+// headers, queue, timeout, deadline, retention and the retries it had left,
+// with an ID derived from the original's so a redelivery cannot copy it
+// twice) and lets the original complete: waiting for a limit never spends a
+// retry, never archives a task (even with MaxRetry(0) or its retries spent)
+// and never counts as a failure. The copy comes back shortly before its slot
+// and waits for it, so rescheduled tasks run at the booked pace.
+// Concurrency rules are taken when the task runs, renewed while it runs and
+// released when it returns or panics. A payload without a key field the
+// policy needs is archived with the rule and field named.
+//
+// Not built yet: upstream-429 feedback, the Redis-unavailable modes that
+// Policy.RedisUnavailable records, a throttle budget, and metrics hooks.
 package taskrl

@@ -1,0 +1,412 @@
+package taskrl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/quotas"
+)
+
+// Headers the middleware keeps on a rescheduled copy of a task.
+const (
+	// HeaderOrigin holds the ID of the task a copy was rescheduled from.
+	HeaderOrigin = "taskrl-origin"
+	// HeaderRound counts how often the task has been rescheduled.
+	HeaderRound = "taskrl-round"
+	// HeaderBooked holds the server time, in Unix microseconds, of the slot
+	// booked for the copy: its rate and window rules are already charged.
+	HeaderBooked = "taskrl-booked"
+)
+
+// Config configures a Middleware.
+type Config struct {
+	// Policy says which rules apply to which tasks. Required.
+	Policy *Policy
+	// Client is the Redis that holds the limits and the asynq queues the
+	// middleware reschedules tasks into. Required.
+	Client redis.UniversalClient
+	// Prefix starts every limiter key. Default "taskrl:".
+	Prefix string
+	// MaxHold is the longest a task waits for its turn inside the worker;
+	// longer waits reschedule it. Default 2s. A rescheduled task comes back
+	// up to MaxHold before its booked slot and waits for it, so that it
+	// never runs late; that needs MaxHold >= 1s + the asynq server's
+	// DelayedTaskCheckInterval, which ServerConfig sets.
+	MaxHold time.Duration
+	// MaxReserve is how far ahead a slot may be booked for a rescheduled
+	// task. Default 1h; a task whose turn is further away is rescheduled
+	// unbooked to when it would be allowed and decides again then.
+	MaxReserve time.Duration
+	// Logger receives a line per rescheduled task. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Middleware makes asynq tasks respect the rules of a Policy across every
+// worker process that shares the Redis. Build one with New; it is safe for
+// concurrent use.
+type Middleware struct {
+	cfg     Config
+	limiter *quotas.Limiter
+	client  *asynq.Client
+	inspect *asynq.Inspector
+	splits  sync.Map // *Binding -> *split
+	// skew is the last seen server time minus local time, µs.
+	skew atomic.Int64
+}
+
+// New validates cfg and returns a Middleware.
+func New(cfg Config) (*Middleware, error) {
+	if cfg.Policy == nil {
+		return nil, errors.New("taskrl: Config.Policy is required")
+	}
+	if cfg.Client == nil {
+		return nil, errors.New("taskrl: Config.Client is required")
+	}
+	if cfg.MaxHold == 0 {
+		cfg.MaxHold = 2 * time.Second
+	}
+	if cfg.MaxReserve == 0 {
+		cfg.MaxReserve = time.Hour
+	}
+	if cfg.MaxHold < 0 || cfg.MaxReserve < 0 {
+		return nil, errors.New("taskrl: Config.MaxHold and MaxReserve must not be negative")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	l, err := quotas.New(quotas.Config{Client: cfg.Client, Prefix: cfg.Prefix})
+	if err != nil {
+		return nil, fmt.Errorf("taskrl: %w", err)
+	}
+	return &Middleware{cfg: cfg, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}, nil
+}
+
+// split is a binding's rules in two sets: the rate and window rules, which
+// are booked ahead, and the concurrency rules, taken when the task runs.
+type split struct {
+	rates, slots     *quotas.Set
+	rateIdx, slotIdx []int // positions in the binding's set
+}
+
+func (m *Middleware) split(b *Binding) (*split, error) {
+	if v, ok := m.splits.Load(b); ok {
+		return v.(*split), nil
+	}
+	sp := &split{}
+	var rates, slots []quotas.Rule
+	for i, r := range b.Set().Rules() {
+		if _, ok := r.Limit.(quotas.Concurrency); ok {
+			slots, sp.slotIdx = append(slots, r), append(sp.slotIdx, i)
+		} else {
+			rates, sp.rateIdx = append(rates, r), append(sp.rateIdx, i)
+		}
+	}
+	var err error
+	if len(rates) > 0 {
+		if sp.rates, err = quotas.NewSet(rates...); err != nil {
+			return nil, err
+		}
+	}
+	if len(slots) > 0 {
+		if sp.slots, err = quotas.NewSet(slots...); err != nil {
+			return nil, err
+		}
+	}
+	v, _ := m.splits.LoadOrStore(b, sp)
+	return v.(*split), nil
+}
+
+func pick(keys []string, idx []int) []string {
+	out := make([]string, len(idx))
+	for i, j := range idx {
+		out[i] = keys[j]
+	}
+	return out
+}
+
+// Handler wraps next. Tasks no rule matches go straight to next, without a
+// Redis call.
+func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		queue, _ := asynq.GetQueueName(ctx)
+		b := m.cfg.Policy.Bind(t.Type(), queue)
+		if b == nil {
+			return next.ProcessTask(ctx, t)
+		}
+		return m.process(ctx, t, queue, b, next)
+	})
+}
+
+// Middleware returns the middleware for asynq.ServeMux.Use.
+func (m *Middleware) Middleware() asynq.MiddlewareFunc { return m.Handler }
+
+// ServerConfig returns cfg with DelayedTaskCheckInterval at most
+// MaxHold - 1s (and at least 100ms), so that rescheduled tasks reach a
+// worker before their booked slot. asynq keeps scheduled tasks by whole
+// seconds; its default interval is 5s.
+func (m *Middleware) ServerConfig(cfg asynq.Config) asynq.Config {
+	most := max(m.cfg.MaxHold-time.Second, 100*time.Millisecond)
+	if cfg.DelayedTaskCheckInterval == 0 || cfg.DelayedTaskCheckInterval > most {
+		cfg.DelayedTaskCheckInterval = most
+	}
+	return cfg
+}
+
+func (m *Middleware) process(ctx context.Context, t *asynq.Task, queue string, b *Binding, next asynq.Handler) error {
+	keys, err := b.Keys(t.Payload())
+	if err != nil {
+		// No key, no limit to apply: archived with the reason.
+		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
+	}
+	sp, err := m.split(b)
+	if err != nil {
+		return err
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	if sp.rates != nil {
+		if done, err := m.admitRates(ctx, t, queue, id, sp, keys); done {
+			return err
+		}
+	}
+	if sp.slots == nil {
+		return next.ProcessTask(ctx, t)
+	}
+	return m.runHolding(ctx, t, queue, id, sp, keys, next)
+}
+
+// admitRates gets the task's turn under its rate and window rules: now, after
+// a hold, or, if the turn is further away, by rescheduling. done reports that
+// the task was rescheduled (or failed) and must not run now.
+func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string) (done bool, err error) {
+	req := quotas.Request{Keys: pick(keys, sp.rateIdx)}
+	// A booking pays for the copy's first attempt only: a retry after a
+	// failure is charged again.
+	if booked, ok := bookedAt(t); ok && retryCount(ctx) == 0 {
+		// Charged when it was rescheduled: wait for the booked slot, or
+		// reschedule again, still booked, if it came back far too early.
+		wait := booked.Sub(m.serverNow())
+		if wait > 2*m.cfg.MaxHold || !fitsDeadline(ctx, wait) {
+			return true, m.reschedule(ctx, t, queue, id, wait, booked)
+		}
+		if err := hold(ctx, wait); err != nil {
+			return true, err
+		}
+		return false, nil
+	}
+	d, err := m.limiter.Reserve(ctx, sp.rates, req, m.cfg.MaxReserve)
+	if err != nil {
+		return true, fmt.Errorf("taskrl: %w", err)
+	}
+	m.learn(d.Now)
+	refund := func() { _ = m.limiter.Refund(context.WithoutCancel(ctx), sp.rates, req, d) }
+	switch {
+	case d.Allowed && d.Delay <= m.cfg.MaxHold && fitsDeadline(ctx, d.Delay):
+		if err := hold(ctx, d.Delay); err != nil {
+			refund()
+			return true, err
+		}
+		return false, nil
+	case d.Allowed:
+		if err := m.reschedule(ctx, t, queue, id, d.Delay, d.Now.Add(d.Delay)); err != nil {
+			refund()
+			return true, err
+		}
+		return true, nil
+	case d.RetryAfter == quotas.Never:
+		return true, fmt.Errorf("taskrl: task can never pass rule %q: %w", d.Rule, asynq.SkipRetry)
+	default:
+		return true, m.reschedule(ctx, t, queue, id, d.RetryAfter, time.Time{})
+	}
+}
+
+// runHolding takes the task's concurrency slots, waiting up to MaxHold for
+// them (or rescheduling), keeps them renewed while next runs, and releases
+// them when it returns, panics or is cancelled.
+func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, next asynq.Handler) (err error) {
+	charged := sp.rates != nil
+	req := quotas.Request{Keys: pick(keys, sp.slotIdx), Holder: origin(t, id)}
+	deadline := time.Now().Add(m.cfg.MaxHold)
+	var d quotas.Decision
+	for {
+		d, err = m.limiter.Allow(ctx, sp.slots, req)
+		if err != nil {
+			return fmt.Errorf("taskrl: %w", err)
+		}
+		if d.Allowed {
+			break
+		}
+		wait := min(d.RetryAfter, 100*time.Millisecond)
+		if time.Now().Add(wait).After(deadline) {
+			// Slots stay busy: try again a little later without holding
+			// the worker, keeping the rate charge already made.
+			var booked time.Time
+			if charged {
+				booked = m.serverNow()
+			}
+			return m.reschedule(ctx, t, queue, id, time.Second, booked)
+		}
+		if err := hold(ctx, wait); err != nil {
+			return err
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		m.renew(stop, d.Leases)
+	}()
+	defer func() {
+		close(stop)
+		wg.Wait()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		for _, ls := range d.Leases {
+			if _, rerr := m.limiter.Release(rctx, ls); rerr != nil {
+				m.cfg.Logger.Warn("taskrl: releasing a concurrency slot failed; it frees itself when its lease ends", "rule", ls.Rule, "err", rerr)
+			}
+		}
+	}()
+	return next.ProcessTask(ctx, t)
+}
+
+// renew extends the leases every third of their length until stop closes.
+func (m *Middleware) renew(stop <-chan struct{}, leases []quotas.Lease) {
+	if len(leases) == 0 {
+		return
+	}
+	tick := time.NewTicker(leases[0].Duration / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			for _, ls := range leases {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if ok, err := m.limiter.Renew(ctx, ls); !ok || err != nil {
+					m.cfg.Logger.Warn("taskrl: renewing a concurrency slot failed", "rule", ls.Rule, "err", err)
+				}
+				cancel()
+			}
+		}
+	}
+}
+
+// reschedule enqueues a copy of the task to run after delay and lets the
+// original complete, so that waiting for a limit never spends a retry or
+// archives the task (asynq archives a failing task whose retries are spent
+// before it asks whether the error was a failure). The copy keeps the
+// task's payload, headers, queue, timeout, deadline and retention, and the
+// retries it had left. Its ID is derived from the original's and the round,
+// so a redelivered original cannot make two copies. booked, if set, is the
+// slot already charged for it.
+func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id string, delay time.Duration, booked time.Time) error {
+	round := 0
+	if v, ok := t.Headers()[HeaderRound]; ok {
+		round, _ = strconv.Atoi(v)
+	}
+	headers := make(map[string]string, len(t.Headers())+3)
+	for k, v := range t.Headers() {
+		headers[k] = v
+	}
+	org := origin(t, id)
+	headers[HeaderOrigin] = org
+	headers[HeaderRound] = strconv.Itoa(round + 1)
+	delete(headers, HeaderBooked)
+	at := time.Now().Add(delay)
+	if !booked.IsZero() {
+		headers[HeaderBooked] = strconv.FormatInt(booked.UnixMicro(), 10)
+		// Arrive early and hold for the exact slot, never late: asynq keeps
+		// scheduled tasks by whole seconds and moves them every
+		// DelayedTaskCheckInterval, so a task scheduled for the second
+		// after at-MaxHold arrives within MaxHold before its slot as long
+		// as MaxHold >= 1s + DelayedTaskCheckInterval.
+		at = at.Add(-m.cfg.MaxHold).Truncate(time.Second).Add(time.Second)
+	}
+	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	retried, _ := asynq.GetRetryCount(ctx)
+	opts := []asynq.Option{asynq.Queue(queue), asynq.TaskID(org + "~" + strconv.Itoa(round+1)), asynq.MaxRetry(max(0, maxRetry-retried)), asynq.ProcessAt(at)}
+	if info, err := m.inspect.GetTaskInfo(queue, id); err == nil {
+		if info.Timeout > 0 {
+			opts = append(opts, asynq.Timeout(info.Timeout))
+		}
+		if !info.Deadline.IsZero() {
+			opts = append(opts, asynq.Deadline(info.Deadline))
+		}
+		if info.Retention > 0 {
+			opts = append(opts, asynq.Retention(info.Retention))
+		}
+	}
+	_, err := m.client.EnqueueContext(context.WithoutCancel(ctx), asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return nil // a redelivery of this task already rescheduled it
+	}
+	if err != nil {
+		return fmt.Errorf("taskrl: rescheduling: %w", err)
+	}
+	m.cfg.Logger.Debug("taskrl: rescheduled", "task", id, "origin", org, "in", delay, "booked", !booked.IsZero())
+	return nil
+}
+
+func origin(t *asynq.Task, id string) string {
+	if o, ok := t.Headers()[HeaderOrigin]; ok && o != "" {
+		return o
+	}
+	return id
+}
+
+func bookedAt(t *asynq.Task) (time.Time, bool) {
+	v, ok := t.Headers()[HeaderBooked]
+	if !ok {
+		return time.Time{}, false
+	}
+	us, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.UnixMicro(us), true
+}
+
+// learn records the offset of the server's clock from the local one.
+func (m *Middleware) learn(server time.Time) {
+	m.skew.Store(server.Sub(time.Now()).Microseconds())
+}
+
+// serverNow estimates the server's clock from the last decision.
+func (m *Middleware) serverNow() time.Time {
+	return time.Now().Add(time.Duration(m.skew.Load()) * time.Microsecond)
+}
+
+func retryCount(ctx context.Context) int {
+	n, _ := asynq.GetRetryCount(ctx)
+	return n
+}
+
+func fitsDeadline(ctx context.Context, wait time.Duration) bool {
+	dl, ok := ctx.Deadline()
+	return !ok || time.Until(dl) > wait
+}
+
+func hold(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

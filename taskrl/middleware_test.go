@@ -1,0 +1,278 @@
+package taskrl
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/quotas"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// cmdCounter counts the commands a client sends.
+type cmdCounter struct{ n atomic.Int64 }
+
+func (h *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+func mustPolicy(t testing.TB, rules ...Rule) *Policy {
+	t.Helper()
+	p, err := NewPolicy(rules...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestUnmatchedTasksCostNothing: a task no rule matches reaches the handler
+// without a single Redis command.
+func TestUnmatchedTasksCostNothing(t *testing.T) {
+	c := redistest.Client(t)
+	h := &cmdCounter{}
+	c.AddHook(h)
+	p := mustPolicy(t, Rule{Name: "vendor", Match: Match{Type: "vendor:*"}, Limit: quotas.GCRA(gcra.PerSecond(1))})
+	m, err := New(Config{Policy: p, Client: c, Prefix: redistest.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	handler := m.Handler(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran++; return nil }))
+	h.n.Store(0)
+	for i := 0; i < 100; i++ {
+		if err := handler.ProcessTask(context.Background(), asynq.NewTask("email:send", nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ran != 100 || h.n.Load() != 0 {
+		t.Fatalf("ran %d, %d Redis commands", ran, h.n.Load())
+	}
+}
+
+// runWorkers starts n asynq servers in this process on c with the
+// middleware, serving handler for queue, and stops them when the test ends.
+func runWorkers(t *testing.T, c redis.UniversalClient, m *Middleware, n, concurrency int, queue string, handler asynq.HandlerFunc) {
+	for i := 0; i < n; i++ {
+		srv := asynq.NewServerFromRedisClient(c, m.ServerConfig(asynq.Config{
+			Concurrency:    concurrency,
+			Queues:         map[string]int{queue: 1},
+			LogLevel:       asynq.ErrorLevel,
+			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond },
+		}))
+		mux := asynq.NewServeMux()
+		mux.Use(m.Middleware())
+		mux.Handle("job", handler)
+		if err := srv.Start(mux); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+	}
+}
+
+// TestThrottledTasksAreNeverArchived: 40 tasks with MaxRetry(0) under a 10/s
+// limit on 2 workers. Every task runs exactly once, executions in any second
+// never exceed the limit plus burst, and asynq archives or fails none.
+func TestThrottledTasksAreNeverArchived(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	limit := gcra.Limit{Rate: 10, Period: time.Second, Burst: 2}
+	p := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(limit)})
+	m, err := New(Config{Policy: p, Client: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tasks = 40
+	var mu sync.Mutex
+	runs := map[string]int{}
+	var times []time.Time
+	done := make(chan struct{})
+	runWorkers(t, c, m, 2, 10, "q", func(ctx context.Context, task *asynq.Task) error {
+		mu.Lock()
+		defer mu.Unlock()
+		runs[string(task.Payload())]++
+		times = append(times, time.Now())
+		if len(times) == tasks {
+			close(done)
+		}
+		return nil
+	})
+	client := asynq.NewClientFromRedisClient(c)
+	for i := 0; i < tasks; i++ {
+		if _, err := client.Enqueue(asynq.NewTask("job", []byte(fmt.Sprint(i))), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("only %d of %d tasks ran", len(times), tasks)
+	}
+	elapsed := time.Since(start)
+	time.Sleep(500 * time.Millisecond) // would a duplicate run?
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 0; i < tasks; i++ {
+		if n := runs[fmt.Sprint(i)]; n != 1 {
+			t.Errorf("task %d ran %d times", i, n)
+		}
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
+	for i := range times {
+		n := 0
+		for j := i; j < len(times) && times[j].Sub(times[i]) < time.Second; j++ {
+			n++
+		}
+		// Handler timestamps are the workers' clock and include scheduling
+		// noise; allow one extra.
+		if n > 10+2+1 {
+			t.Fatalf("%d executions within one second from %v", n, times[i].Sub(start))
+		}
+	}
+	info, err := asynq.NewInspectorFromRedisClient(c).GetQueueInfo("q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d tasks in %v (ideal %v); queue: processed %d, failed %d, archived %d, retry %d", tasks, elapsed, time.Duration(tasks-limit.Burst)*limit.Interval(), info.Processed, info.Failed, info.Archived, info.Retry)
+	if info.Archived != 0 || info.Failed != 0 || info.Retry != 0 {
+		t.Fatalf("archived %d, failed %d, retry %d", info.Archived, info.Failed, info.Retry)
+	}
+}
+
+func newMiddleware(t *testing.T, c redis.UniversalClient, rules ...Rule) *Middleware {
+	t.Helper()
+	m, err := New(Config{Policy: mustPolicy(t, rules...), Client: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestSpentRetriesAreNotArchived: a task fails twice, spending its
+// MaxRetry(2), and is then throttled: it is rescheduled, not archived, and
+// runs to success.
+func TestSpentRetriesAreNotArchived(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	m := newMiddleware(t, c, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: 3 * time.Second, Burst: 3})})
+	var attempts atomic.Int32
+	done := make(chan struct{})
+	runWorkers(t, c, m, 1, 4, "q", func(ctx context.Context, task *asynq.Task) error {
+		switch attempts.Add(1) {
+		case 1, 2:
+			return fmt.Errorf("vendor down")
+		default:
+			close(done)
+			return nil
+		}
+	})
+	client := asynq.NewClientFromRedisClient(c)
+	if _, err := client.Enqueue(asynq.NewTask("job", nil), asynq.Queue("q"), asynq.MaxRetry(2)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("task did not succeed; %d attempts", attempts.Load())
+	}
+	info, _ := asynq.NewInspectorFromRedisClient(c).GetQueueInfo("q")
+	if info.Archived != 0 || attempts.Load() != 3 {
+		t.Fatalf("archived %d, attempts %d", info.Archived, attempts.Load())
+	}
+}
+
+// TestMissingFieldArchivesWithReason: a task whose payload lacks the key
+// field is archived, with the rule and field in its last error.
+func TestMissingFieldArchivesWithReason(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	m := newMiddleware(t, c, Rule{Name: "per-business", Match: Match{Type: "job"}, Key: "{{.business_id}}", Limit: quotas.GCRA(gcra.PerSecond(10))})
+	runWorkers(t, c, m, 1, 2, "q", func(context.Context, *asynq.Task) error { return nil })
+	client := asynq.NewClientFromRedisClient(c)
+	info, err := client.Enqueue(asynq.NewTask("job", []byte(`{"other":1}`)), asynq.Queue("q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(c)
+	for i := 0; i < 100; i++ {
+		ti, err := insp.GetTaskInfo("q", info.ID)
+		if err == nil && ti.State == asynq.TaskStateArchived {
+			if !strings.Contains(ti.LastErr, `rule "per-business"`) || !strings.Contains(ti.LastErr, "business_id") {
+				t.Fatalf("archived with %q", ti.LastErr)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("task not archived")
+}
+
+// TestConcurrencySlots: at most 2 tasks of one business run at once, counted
+// by the handler itself; slots are released after a panic too.
+func TestConcurrencySlots(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	m := newMiddleware(t, c, Rule{Name: "slots", Match: Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.Concurrency{Max: 2, Lease: 30 * time.Second}})
+	var running, most, finished atomic.Int32
+	const tasks = 12
+	done := make(chan struct{})
+	runWorkers(t, c, m, 2, 6, "q", func(ctx context.Context, task *asynq.Task) error {
+		n := running.Add(1)
+		for {
+			old := most.Load()
+			if n <= old || most.CompareAndSwap(old, n) {
+				break
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+		running.Add(-1)
+		if finished.Add(1) == tasks {
+			close(done)
+		}
+		if finished.Load()%4 == 0 {
+			panic("handler bug") // asynq recovers it; the slot must come back
+		}
+		return nil
+	})
+	client := asynq.NewClientFromRedisClient(c)
+	for i := 0; i < tasks; i++ {
+		if _, err := client.Enqueue(asynq.NewTask("job", []byte(`{"b":"b7"}`)), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("finished %d of %d", finished.Load(), tasks)
+	}
+	if most.Load() > 2 {
+		t.Fatalf("%d tasks of one business ran at once, max 2", most.Load())
+	}
+	time.Sleep(200 * time.Millisecond)
+	set := mustPolicy(t, Rule{Name: "slots", Match: Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.Concurrency{Max: 2, Lease: 30 * time.Second}}).Bind("job", "q").Set()
+	st, err := m.limiter.Status(context.Background(), set, quotas.Request{Keys: []string{"b7"}})
+	if err != nil || st.Rules[0].Used != 0 {
+		t.Fatalf("slots still held after all tasks: %+v %v", st.Rules, err)
+	}
+}

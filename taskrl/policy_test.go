@@ -1,0 +1,556 @@
+package taskrl
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/taskrl/taskrl/quotas"
+)
+
+// doc returns a valid one-rule document with its limit line replaced: the rule
+// named "a" starts on line 2, its limit is on line 4.
+func doc(limit string) string {
+	return "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    " + limit + "\n"
+}
+
+func TestParsePolicyErrors(t *testing.T) {
+	cases := []struct {
+		name, doc, want string
+	}{
+		{"yaml syntax", "rules: [", `policy: line 1: YAML: `},
+		{"empty document", "# nothing\n", `policy: the document is empty`},
+		{"two documents", "rules: []\n---\nrules: []\n", `policy: line 3: more than one YAML document`},
+		{"top level not a mapping", "- a\n- b\n", `policy: line 1: must be a mapping, got a list`},
+		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules or redis_unavailable`},
+		{"rules missing", "redis_unavailable: open\n", `policy: rules: missing; a policy needs a list of rules`},
+		{"rules empty", "rules: []\n", `policy: line 1: rules: empty; a policy needs at least one rule`},
+		{"rules null", "rules:\n", `rules: empty; a policy needs at least one rule`},
+		{"rules not a list", "rules: {a: 1}\n", `policy: line 1: rules: must be a list of rules, got a mapping`},
+		{"bad redis_unavailable", "redis_unavailable: maybe\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: redis_unavailable: must be open, closed or local, got "maybe"`},
+		{"rule not a mapping", "rules: [5]\n", `policy: line 1: rule 1: must be a mapping, got the integer 5`},
+		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, gcra, quota, sliding or concurrency`},
+		{"unknown limit field", doc("gcra: {rate: 1, per: 1s, brust: 2}"), `policy: line 4: rule "a": gcra.brust: unknown field; expected rate, per or burst`},
+		{"unknown match field", "rules:\n  - name: a\n    match: {tpye: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match.tpye: unknown field; expected type or queue`},
+		{"two limits", doc("gcra: {rate: 1, per: 1s}\n    quota: {limit: 5, every: 1s}"), `policy: line 5: rule "a": has both gcra and quota; a rule has exactly one limit`},
+		{"no limit", "rules:\n  - name: a\n    match: {type: x}\n", `policy: line 2: rule "a": no limit; add one of gcra, quota, sliding or concurrency`},
+		{"negative rate", doc("gcra: {rate: -1, per: 1s, burst: 1}"), `policy: line 4: rule "a": gcra.rate: must be a positive number, got -1`},
+		{"zero rate", doc("gcra: {rate: 0, per: 1s}"), `policy: line 4: rule "a": gcra.rate: must be a positive number, got 0`},
+		{"nan rate", doc("gcra: {rate: .nan, per: 1s}"), `rule "a": gcra.rate: must be a finite number, got .nan`},
+		{"string rate", doc(`gcra: {rate: "18", per: 1s}`), `policy: line 4: rule "a": gcra.rate: must be a number, got the string "18"`},
+		{"missing rate", doc("gcra: {per: 1s}"), `policy: line 4: rule "a": gcra.rate: missing; gcra needs rate and per`},
+		{"unitless per", doc("gcra: {rate: 1, per: 1}"), `policy: line 4: rule "a": gcra.per: 1 needs a unit, e.g. 1s`},
+		{"unitless per string", doc(`gcra: {rate: 1, per: "10"}`), `rule "a": gcra.per: "10" needs a unit, e.g. 10s`},
+		{"not a duration", doc(`gcra: {rate: 1, per: fast}`), `rule "a": gcra.per: "fast" is not a duration`},
+		{"zero per", doc("gcra: {rate: 1, per: 0s}"), `policy: line 4: rule "a": gcra.per: must be positive, got 0s`},
+		{"negative per", doc("gcra: {rate: 1, per: -1s}"), `rule "a": gcra.per: must be positive, got -1s`},
+		{"burst zero", doc("gcra: {rate: 1, per: 1s, burst: 0}"), `policy: line 4: rule "a": gcra.burst: must be at least 1, got 0`},
+		{"burst fraction", doc("gcra: {rate: 1, per: 1s, burst: 1.5}"), `rule "a": gcra.burst: must be a whole number, got 1.5`},
+		{"rate too high", doc("gcra: {rate: 2000000, per: 1s}"), `rule "a": gcra: per/rate is below one microsecond, got 2e+06/1s burst 1`},
+		{"quota limit zero", doc("quota: {limit: 0, every: 10s}"), `policy: line 4: rule "a": quota.limit: must be at least 1, got 0`},
+		{"quota every and cron", doc(`quota: {limit: 5, every: 10s, cron: "@daily"}`), `policy: line 4: rule "a": quota: has both every and cron`},
+		{"quota neither", doc(`quota: {limit: 5}`), `policy: line 4: rule "a": quota: needs every (a fixed window`},
+		{"tz without cron", doc(`quota: {limit: 5, every: 10s, tz: UTC}`), `policy: line 4: rule "a": quota.tz: only allowed with cron`},
+		{"unknown tz", doc(`quota: {limit: 5, cron: "0 0 * * *", tz: Mars/Base}`), `policy: line 4: rule "a": quota.tz: unknown time zone "Mars/Base"`},
+		{"bad cron", doc(`quota: {limit: 5, cron: "0 0 * *"}`), `policy: line 4: rule "a": quota.cron: bad cron spec "0 0 * *": expected exactly 5 fields, found 4`},
+		{"every cron", doc(`quota: {limit: 5, cron: "@every 1m"}`), `rule "a": quota.cron: bad cron spec "@every 1m": @every is not a calendar schedule`},
+		{"calendar limit zero", doc(`quota: {limit: 0, cron: "@daily"}`), `rule "a": quota.limit: must be at least 1, got 0`},
+		{"window too short", doc(`quota: {limit: 5, every: 100us}`), `rule "a": quota.every: must be at least 1ms, got 100µs`},
+		{"sliding too large", doc(`sliding: {limit: 200000, every: 1m}`), `rule "a": sliding.limit: 200000 exceeds 100000`},
+		{"sliding missing every", doc(`sliding: {limit: 5}`), `rule "a": sliding.every: missing; sliding needs limit and every`},
+		{"concurrency reserved", doc(`concurrency: {max: 2, lease: 30s, reserved: 2}`), `rule "a": concurrency.reserved: must be between 0 and max-1 (1), got 2`},
+		{"concurrency lease", doc(`concurrency: {max: 2, lease: 500ms}`), `rule "a": concurrency.lease: must be at least 1s, got 500ms`},
+		{"concurrency max", doc(`concurrency: {max: 0, lease: 30s}`), `rule "a": concurrency.max: must be at least 1, got 0`},
+		{"limit not a mapping", doc(`gcra: 5`), `policy: line 4: rule "a": gcra: must be a mapping, got the integer 5`},
+		{"bad glob", "rules:\n  - name: a\n    match: {type: \"http:[\"}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match.type: bad pattern "http:[": syntax error in pattern`},
+		{"empty match", "rules:\n  - name: a\n    match: {}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match: needs a task type (type: ...) or a queue`},
+		{"missing match", "rules:\n  - name: a\n    gcra: {rate: 1, per: 1s}\n", `policy: line 2: rule "a": match: needs a task type`},
+		{"match not a mapping", "rules:\n  - name: a\n    match: http:call\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match: must be a mapping, got the string "http:call"`},
+		{"numeric queue", "rules:\n  - name: a\n    match: {queue: 5}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match.queue: must be a string, got the integer 5 (quote it)`},
+		{"template pipeline", doc("gcra: {rate: 1, per: 1s}\n    key: \"{{.a | upper}}\""), `policy: line 5: rule "a": key: bad template "{{.a | upper}}": only field references such as {{.business_id}}`},
+		{"template function", doc("gcra: {rate: 1, per: 1s}\n    key: 'x-{{printf \"%s\" .a}}'"), `rule "a": key: bad template "x-{{printf \"%s\" .a}}": "{{printf \"%s\" .a}}": only field references`},
+		{"template if", doc("gcra: {rate: 1, per: 1s}\n    key: \"{{if .a}}x{{end}}\""), `rule "a": key: bad template "{{if .a}}x{{end}}"`},
+		{"template dot", doc("gcra: {rate: 1, per: 1s}\n    key: \"{{.}}\""), `rule "a": key: bad template "{{.}}": the whole payload cannot be a key`},
+		{"template unclosed", doc("gcra: {rate: 1, per: 1s}\n    key: \"{{.a\""), `rule "a": key: bad template "{{.a": unclosed "{{"`},
+		{"template stray close", doc("gcra: {rate: 1, per: 1s}\n    key: \"a}}\""), `rule "a": key: bad template "a}}": "}}" without "{{"`},
+		{"template trim", doc("gcra: {rate: 1, per: 1s}\n    key: \"{{- .a -}}\""), `rule "a": key: bad template "{{- .a -}}": trim markers are not allowed`},
+		{"default_key without field", doc("gcra: {rate: 1, per: 1s}\n    default_key: x"), `policy: line 5: rule "a": default_key: set, but key references no payload field`},
+		{"duplicate names", doc("gcra: {rate: 1, per: 1s}") + "  - name: a\n    match: {queue: q}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 5: rule 2: name: "a" is already the name of rule 1`},
+		{"bad name", "rules:\n  - name: a b\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 2: rule 1: name: "a b" contains ' '`},
+		{"long name", "rules:\n  - name: " + strings.Repeat("x", 65) + "\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n", `rule 1: name: "xxxx`},
+		{"missing name", doc("gcra: {rate: 1, per: 1s}") + "  - match: {type: x}\n    gcra: {rate: 1, per: 1s}\n  - match: {type: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 7: rule 3: name: missing; every rule needs a name`},
+		{"numeric name", "rules:\n  - name: 5\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 2: rule 1: name: must be a string, got the integer 5 (quote it)`},
+		{"tag", doc("gcra: {rate: !!str 5, per: 1s}"), `rule "a": gcra.rate: YAML tags (!!str) are not supported`},
+		{"bool for number", doc("gcra: {rate: true, per: 1s}"), `rule "a": gcra.rate: must be a number, got the boolean true`},
+		{"list for duration", doc("gcra: {rate: 1, per: [1s]}"), `rule "a": gcra.per: must be a duration such as 1s, 10m or 24h, got a list`},
+		{"huge integer", doc("quota: {limit: 100000000000000000000, every: 1s}"), `rule "a": quota.limit: out of range (at most 9007199254740992 in magnitude), got 100000000000000000000`},
+	}
+	seen := map[string]bool{}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if seen[c.doc] {
+				t.Fatalf("duplicate document")
+			}
+			seen[c.doc] = true
+			p, err := ParsePolicy([]byte(c.doc))
+			if err == nil {
+				t.Fatalf("parsed:\n%s", c.doc)
+			}
+			if p != nil {
+				t.Errorf("a policy with an error is not nil")
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error\n  %v\nwants\n  %s\ndocument:\n%s", err, c.want, c.doc)
+			}
+			var pe *PolicyError
+			if !errors.As(err, &pe) {
+				t.Errorf("error %T is not a *PolicyError", err)
+			}
+		})
+	}
+	if len(cases) < 20 {
+		t.Fatalf("only %d cases", len(cases))
+	}
+}
+
+// Every wrong rule is reported, each on its own line.
+func TestParsePolicyReportsEveryRule(t *testing.T) {
+	src := `rules:
+  - name: a
+    match: {type: x}
+    gcra: {rate: -1, per: 1s}
+  - name: b
+    match: {type: x}
+    gcra: {rate: 1, per: 1s}
+  - name: c
+    match: {type: x}
+    quota: {limit: 5, every: 1}
+`
+	_, err := ParsePolicy([]byte(src))
+	if err == nil {
+		t.Fatal("parsed")
+	}
+	want := "policy: line 4: rule \"a\": gcra.rate: must be a positive number, got -1\n" +
+		"policy: line 10: rule \"c\": quota.every: 1 needs a unit, e.g. 1s (Go duration syntax: ms, s, m, h)"
+	if err.Error() != want {
+		t.Errorf("got\n%v\nwant\n%s", err, want)
+	}
+	var pe *PolicyError
+	if !errors.As(err, &pe) || pe.Line != 4 || pe.Rule != "a" || pe.Index != 1 || pe.Field != "gcra.rate" {
+		t.Errorf("first error: %+v", pe)
+	}
+}
+
+func TestLoadPolicyFile(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte(doc("gcra: {rate: -1, per: 1s}")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadPolicyFile(bad)
+	if want := "policy " + bad + `: line 4: rule "a": gcra.rate: must be a positive number, got -1`; err == nil || err.Error() != want {
+		t.Errorf("got %v, want %s", err, want)
+	}
+	missing := filepath.Join(dir, "missing.yaml")
+	_, err = LoadPolicyFile(missing)
+	if want := "policy " + missing + ": cannot open: "; err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("got %v, want prefix %s", err, want)
+	}
+	p, err := LoadPolicyFile("testdata/design.yaml")
+	if err != nil || len(p.Rules()) != 5 {
+		t.Fatalf("design policy: %v", err)
+	}
+}
+
+func TestRedisUnavailable(t *testing.T) {
+	for doc, want := range map[string]FailureMode{
+		"":                            FailClosed,
+		"redis_unavailable:\n":        FailClosed,
+		"redis_unavailable: open\n":   FailOpen,
+		"redis_unavailable: closed\n": FailClosed,
+		"redis_unavailable: local\n":  FailLocal,
+	} {
+		p, err := ParsePolicy([]byte(doc + "rules: [{name: a, match: {type: x}, gcra: {rate: 1, per: 1s}}]"))
+		if err != nil {
+			t.Fatalf("%q: %v", doc, err)
+		}
+		if got := p.RedisUnavailable(); got != want {
+			t.Errorf("%q: got %q, want %q", doc, got, want)
+		}
+	}
+	p, err := NewPolicy(Rule{Name: "a", Match: Match{Type: "x"}, Limit: quotas.FixedWindow{Limit: 1, Every: time.Second}})
+	if err != nil || p.RedisUnavailable() != FailClosed {
+		t.Fatalf("NewPolicy: %v %v", err, p.RedisUnavailable())
+	}
+	q, err := p.WithRedisUnavailable(FailLocal)
+	if err != nil || q.RedisUnavailable() != FailLocal || p.RedisUnavailable() != FailClosed || len(q.Rules()) != 1 {
+		t.Errorf("WithRedisUnavailable: %v", err)
+	}
+	if _, err := p.WithRedisUnavailable("sometimes"); err == nil || !strings.Contains(err.Error(), `redis_unavailable: must be open, closed or local, got "sometimes"`) {
+		t.Errorf("bad mode: %v", err)
+	}
+	if (*Policy)(nil).RedisUnavailable() != FailClosed || (&Policy{}).RedisUnavailable() != FailClosed {
+		t.Errorf("zero policy does not fail closed")
+	}
+}
+
+// The policy of DESIGN.md, parsed, bound and keyed.
+func TestDesignPolicy(t *testing.T) {
+	p, err := LoadPolicyFile("testdata/design.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Rule{
+		{Name: "vendor-peak", Match: Match{Type: "http:call"}, Limit: quotas.GCRA{Rate: 18, Period: time.Second, Burst: 3}},
+		{Name: "vendor-window", Match: Match{Type: "http:call"}, Limit: quotas.FixedWindow{Limit: 190, Every: 10 * time.Second}},
+		{Name: "vendor-daily", Match: Match{Type: "http:call"}, Limit: quotas.CalendarWindow{Limit: 10000, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
+		{Name: "per-business", Match: Match{Type: "http:call"}, Key: "{{.business_id}}", Limit: quotas.GCRA{Rate: 1.8, Period: time.Second, Burst: 1}},
+		{Name: "business-concurrency", Match: Match{Type: "http:call"}, Key: "{{.business_id}}", Limit: quotas.Concurrency{Max: 2, Lease: 30 * time.Second}},
+	}
+	if got := p.Rules(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("rules\n%+v\nwant\n%+v", got, want)
+	}
+	if p.RedisUnavailable() != FailClosed {
+		t.Errorf("mode %q", p.RedisUnavailable())
+	}
+	b := p.Bind("http:call", "default")
+	if b == nil {
+		t.Fatal("no binding")
+	}
+	if got := names(b); got != "vendor-peak vendor-window vendor-daily per-business business-concurrency" {
+		t.Errorf("bound %s", got)
+	}
+	keys, err := b.Keys([]byte(`{"url": "http://x", "method": "POST", "business_id": "b7", "body": {"a": [1, 2]}}`))
+	if err != nil || !reflect.DeepEqual(keys, []string{"", "", "", "b7", "b7"}) {
+		t.Errorf("keys %q, %v", keys, err)
+	}
+	if b := p.Bind("other", "q"); b != nil {
+		t.Errorf("other task bound to %s", names(b))
+	}
+	if p.Bind("http:call", "critical") != b {
+		t.Errorf("pairs with the same rules do not share a binding")
+	}
+	// The round trip: the rules build an equal policy.
+	q, err := NewPolicy(p.Rules()...)
+	if err != nil || !reflect.DeepEqual(q.Rules(), want) {
+		t.Errorf("round trip: %v", err)
+	}
+}
+
+func names(b *Binding) string {
+	var ns []string
+	for _, r := range b.Set().Rules() {
+		ns = append(ns, r.Name)
+	}
+	return strings.Join(ns, " ")
+}
+
+func TestBindMatching(t *testing.T) {
+	p, err := ParsePolicy([]byte(`
+redis_unavailable: local
+rules:
+  - name: http-all
+    match: {type: "http:*"}
+    gcra: {rate: 10, per: 1s}
+  - name: bulk
+    match: {queue: bulk}
+    sliding: {limit: 100, every: 1m}
+  - name: email-bulk
+    match: {type: "email:[ab]*", queue: bulk}
+    quota: {limit: 5, every: 1h}
+  - name: any-critical
+    match: {type: "*", queue: critical}
+    concurrency: {max: 3, lease: 1m, reserved: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ typ, queue, want string }{
+		{"http:call", "default", "http-all"},
+		{"http:call", "bulk", "http-all bulk"},
+		{"http:", "default", "http-all"},
+		{"https:call", "default", ""},
+		{"http:call/x", "default", ""}, // '*' does not match '/'
+		{"email:all", "bulk", "bulk email-bulk"},
+		{"email:all", "default", ""},
+		{"email:cc", "bulk", "bulk"},
+		{"report", "critical", "any-critical"},
+		{"http:call", "critical", "http-all any-critical"},
+		{"report", "bulkier", ""},
+	} {
+		b := p.Bind(c.typ, c.queue)
+		got := ""
+		if b != nil {
+			got = names(b)
+		}
+		if got != c.want {
+			t.Errorf("Bind(%q, %q) = %q, want %q", c.typ, c.queue, got, c.want)
+		}
+		if again := p.Bind(c.typ, c.queue); again != b {
+			t.Errorf("Bind(%q, %q) not cached", c.typ, c.queue)
+		}
+	}
+	var nilPolicy *Policy
+	if nilPolicy.Bind("x", "y") != nil || (&Policy{}).Bind("x", "y") != nil || nilPolicy.Rules() != nil {
+		t.Errorf("zero policy binds")
+	}
+	var nb *Binding
+	if k, err := nb.Keys([]byte("x")); k != nil || err != nil || nb.Set() != nil {
+		t.Errorf("nil binding")
+	}
+}
+
+func TestBindDoesNotAllocateWhenCached(t *testing.T) {
+	p, err := LoadPolicyFile("testdata/design.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Bind("http:call", "default")
+	p.Bind("other", "default")
+	if n := testing.AllocsPerRun(100, func() {
+		p.Bind("http:call", "default")
+		p.Bind("other", "default")
+	}); n != 0 {
+		t.Errorf("%v allocations per cached Bind", n)
+	}
+}
+
+func TestBindCacheIsBounded(t *testing.T) {
+	p, err := NewPolicy(Rule{Name: "a", Match: Match{Type: "t*"}, Limit: quotas.FixedWindow{Limit: 1, Every: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxBindings + 100 {
+		if b := p.Bind(fmt.Sprintf("t%d", i), "q"); b == nil || names(b) != "a" {
+			t.Fatalf("Bind %d: %v", i, b)
+		}
+	}
+	if len(p.bound) > maxBindings || len(p.subsets) != 1 {
+		t.Errorf("cache holds %d pairs, %d subsets", len(p.bound), len(p.subsets))
+	}
+}
+
+func TestBindConcurrent(t *testing.T) {
+	p, err := ParsePolicy([]byte(`rules:
+  - {name: a, match: {type: "t:*"}, gcra: {rate: 1, per: 1s}}
+  - {name: b, match: {queue: q1}, quota: {limit: 5, every: 1s}}
+  - {name: c, match: {type: "t:1*", queue: q2}, key: "{{.id}}", concurrency: {max: 1, lease: 10s}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	results := make([][]*Binding, 16)
+	for g := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				typ := fmt.Sprintf("t:%d", i%20)
+				q := fmt.Sprintf("q%d", i%3)
+				b := p.Bind(typ, q)
+				if b != nil {
+					if _, err := b.Keys([]byte(`{"id": 1}`)); err != nil {
+						t.Error(err)
+					}
+				}
+				results[g] = append(results[g], b)
+			}
+		}()
+	}
+	wg.Wait()
+	for g := 1; g < len(results); g++ {
+		for i := range results[g] {
+			if results[g][i] != results[0][i] {
+				t.Fatalf("goroutine %d call %d got a different binding", g, i)
+			}
+		}
+	}
+	if b := p.Bind("t:12", "q2"); b == nil || names(b) != "a c" {
+		t.Errorf("t:12 on q2: %v", b)
+	}
+}
+
+func TestKeys(t *testing.T) {
+	rules := []Rule{
+		{Name: "global", Match: Match{Type: "*"}, Limit: quotas.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
+		{Name: "nested", Match: Match{Type: "*"}, Key: "{{ .account.id }}", Limit: quotas.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
+		{Name: "composite", Match: Match{Type: "*"}, Key: "tenant-{{.t}}-{{.region}}", DefaultKey: "tenant-unknown", Limit: quotas.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
+		{Name: "literal", Match: Match{Type: "*"}, Key: "fixed", Limit: quotas.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
+	}
+	p, err := NewPolicy(rules...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.Bind("x", "q")
+	for _, c := range []struct {
+		payload string
+		want    []string
+		err     string
+	}{
+		{`{"account": {"id": 12345678901}, "t": "acme", "region": "eu"}`, []string{"", "12345678901", "tenant-acme-eu", "fixed"}, ""},
+		{`{"account": {"id": "a\"b\u00e9"}, "t": true, "region": 1.50}`, []string{"", `a"bé`, "tenant-true-1.50", "fixed"}, ""},
+		{`{"account": {"id": -1e3}, "t": false, "region": 0}`, []string{"", "-1e3", "tenant-false-0", "fixed"}, ""},
+		{`  {"account": {"id": 9007199254740993}}  `, []string{"", "9007199254740993", "tenant-unknown", "fixed"}, ""},
+		{`{"account": {"id": 1}, "t": "acme"}`, []string{"", "1", "tenant-unknown", "fixed"}, ""},
+		{`{"account": {}}`, nil, `taskrl: rule "nested": payload has no field "account.id"`},
+		{`{}`, nil, `taskrl: rule "nested": payload has no field "account.id"`},
+		{`{"account": {"id": null}}`, nil, `taskrl: rule "nested": payload field "account.id" is null; a key needs a string, number or boolean`},
+		{`{"account": {"id": [1]}}`, nil, `taskrl: rule "nested": payload field "account.id" is an array`},
+		{`{"account": {"id": {"x": 1}}}`, nil, `taskrl: rule "nested": payload field "account.id" is an object`},
+		{`{"account": "a1"}`, nil, `taskrl: rule "nested": payload field "account" is a string, not an object, so "account.id" cannot be read`},
+		{`{"account": {"id": 1}, "t": null}`, nil, `taskrl: rule "composite": payload field "t" is null`},
+		{`[1, 2]`, nil, `taskrl: rule "nested": payload is not a JSON object: payload is an array`},
+		{`"x"`, nil, `taskrl: rule "nested": payload is not a JSON object: payload is a string`},
+		{`null`, nil, `taskrl: rule "nested": payload is not a JSON object: payload is null`},
+		{``, nil, `taskrl: rule "nested": payload is not a JSON object: empty payload`},
+		{`{"account": `, nil, `taskrl: rule "nested": payload is not a JSON object: unexpected EOF`},
+		{`{"account": {"id": 1}} {}`, nil, `taskrl: rule "nested": payload is not a JSON object: data after the JSON object`},
+		{`not json`, nil, `taskrl: rule "nested": payload is not a JSON object: payload is not JSON`},
+	} {
+		keys, err := b.Keys([]byte(c.payload))
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) || keys != nil {
+				t.Errorf("%s: got %q, %v; want error %s", c.payload, keys, err, c.err)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(keys, c.want) {
+			t.Errorf("%s: got %q, %v; want %q", c.payload, keys, err, c.want)
+		}
+	}
+
+	var mf *MissingFieldError
+	_, err = b.Keys([]byte(`{"t": "x"}`))
+	if !errors.As(err, &mf) || *mf != (MissingFieldError{Rule: "nested", Field: "account.id"}) {
+		t.Errorf("missing field error: %#v", err)
+	}
+	if got := (&MissingFieldError{Rule: "per-business", Field: "business_id"}).Error(); got != `taskrl: rule "per-business": payload has no field "business_id"` {
+		t.Errorf("Error() = %s", got)
+	}
+}
+
+// Only global (and literal) rules: the payload is never decoded.
+func TestKeysWithoutTemplatesIgnoresPayload(t *testing.T) {
+	p, err := ParsePolicy([]byte(`rules:
+  - {name: a, match: {type: x}, gcra: {rate: 1, per: 1s}}
+  - {name: b, match: {type: x}, key: static, quota: {limit: 1, every: 1s}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := p.Bind("x", "q").Keys([]byte(`{this is not JSON`))
+	if err != nil || !reflect.DeepEqual(keys, []string{"", "static"}) {
+		t.Errorf("got %q, %v", keys, err)
+	}
+}
+
+func TestNewPolicyErrors(t *testing.T) {
+	g := quotas.GCRA{Rate: 1, Period: time.Second, Burst: 1}
+	for _, c := range []struct {
+		rules []Rule
+		want  string
+	}{
+		{nil, "policy: rules: a policy needs at least one rule"},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}}}, `policy: rule "a": no limit`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: (*quotas.GCRA)(nil)}}, `policy: rule "a": no limit`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: quotas.GCRA{Rate: -1, Period: time.Second, Burst: 1}}}, `policy: rule "a": gcra.rate: must be a positive number, got -1`},
+		{[]Rule{{Name: "a", Limit: g}}, `policy: rule "a": match: needs a task type`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Key: "{{.a}", Limit: g}}, `policy: rule "a": key: bad template "{{.a}": unclosed "{{"`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: g}, {Name: "a", Match: Match{Type: "y"}, Limit: g}}, `policy: rule 2: name: "a" is already the name of rule 1`},
+		{[]Rule{{Name: "", Match: Match{Type: "x"}, Limit: g}}, `policy: rule 1: name: missing`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: quotas.CalendarWindow{Limit: 1, Cron: "@daily", TZ: "Nowhere/Land"}}}, `policy: rule "a": quota.tz: unknown time zone "Nowhere/Land"`},
+	} {
+		p, err := NewPolicy(c.rules...)
+		if err == nil || p != nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: got %v, want %s", c.rules, err, c.want)
+		}
+	}
+	// Pointer limits are accepted and stored as values.
+	lim := &quotas.Concurrency{Max: 2, Lease: time.Minute}
+	p, err := NewPolicy(Rule{Name: "a", Match: Match{Queue: "q"}, Limit: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim.Max = 0
+	if got := p.Rules()[0].Limit; got != (quotas.Concurrency{Max: 2, Lease: time.Minute}) {
+		t.Errorf("stored limit %#v", got)
+	}
+}
+
+// Anchors, aliases and merge keys work; the lines still point at the value.
+func TestParsePolicyAnchors(t *testing.T) {
+	p, err := ParsePolicy([]byte(`rules:
+  - &vendor
+    name: vendor-peak
+    match: &http {type: "http:call"}
+    gcra: {rate: 18, per: 1s, burst: 3}
+  - <<: *vendor
+    name: vendor-peak-2
+    gcra: {rate: 5, per: 1s}
+  - name: other
+    match: *http
+    quota: {limit: 1, every: 1s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := p.Rules()
+	if len(rs) != 3 || rs[1].Match.Type != "http:call" || rs[1].Limit != (quotas.GCRA{Rate: 5, Period: time.Second, Burst: 1}) || rs[2].Match.Type != "http:call" {
+		t.Errorf("rules %+v", rs)
+	}
+	_, err = ParsePolicy([]byte("rules:\n  - &r\n    name: a\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n  - <<: *r\n"))
+	if err == nil || !strings.Contains(err.Error(), `rule 2: name: "a" is already the name of rule 1`) {
+		t.Errorf("merged duplicate: %v", err)
+	}
+	_, err = ParsePolicy([]byte("rules:\n  - &r\n    name: a\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n    <<: *r\n"))
+	if err == nil {
+		t.Errorf("self-merge parsed")
+	}
+}
+
+func FuzzParsePolicy(f *testing.F) {
+	design, err := os.ReadFile("testdata/design.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(design)
+	f.Add([]byte(doc("gcra: {rate: -1, per: 1s}")))
+	f.Add([]byte("redis_unavailable: local\nrules:\n  - &a {name: a, match: {queue: q}, key: 'x-{{.a.b}}', default_key: d, sliding: {limit: 5, every: 1m}}\n  - <<: *a\n    name: b\n"))
+	f.Add([]byte(doc(`quota: {limit: 5, cron: "0 9 * * 1", tz: Europe/Paris}`)))
+	f.Add([]byte(doc(`concurrency: {max: 3, lease: 1m, reserved: 1}`)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := ParsePolicy(data)
+		if err != nil {
+			if p != nil {
+				t.Fatal("policy and error")
+			}
+			if !strings.HasPrefix(err.Error(), "policy: ") {
+				t.Fatalf("error without prefix: %v", err)
+			}
+			return
+		}
+		q, err := NewPolicy(p.Rules()...)
+		if err != nil {
+			t.Fatalf("rules of a parsed policy do not validate: %v", err)
+		}
+		if !reflect.DeepEqual(q.Rules(), p.Rules()) {
+			t.Fatal("round trip changed the rules")
+		}
+		for _, r := range p.Rules() {
+			b := p.Bind(r.Match.Type, r.Match.Queue)
+			if b == nil {
+				continue // a glob type need not match itself
+			}
+			if _, err := b.Keys(data); err != nil && !b.payload {
+				t.Fatalf("keys without templates failed: %v", err)
+			}
+		}
+	})
+}
