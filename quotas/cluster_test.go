@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,24 +14,6 @@ import (
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/redistest"
 )
-
-// roundTrips counts the commands and pipelines a client sends.
-type roundTrips struct{ cmds, pipes atomic.Int64 }
-
-func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.cmds.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.pipes.Add(1)
-		return next(ctx, cmds)
-	}
-}
-func (h *roundTrips) take() (int64, int64) { return h.cmds.Swap(0), h.pipes.Swap(0) }
 
 var spanSet = mustSet(
 	Rule{Name: "vendor", Limit: GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 5})},
@@ -46,7 +27,7 @@ var spanSet = mustSet(
 // undone in the other with one more.
 func TestClusterRoundTrips(t *testing.T) {
 	c := redistest.Cluster(t)
-	h := &roundTrips{}
+	h := &redistest.Counter{}
 	c.AddHook(h)
 	l, _ := New(Config{Client: c, Prefix: redistest.Prefix(t)})
 	ctx := context.Background()
@@ -64,13 +45,13 @@ func TestClusterRoundTrips(t *testing.T) {
 	if _, err := l.Allow(ctx, spanSet, req); err != nil {
 		t.Fatal(err)
 	}
-	h.take()
+	h.Take()
 	req.Holder = "task2"
 	d, err := l.Allow(ctx, spanSet, Request{Keys: []string{"", "", "b8", "b8"}, Holder: "task2"})
 	if err != nil || !d.Allowed {
 		t.Fatalf("%+v %v", d, err)
 	}
-	if cmds, pipes := h.take(); cmds != 0 || pipes != 1 {
+	if cmds, pipes := h.Take(); cmds != 0 || pipes != 1 {
 		t.Fatalf("admitted decision took %d commands and %d pipelines, want one pipeline", cmds, pipes)
 	}
 	// b7 is over its per-business rate: denied in its slot, undone in the
@@ -79,7 +60,7 @@ func TestClusterRoundTrips(t *testing.T) {
 	if err != nil || d.Allowed || d.Rule != "business" || d.RetryAfter <= 0 || d.RetryAfter > time.Second {
 		t.Fatalf("%+v %v", d, err)
 	}
-	if cmds, pipes := h.take(); cmds+pipes != 2 {
+	if cmds, pipes := h.Take(); cmds+pipes != 2 {
 		t.Fatalf("denied decision took %d commands and %d pipelines, want 2 round trips", cmds, pipes)
 	}
 	if d.Rules[0].Used != 2 || d.Rules[1].Used != 2 || d.Rules[3].Used != 1 {

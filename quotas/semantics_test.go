@@ -146,7 +146,7 @@ func TestCriticalReserve(t *testing.T) {
 // once with ticks around the server's time, then remembers the skew.
 func TestCalendarOnServerClock(t *testing.T) {
 	c := redistest.Client(t)
-	h := &roundTrips{}
+	h := &redistest.Counter{}
 	c.AddHook(h)
 	l, _ := New(Config{Client: c, Prefix: redistest.Prefix(t)})
 	ctx := context.Background()
@@ -155,22 +155,22 @@ func TestCalendarOnServerClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.skew.Store(int64(-3 * 24 * time.Hour / time.Microsecond)) // worker clock 3 days behind
-	h.take()
+	h.Take()
 	d, err := l.Allow(ctx, set, Request{})
 	if err != nil || !d.Allowed {
 		t.Fatalf("%+v %v", d, err)
 	}
-	if cmds, _ := h.take(); cmds != 2 {
+	if cmds, _ := h.Take(); cmds != 2 {
 		t.Fatalf("%d round trips with a skewed clock, want 2", cmds)
 	}
 	server := c.Time(ctx).Val()
-	h.take()
+	h.Take()
 	start, end := calendar.MustParse("0 0 * * *", "America/Los_Angeles").Window(server)
 	if got := d.Now.Add(d.Rules[0].ResetAfter); !got.Equal(end) || d.Now.Before(start) {
 		t.Fatalf("window ends %v, want %v (server time %v)", got, end, server)
 	}
 	d, _ = l.Allow(ctx, set, Request{})
-	if cmds, _ := h.take(); cmds != 1 || !d.Allowed {
+	if cmds, _ := h.Take(); cmds != 1 || !d.Allowed {
 		t.Fatalf("%d round trips once the skew is known, want 1 (%+v)", cmds, d)
 	}
 	l.Allow(ctx, set, Request{})

@@ -20,23 +20,6 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// cmdCounter counts the commands a client sends.
-type cmdCounter struct{ n atomic.Int64 }
-
-func (h *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
 func mustPolicy(t testing.TB, rules ...Rule) *Policy {
 	t.Helper()
 	p, err := NewPolicy(rules...)
@@ -50,7 +33,7 @@ func mustPolicy(t testing.TB, rules ...Rule) *Policy {
 // without a single Redis command.
 func TestUnmatchedTasksCostNothing(t *testing.T) {
 	c := redistest.Client(t)
-	h := &cmdCounter{}
+	h := &redistest.Counter{}
 	c.AddHook(h)
 	p := mustPolicy(t, Rule{Name: "vendor", Match: Match{Type: "vendor:*"}, Limit: quotas.GCRA(gcra.PerSecond(1))})
 	m, err := New(Config{Policy: p, Client: c, Prefix: redistest.Prefix(t)})
@@ -59,14 +42,14 @@ func TestUnmatchedTasksCostNothing(t *testing.T) {
 	}
 	ran := 0
 	handler := m.Handler(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran++; return nil }))
-	h.n.Store(0)
+	h.Take()
 	for i := 0; i < 100; i++ {
 		if err := handler.ProcessTask(context.Background(), asynq.NewTask("email:send", nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if ran != 100 || h.n.Load() != 0 {
-		t.Fatalf("ran %d, %d Redis commands", ran, h.n.Load())
+	if ran != 100 || h.RoundTrips() != 0 {
+		t.Fatalf("ran %d, %d Redis commands", ran, h.RoundTrips())
 	}
 }
 

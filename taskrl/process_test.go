@@ -1,0 +1,163 @@
+package taskrl
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/quotas"
+)
+
+// fleetEnv is what the parent hands each worker process.
+type fleetEnv struct {
+	Addr, Queue, Prefix string
+	Rate                float64
+	Burst               int
+}
+
+// TestFleet runs real asynq servers with the middleware in 3 separate
+// processes against one Redis: 1,000 tasks under a 100/s rule, enqueued at
+// once (a backlog of 10 s). Every task runs exactly once, executions in any
+// second never exceed the limit plus burst, the whole run takes the ideal
+// time within 10%, and asynq archives or fails none — with MaxRetry(0).
+func TestFleet(t *testing.T) {
+	if os.Getenv("TASKRL_FLEET") != "" {
+		fleetWorker(t)
+		return
+	}
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	env := fleetEnv{Addr: srv.Addr(), Queue: "fleet", Prefix: redistest.Prefix(t), Rate: 100, Burst: 10}
+	const tasks = 1000
+	client := asynq.NewClientFromRedisClient(c)
+	for i := 0; i < tasks; i++ {
+		if _, err := client.Enqueue(asynq.NewTask("job", []byte(strconv.Itoa(i))), asynq.Queue(env.Queue), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := json.Marshal(env)
+	outs := make([][]byte, 3)
+	redistest.Parallel(t, 3, func(t testing.TB, i int) {
+		out, err := redistest.Child("TestFleet", "TASKRL_FLEET="+string(b)).CombinedOutput()
+		outs[i] = out
+		if err != nil {
+			t.Fatalf("worker %d: %v\n%s", i, err, out)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+	ctx := context.Background()
+	var calls, decisions int64
+	for _, out := range outs {
+		for _, line := range strings.Split(string(out), "\n") {
+			if v, ok := strings.CutPrefix(line, "CALLS "); ok {
+				var a, d int64
+				fmt.Sscan(v, &a, &d)
+				calls += a
+				decisions += d
+			}
+		}
+	}
+	log := c.LRange(ctx, env.Prefix+"ran", 0, -1).Val()
+	runs := map[string]int{}
+	var at []int64
+	for _, e := range log {
+		f := strings.Fields(e)
+		runs[f[0]]++
+		us, _ := strconv.ParseInt(f[1], 10, 64)
+		at = append(at, us)
+	}
+	for i := 0; i < tasks; i++ {
+		if n := runs[strconv.Itoa(i)]; n != 1 {
+			t.Errorf("task %d ran %d times", i, n)
+		}
+	}
+	sort.Slice(at, func(i, j int) bool { return at[i] < at[j] })
+	worst := 0
+	for i := range at {
+		n := 0
+		for j := i; j < len(at) && at[j]-at[i] < 1e6; j++ {
+			n++
+		}
+		worst = max(worst, n)
+	}
+	span := time.Duration(at[len(at)-1]-at[0]) * time.Microsecond
+	ideal := time.Duration(float64(tasks-env.Burst)/env.Rate*1e6) * time.Microsecond
+	info, err := asynq.NewInspectorFromRedisClient(c).GetQueueInfo(env.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d executions in %v (ideal %v, %.1f%% over); busiest second %d (limit %v + burst %d); Redis calls by the middleware per executed task %.2f, limiter decisions per task %.2f; archived %d, failed %d",
+		len(at), span, ideal, 100*(float64(span)/float64(ideal)-1), worst, env.Rate, env.Burst, float64(calls)/tasks, float64(decisions)/tasks, info.Archived, info.Failed)
+	if worst > int(env.Rate)+env.Burst {
+		t.Errorf("%d executions within one second", worst)
+	}
+	if float64(span) > 1.1*float64(ideal) {
+		t.Errorf("took %v, more than 10%% over the ideal %v", span, ideal)
+	}
+	if info.Archived != 0 || info.Failed != 0 {
+		t.Errorf("archived %d, failed %d", info.Archived, info.Failed)
+	}
+}
+
+// fleetWorker is one worker process of TestFleet: it serves until every
+// task has run (or a minute has passed) and prints how many Redis calls its
+// middleware made.
+func fleetWorker(t *testing.T) {
+	var env fleetEnv
+	if err := json.Unmarshal([]byte(os.Getenv("TASKRL_FLEET")), &env); err != nil {
+		t.Fatal(err)
+	}
+	asynqClient := redis.NewClient(&redis.Options{Addr: env.Addr})
+	mwClient := redis.NewClient(&redis.Options{Addr: env.Addr})
+	hook := &redistest.Counter{}
+	mwClient.AddHook(hook)
+	decisions := &redistest.Counter{}
+	policy := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: env.Rate, Period: time.Second, Burst: env.Burst})})
+	m, err := New(Config{Policy: policy, Client: mwClient, Prefix: env.Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Count the limiter's decisions apart from the rescheduling calls.
+	lc := redis.NewClient(&redis.Options{Addr: env.Addr})
+	lc.AddHook(decisions)
+	lc.AddHook(hook)
+	if m.limiter, err = quotas.New(quotas.Config{Client: lc, Prefix: env.Prefix}); err != nil {
+		t.Fatal(err)
+	}
+	srv := asynq.NewServerFromRedisClient(asynqClient, m.ServerConfig(asynq.Config{
+		Concurrency: 20,
+		Queues:      map[string]int{env.Queue: 1},
+		LogLevel:    asynq.ErrorLevel,
+	}))
+	mux := asynq.NewServeMux()
+	mux.Use(m.Middleware())
+	logKey := env.Prefix + "ran"
+	mux.HandleFunc("job", func(ctx context.Context, task *asynq.Task) error {
+		return asynqClient.RPush(ctx, logKey, fmt.Sprintf("%s %d", task.Payload(), time.Now().UnixMicro())).Err()
+	})
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) && asynqClient.LLen(context.Background(), logKey).Val() < 1000 {
+		time.Sleep(100 * time.Millisecond)
+	}
+	srv.Shutdown()
+	fmt.Printf("CALLS %d %d\n", hook.RoundTrips(), decisions.RoundTrips())
+}
