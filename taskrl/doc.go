@@ -20,16 +20,19 @@
 // without a Redis call. Otherwise its rate and window rules book the
 // earliest slot (quotas.Limiter.Reserve, one round trip): a slot within
 // Config.MaxHold is waited for in the worker; a later one is booked and the
-// task rescheduled to it. Rescheduling enqueues a copy (same payload,
-// headers, queue, timeout, deadline, retention and the retries it had left,
-// with an ID derived from the original's so a redelivery cannot copy it
-// twice) and lets the original complete: waiting for a limit never spends a
-// retry, never archives a task (even with MaxRetry(0) or its retries spent)
-// and never counts as a failure. The copy comes back shortly before its slot
-// and waits for it, so rescheduled tasks run at the booked pace.
-// Concurrency rules are taken when the task runs, renewed while it runs and
-// released when it returns or panics. A payload without a key field the
-// policy needs is archived with the rule and field named.
+// task rescheduled to it, which frees the worker at once. Rescheduling
+// enqueues a copy (same payload, headers, queue, timeout, deadline,
+// retention and the retries it had left, with an ID derived from the
+// original's so a redelivery cannot copy it twice) and lets the original
+// complete: waiting for a limit never spends a retry, never archives a task
+// (even with MaxRetry(0) or its retries spent) and never counts as a
+// failure. asynq keeps scheduled tasks by whole seconds, so a pacer in every
+// middleware moves each copy to pending at its booked slot, to the
+// millisecond; the copy is also scheduled in asynq a little later, so it
+// still runs if no pacer does. Concurrency rules are taken when the task
+// runs, renewed while it runs and released when it returns or panics. A
+// payload without a key field the policy needs is archived with the rule
+// and field named.
 //
 // Not built yet: upstream-429 feedback, the Redis-unavailable modes that
 // Policy.RedisUnavailable records, a throttle budget, and metrics hooks.

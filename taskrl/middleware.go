@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -27,6 +28,10 @@ const (
 	HeaderBooked = "taskrl-booked"
 )
 
+// lateBooking is how far past its slot a booked copy may start; a later one
+// decides again.
+const lateBooking = 25 * time.Millisecond
+
 // Config configures a Middleware.
 type Config struct {
 	// Policy says which rules apply to which tasks. Required.
@@ -37,10 +42,8 @@ type Config struct {
 	// Prefix starts every limiter key. Default "taskrl:".
 	Prefix string
 	// MaxHold is the longest a task waits for its turn inside the worker;
-	// longer waits reschedule it. Default 2s. A rescheduled task comes back
-	// up to MaxHold before its booked slot and waits for it, so that it
-	// never runs late; that needs MaxHold >= 1s + the asynq server's
-	// DelayedTaskCheckInterval, which ServerConfig sets.
+	// longer waits book a slot and reschedule the task to it, which frees
+	// the worker. Default 500ms.
 	MaxHold time.Duration
 	// MaxReserve is how far ahead a slot may be booked for a rescheduled
 	// task. Default 1h; a task whose turn is further away is rescheduled
@@ -55,6 +58,8 @@ type Config struct {
 // concurrent use.
 type Middleware struct {
 	cfg     Config
+	prefix  string
+	pace    *pacer
 	limiter *quotas.Limiter
 	client  *asynq.Client
 	inspect *asynq.Inspector
@@ -72,7 +77,7 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, errors.New("taskrl: Config.Client is required")
 	}
 	if cfg.MaxHold == 0 {
-		cfg.MaxHold = 2 * time.Second
+		cfg.MaxHold = 500 * time.Millisecond
 	}
 	if cfg.MaxReserve == 0 {
 		cfg.MaxReserve = time.Hour
@@ -83,11 +88,23 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = gcra.DefaultPrefix
+	}
 	l, err := quotas.New(quotas.Config{Client: cfg.Client, Prefix: cfg.Prefix})
 	if err != nil {
 		return nil, fmt.Errorf("taskrl: %w", err)
 	}
-	return &Middleware{cfg: cfg, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}, nil
+	m := &Middleware{cfg: cfg, prefix: cfg.Prefix, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}
+	m.pace = newPacer(m)
+	return m, nil
+}
+
+// Close stops the middleware's pacer. Call it after the asynq server has
+// shut down; rescheduled tasks then still run, up to a few seconds late.
+func (m *Middleware) Close() error {
+	m.pace.close()
+	return nil
 }
 
 // split is a binding's rules in two sets: the rate and window rules, which
@@ -149,14 +166,22 @@ func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 // Middleware returns the middleware for asynq.ServeMux.Use.
 func (m *Middleware) Middleware() asynq.MiddlewareFunc { return m.Handler }
 
-// ServerConfig returns cfg with DelayedTaskCheckInterval at most
-// MaxHold - 1s (and at least 100ms), so that rescheduled tasks reach a
-// worker before their booked slot. asynq keeps scheduled tasks by whole
-// seconds; its default interval is 5s.
+// ServerConfig returns cfg adjusted for paced tasks, and starts pacing its
+// queues now rather than when a task of theirs is first rescheduled here:
+//   - TaskCheckInterval at most 50ms (asynq's default is 1s): a copy the
+//     pacer moves to pending at its slot is picked up within 50ms even by an
+//     idle worker, which then checks its queues 20 times a second;
+//   - DelayedTaskCheckInterval at most 1s (default 5s): a copy no pacer
+//     moved (every pacer down) still runs about 3s after its slot.
 func (m *Middleware) ServerConfig(cfg asynq.Config) asynq.Config {
-	most := max(m.cfg.MaxHold-time.Second, 100*time.Millisecond)
-	if cfg.DelayedTaskCheckInterval == 0 || cfg.DelayedTaskCheckInterval > most {
-		cfg.DelayedTaskCheckInterval = most
+	for q := range cfg.Queues {
+		m.pace.key(q)
+	}
+	if cfg.TaskCheckInterval == 0 || cfg.TaskCheckInterval > 50*time.Millisecond {
+		cfg.TaskCheckInterval = 50 * time.Millisecond
+	}
+	if cfg.DelayedTaskCheckInterval == 0 || cfg.DelayedTaskCheckInterval > time.Second {
+		cfg.DelayedTaskCheckInterval = time.Second
 	}
 	return cfg
 }
@@ -188,19 +213,23 @@ func (m *Middleware) process(ctx context.Context, t *asynq.Task, queue string, b
 // the task was rescheduled (or failed) and must not run now.
 func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string) (done bool, err error) {
 	req := quotas.Request{Keys: pick(keys, sp.rateIdx)}
-	// A booking pays for the copy's first attempt only: a retry after a
-	// failure is charged again.
+	// A booking pays for the copy's first attempt only, at its slot: a retry
+	// after a failure is charged again, and so is a copy that comes back
+	// well after its slot (the worker or Redis stalled), so that late copies
+	// do not all start at once.
 	if booked, ok := bookedAt(t); ok && retryCount(ctx) == 0 {
-		// Charged when it was rescheduled: wait for the booked slot, or
-		// reschedule again, still booked, if it came back far too early.
 		wait := booked.Sub(m.serverNow())
-		if wait > 2*m.cfg.MaxHold || !fitsDeadline(ctx, wait) {
+		switch {
+		case wait < -lateBooking:
+		case wait > 2*m.cfg.MaxHold || !fitsDeadline(ctx, wait):
+			// Far too early: reschedule again, still booked.
 			return true, m.reschedule(ctx, t, queue, id, wait, booked)
+		default:
+			if err := hold(ctx, wait); err != nil {
+				return true, err
+			}
+			return false, nil
 		}
-		if err := hold(ctx, wait); err != nil {
-			return true, err
-		}
-		return false, nil
 	}
 	d, err := m.limiter.Reserve(ctx, sp.rates, req, m.cfg.MaxReserve)
 	if err != nil {
@@ -309,7 +338,7 @@ func (m *Middleware) renew(stop <-chan struct{}, leases []quotas.Lease) {
 // task's payload, headers, queue, timeout, deadline and retention, and the
 // retries it had left. Its ID is derived from the original's and the round,
 // so a redelivered original cannot make two copies. booked, if set, is the
-// slot already charged for it.
+// slot already charged for it: the pacer moves the copy to pending then.
 func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id string, delay time.Duration, booked time.Time) error {
 	round := 0
 	if v, ok := t.Headers()[HeaderRound]; ok {
@@ -326,16 +355,11 @@ func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id st
 	at := time.Now().Add(delay)
 	if !booked.IsZero() {
 		headers[HeaderBooked] = strconv.FormatInt(booked.UnixMicro(), 10)
-		// Arrive early and hold for the exact slot, never late: asynq keeps
-		// scheduled tasks by whole seconds and moves them every
-		// DelayedTaskCheckInterval, so a task scheduled for the second
-		// after at-MaxHold arrives within MaxHold before its slot as long
-		// as MaxHold >= 1s + DelayedTaskCheckInterval.
-		at = at.Add(-m.cfg.MaxHold).Truncate(time.Second).Add(time.Second)
+		at = at.Add(paceSlack) // the pacer runs it at its slot
 	}
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
-	retried, _ := asynq.GetRetryCount(ctx)
-	opts := []asynq.Option{asynq.Queue(queue), asynq.TaskID(org + "~" + strconv.Itoa(round+1)), asynq.MaxRetry(max(0, maxRetry-retried)), asynq.ProcessAt(at)}
+	copyID := formatID(org, round+1)
+	opts := []asynq.Option{asynq.Queue(queue), asynq.TaskID(copyID), asynq.MaxRetry(max(0, maxRetry-retryCount(ctx))), asynq.ProcessAt(at)}
 	if info, err := m.inspect.GetTaskInfo(queue, id); err == nil {
 		if info.Timeout > 0 {
 			opts = append(opts, asynq.Timeout(info.Timeout))
@@ -347,14 +371,20 @@ func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id st
 			opts = append(opts, asynq.Retention(info.Retention))
 		}
 	}
-	_, err := m.client.EnqueueContext(context.WithoutCancel(ctx), asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
+	wctx := context.WithoutCancel(ctx)
+	_, err := m.client.EnqueueContext(wctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil // a redelivery of this task already rescheduled it
 	}
 	if err != nil {
 		return fmt.Errorf("taskrl: rescheduling: %w", err)
 	}
-	m.cfg.Logger.Debug("taskrl: rescheduled", "task", id, "origin", org, "in", delay, "booked", !booked.IsZero())
+	if !booked.IsZero() {
+		if err := m.pace.add(wctx, queue, copyID, booked); err != nil {
+			m.cfg.Logger.Warn("taskrl: pacing a rescheduled task failed; it runs a little late", "task", copyID, "err", err)
+		}
+	}
+	m.cfg.Logger.Debug("taskrl: rescheduled", "task", id, "copy", copyID, "in", delay, "booked", !booked.IsZero())
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,7 @@ func TestUnmatchedTasksCostNothing(t *testing.T) {
 // runWorkers starts n asynq servers in this process on c with the
 // middleware, serving handler for queue, and stops them when the test ends.
 func runWorkers(t *testing.T, c redis.UniversalClient, m *Middleware, n, concurrency int, queue string, handler asynq.HandlerFunc) {
+	t.Cleanup(func() { m.Close() }) // after the servers' shutdown
 	for i := 0; i < n; i++ {
 		srv := asynq.NewServerFromRedisClient(c, m.ServerConfig(asynq.Config{
 			Concurrency:    concurrency,
@@ -257,5 +259,75 @@ func TestConcurrencySlots(t *testing.T) {
 	st, err := m.limiter.Status(context.Background(), set, quotas.Request{Keys: []string{"b7"}})
 	if err != nil || st.Rules[0].Used != 0 {
 		t.Fatalf("slots still held after all tasks: %+v %v", st.Rules, err)
+	}
+}
+
+// TestInteractiveBesideBulk: a minute's backlog of throttled tasks (600 at
+// 10/s) shares a queue and its workers with tasks no rule matches. Those
+// start within about a second, and the backlog still runs at its limit.
+func TestInteractiveBesideBulk(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	limit := gcra.Limit{Rate: 10, Period: time.Second, Burst: 1}
+	m := newMiddleware(t, c, Rule{Name: "bulk", Match: Match{Type: "bulk"}, Limit: quotas.GCRA(limit)})
+	var mu sync.Mutex
+	var bulkRuns []time.Time
+	pingLatency := map[string]time.Duration{}
+	handler := func(ctx context.Context, task *asynq.Task) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if task.Type() == "bulk" {
+			bulkRuns = append(bulkRuns, time.Now())
+			return nil
+		}
+		var sent int64
+		fmt.Sscan(string(task.Payload()), &sent)
+		pingLatency[string(task.Payload())] = time.Since(time.UnixMicro(sent))
+		return nil
+	}
+	for i := 0; i < 2; i++ {
+		s := asynq.NewServerFromRedisClient(c, m.ServerConfig(asynq.Config{Concurrency: 10, Queues: map[string]int{"default": 1}, LogLevel: asynq.ErrorLevel}))
+		mux := asynq.NewServeMux()
+		mux.Use(m.Middleware())
+		mux.HandleFunc("bulk", handler)
+		mux.HandleFunc("ping", handler)
+		if err := s.Start(mux); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Shutdown)
+	}
+	t.Cleanup(func() { m.Close() })
+	client := asynq.NewClientFromRedisClient(c)
+	for i := 0; i < 600; i++ {
+		if _, err := client.Enqueue(asynq.NewTask("bulk", []byte(strconv.Itoa(i)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	for i := 0; i < 8; i++ {
+		time.Sleep(500 * time.Millisecond)
+		if _, err := client.Enqueue(asynq.NewTask("ping", []byte(strconv.FormatInt(time.Now().UnixMicro(), 10)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	var worst time.Duration
+	for _, l := range pingLatency {
+		worst = max(worst, l)
+	}
+	inWindow := 0
+	for _, r := range bulkRuns {
+		if d := r.Sub(start); d >= time.Second && d < 4*time.Second {
+			inWindow++
+		}
+	}
+	t.Logf("%d pings, slowest started after %v; bulk ran %d times in 3 s (limit %v)", len(pingLatency), worst, inWindow, limit)
+	if len(pingLatency) != 8 || worst > 1200*time.Millisecond {
+		t.Fatalf("pings: %d started, slowest after %v", len(pingLatency), worst)
+	}
+	if inWindow < 3*10-2 || inWindow > 3*10+limit.Burst {
+		t.Fatalf("bulk ran %d times in 3 s at 10/s", inWindow)
 	}
 }
