@@ -229,6 +229,7 @@ const (
 	opReserve
 	opRefund
 	opStatus
+	opBlock
 )
 
 // timing is what every script call of one request shares.
@@ -591,6 +592,24 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 	}
 	_, err = l.run(ctx, l.groups(calls), params{op: opRefund, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo})
 	return err
+}
+
+// Block makes the set's GCRA rules admit nothing for the request's keys
+// until the given time, then resume at their rate: use it when the remote
+// side answered "429 Too Many Requests, retry after ...", so that every
+// worker backs off together. Window and concurrency rules are left as they
+// are. until is compared with the server's clock (or Config.Now).
+func (l *Limiter) Block(ctx context.Context, s *Set, req Request, until time.Time) (Decision, error) {
+	calls, err := l.bind(s, req, false)
+	if err != nil {
+		return Decision{}, err
+	}
+	gs := l.groups(calls)
+	rs, err := l.run(ctx, gs, params{op: opBlock, req: req, notBefore: until.UnixMicro()})
+	if err != nil {
+		return Decision{}, err
+	}
+	return l.assemble(s, gs, rs, params{req: req}), nil
 }
 
 // Renew extends lease to its Duration from now if its holder still holds

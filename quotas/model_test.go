@@ -282,6 +282,23 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 	}
 }
 
+// block mirrors quotas.lua's block op.
+func (m *model) block(calls []call, now, until int64) {
+	m.housekeep(calls, now)
+	for _, c := range calls {
+		if c.c.kind == kindGCRA {
+			k := c.keys[0]
+			cur := m.tats[k]
+			if cur == 0 {
+				cur = now
+			}
+			if tat := max(cur, until+c.c.em*(c.c.burst-1)); tat > now {
+				m.tats[k] = tat
+			}
+		}
+	}
+}
+
 func (m *model) release(k, holder string, token int64) bool {
 	if token == 0 || m.tokens[k][holder] != token {
 		return false

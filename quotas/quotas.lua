@@ -3,7 +3,7 @@
 --
 -- KEYS     the rules' keys in rule order: one per rule, two for concurrency
 --          (holders sorted set, tokens hash)
--- ARGV[1]  op: 0 allow, 1 reserve, 2 refund, 3 status
+-- ARGV[1]  op: 0 allow, 1 reserve, 2 refund, 3 status, 4 block
 -- ARGV[2]  explicit now in microseconds, or -1 for the server's TIME
 -- ARGV[3]  TTL floor in milliseconds (0 in production)
 -- ARGV[4]  cost n
@@ -12,7 +12,8 @@
 -- ARGV[7]  1 if the request may use a concurrency rule's critical reserve
 -- ARGV[8]  nonce naming this request's sliding-window entries
 -- ARGV[9]  refund: the time the charge was made at (reply field t);
---          reserve: book no earlier than this time (0: now)
+--          reserve: book no earlier than this time (0: now);
+--          block: until when GCRA rules admit nothing
 -- ARGV[10] number of rules, then per rule its kind, its parameters and
 --          the two undo values u1, u2 the charge replied (refund; else 0):
 --            1 GCRA         em, burst, u1, u2
@@ -157,6 +158,21 @@ if op == 2 then
   end
   for _, r in ipairs(rules) do load(r) end
   return reply(1, 0, 0, t, {})
+end
+
+if op == 4 then
+  -- Block: GCRA rules admit nothing before `till`, then resume at their
+  -- rate (the TAT is moved so that one unit conforms exactly then).
+  local till = tonumber(ARGV[9])
+  for _, r in ipairs(rules) do
+    if r.kind == 1 then
+      local cur = tonumber(redis.call('GET', r.key)) or now
+      local tat = math.max(cur, till + r.em * (r.burst - 1))
+      if tat > now then gcra_store(r.key, tat, 1, now, floor) end
+    end
+  end
+  for _, r in ipairs(rules) do load(r) end
+  return reply(1, 0, 0, now, {})
 end
 
 for _, r in ipairs(rules) do load(r) end

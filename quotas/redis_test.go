@@ -173,12 +173,20 @@ func (d *differ) step(t testing.TB) {
 		if got.Allowed {
 			d.held = append(d.held, held{s, req, got})
 		}
-	case x < 16:
+	case x < 15 || d.rng.IntN(3) > 0:
 		got, err := d.l.Status(d.ctx, s, req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		compare("Status", got, d.m.decide(calls, opStatus, now, 0, 0, 0, req.Holder, req.Critical, ""), 0)
+	case x < 16:
+		until := d.l.now.Add(time.Duration(d.rng.Int64N(int64(d.scale) * 5)))
+		got, err := d.l.Block(d.ctx, s, req, until)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.m.block(calls, now, until.UnixMicro())
+		compare("Block", got, d.m.decide(calls, opStatus, now, 0, 0, 0, req.Holder, req.Critical, ""), 0)
 	case len(d.held) == 0:
 	case x < 18:
 		i := d.rng.IntN(len(d.held))

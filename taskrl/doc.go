@@ -34,6 +34,12 @@
 // payload without a key field the policy needs is archived with the rule
 // and field named.
 //
-// Not built yet: upstream-429 feedback, the Redis-unavailable modes that
-// Policy.RedisUnavailable records, a throttle budget, and metrics hooks.
+// A handler whose remote side answered 429 returns Throttled(retryAfter,
+// err): the middleware blocks the task's rate rules for every worker until
+// then (new decisions through quotas.Limiter.Block, booked and waiting
+// copies through a marker they read before they run) and reschedules the
+// task, without spending a retry.
+//
+// Not built yet: the Redis-unavailable modes that Policy.RedisUnavailable
+// records, a throttle budget, and metrics hooks.
 package taskrl

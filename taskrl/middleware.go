@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -203,10 +204,108 @@ func (m *Middleware) process(ctx context.Context, t *asynq.Task, queue string, b
 		}
 	}
 	if sp.slots == nil {
-		return next.ProcessTask(ctx, t)
+		err = next.ProcessTask(ctx, t)
+	} else {
+		err = m.runHolding(ctx, t, queue, id, sp, keys, next)
 	}
-	return m.runHolding(ctx, t, queue, id, sp, keys, next)
+	var te *ThrottledError
+	if !errors.As(err, &te) {
+		return err
+	}
+	// The remote side throttled: every worker backs off these rules' keys
+	// until it said to retry, and this task runs again then.
+	wait := te.RetryAfter
+	if wait <= 0 {
+		wait = time.Second
+	}
+	if sp.rates != nil {
+		if berr := m.block(context.WithoutCancel(ctx), sp, keys, m.serverNow().Add(wait)); berr != nil {
+			m.cfg.Logger.Warn("taskrl: blocking throttled rules failed", "err", berr)
+		}
+	}
+	m.cfg.Logger.Info("taskrl: upstream throttled; backing off", "task", id, "retry_after", wait, "err", te.Err)
+	return m.reschedule(ctx, t, queue, id, wait, time.Time{})
 }
+
+// block stops the task's rate rules for every worker until the given time:
+// new decisions through the limiter, and booked copies through a marker per
+// rule key that they read before their slot.
+func (m *Middleware) block(ctx context.Context, sp *split, keys []string, until time.Time) error {
+	rk := pick(keys, sp.rateIdx)
+	if _, err := m.limiter.Block(ctx, sp.rates, quotas.Request{Keys: rk}, until); err != nil {
+		return err
+	}
+	ttl := time.Until(until) + time.Second
+	_, err := m.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range sp.rates.Rules() {
+			p.Set(ctx, m.blockKey(r.Name, rk[i]), until.UnixMicro(), ttl)
+		}
+		return nil
+	})
+	return err
+}
+
+// blockedUntil returns the latest block on the task's rate rules, in one
+// round trip.
+func (m *Middleware) blockedUntil(ctx context.Context, sp *split, keys []string) (time.Time, error) {
+	rk := pick(keys, sp.rateIdx)
+	rules := sp.rates.Rules()
+	cmds := make([]*redis.StringCmd, len(rules))
+	_, err := m.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range rules {
+			cmds[i] = p.Get(ctx, m.blockKey(r.Name, rk[i]))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return time.Time{}, err
+	}
+	var until time.Time
+	for _, c := range cmds {
+		if us, err := c.Int64(); err == nil && time.UnixMicro(us).After(until) {
+			until = time.UnixMicro(us)
+		}
+	}
+	return until, nil
+}
+
+// blockKey is the marker of a throttled rule key, hash-tagged like the
+// rule's own keys.
+func (m *Middleware) blockKey(rule, entity string) string {
+	tag := "~g"
+	if entity != "" {
+		tag = keys.Encode(entity)
+	}
+	return m.prefix + "block:{" + tag + "}:" + rule
+}
+
+// ThrottledError reports that the remote side throttled a task (HTTP 429)
+// and asked to be called again after RetryAfter. A handler returns one with
+// Throttled; the middleware then blocks the task's rate rules for every
+// worker until then and reschedules the task, without spending a retry.
+type ThrottledError struct {
+	// RetryAfter is the wait the remote side asked for; 0 means 1s.
+	RetryAfter time.Duration
+	// Err is the remote side's answer, for logs. It may be nil.
+	Err error
+}
+
+// Throttled returns a *ThrottledError: the remote side throttled this task
+// and asked to retry after retryAfter.
+func Throttled(retryAfter time.Duration, err error) error {
+	return &ThrottledError{RetryAfter: retryAfter, Err: err}
+}
+
+// Error implements error.
+func (e *ThrottledError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("taskrl: throttled upstream, retry after %v", e.RetryAfter)
+	}
+	return fmt.Sprintf("taskrl: throttled upstream, retry after %v: %v", e.RetryAfter, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *ThrottledError) Unwrap() error { return e.Err }
 
 // admitRates gets the task's turn under its rate and window rules: now, after
 // a hold, or, if the turn is further away, by rescheduling. done reports that
@@ -228,7 +327,7 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 			if err := hold(ctx, wait); err != nil {
 				return true, err
 			}
-			return false, nil
+			return m.unlessBlocked(ctx, t, queue, id, sp, keys)
 		}
 	}
 	d, err := m.limiter.Reserve(ctx, sp.rates, req, m.cfg.MaxReserve)
@@ -238,12 +337,14 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 	m.learn(d.Now)
 	refund := func() { _ = m.limiter.Refund(context.WithoutCancel(ctx), sp.rates, req, d) }
 	switch {
+	case d.Allowed && d.Delay == 0:
+		return false, nil
 	case d.Allowed && d.Delay <= m.cfg.MaxHold && fitsDeadline(ctx, d.Delay):
 		if err := hold(ctx, d.Delay); err != nil {
 			refund()
 			return true, err
 		}
-		return false, nil
+		return m.unlessBlocked(ctx, t, queue, id, sp, keys)
 	case d.Allowed:
 		if err := m.reschedule(ctx, t, queue, id, d.Delay, d.Now.Add(d.Delay)); err != nil {
 			refund()
@@ -255,6 +356,16 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 	default:
 		return true, m.reschedule(ctx, t, queue, id, d.RetryAfter, time.Time{})
 	}
+}
+
+// unlessBlocked lets a task that waited for its slot run, unless the remote
+// side throttled meanwhile: then it is rescheduled to when that ends.
+func (m *Middleware) unlessBlocked(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string) (bool, error) {
+	until, err := m.blockedUntil(ctx, sp, keys)
+	if err != nil || !until.After(m.serverNow()) {
+		return false, nil
+	}
+	return true, m.reschedule(ctx, t, queue, id, until.Sub(m.serverNow()), time.Time{})
 }
 
 // runHolding takes the task's concurrency slots, waiting up to MaxHold for

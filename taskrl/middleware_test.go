@@ -331,3 +331,61 @@ func TestInteractiveBesideBulk(t *testing.T) {
 		t.Fatalf("bulk ran %d times in 3 s at 10/s", inWindow)
 	}
 }
+
+// TestUpstreamThrottle: one call answers 429 with "retry after 1.5s": every
+// worker backs off the rule's key until then, the throttled task runs again
+// afterwards, exactly once more, and nothing is archived.
+func TestUpstreamThrottle(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	m := newMiddleware(t, c, Rule{Name: "vendor", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 2})})
+	const tasks = 40
+	var mu sync.Mutex
+	var throttledAt time.Time
+	runs := map[string][]time.Time{}
+	done := make(chan struct{})
+	finished := 0
+	runWorkers(t, c, m, 2, 5, "q", func(ctx context.Context, task *asynq.Task) error {
+		mu.Lock()
+		defer mu.Unlock()
+		p := string(task.Payload())
+		runs[p] = append(runs[p], time.Now())
+		if p == "5" && len(runs[p]) == 1 {
+			throttledAt = time.Now()
+			return Throttled(1500*time.Millisecond, fmt.Errorf("429 Too Many Requests"))
+		}
+		if finished++; finished == tasks {
+			close(done)
+		}
+		return nil
+	})
+	client := asynq.NewClientFromRedisClient(c)
+	for i := 0; i < tasks; i++ {
+		if _, err := client.Enqueue(asynq.NewTask("job", []byte(strconv.Itoa(i))), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("finished %d of %d", finished, tasks)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(runs["5"]) != 2 {
+		t.Fatalf("throttled task ran %d times, want 2", len(runs["5"]))
+	}
+	// Nothing ran on any worker while the vendor asked to wait (allow the
+	// executions that were already starting, within 20ms of the 429).
+	for p, ts := range runs {
+		for _, at := range ts {
+			if d := at.Sub(throttledAt); d > 20*time.Millisecond && d < 1450*time.Millisecond {
+				t.Fatalf("task %s ran %v after the 429", p, d)
+			}
+		}
+	}
+	info, _ := asynq.NewInspectorFromRedisClient(c).GetQueueInfo("q")
+	if info.Archived != 0 || info.Failed != 0 {
+		t.Fatalf("archived %d, failed %d", info.Archived, info.Failed)
+	}
+}
