@@ -40,6 +40,14 @@
 // copies through a marker they read before they run) and reschedules the
 // task, without spending a retry.
 //
-// Not built yet: the Redis-unavailable modes that Policy.RedisUnavailable
-// records, a throttle budget, and metrics hooks.
+// When Redis cannot be reached, Policy.RedisUnavailable decides: FailClosed
+// (the default) keeps the task waiting in the worker, retrying with backoff,
+// until Redis is back or the task's context ends (asynq itself needs Redis
+// to hand out or finish tasks); FailOpen runs it without limits; FailLocal
+// enforces each GCRA rule in this process at 1/Config.LocalShare of its
+// rate. After a failed call the middleware does not try Redis again for a
+// second, so an outage costs each task nothing more than its mode's wait.
+// No mode drops a task.
+//
+// Not built yet: a throttle budget, and metrics hooks.
 package taskrl

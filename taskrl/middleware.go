@@ -50,6 +50,11 @@ type Config struct {
 	// task. Default 1h; a task whose turn is further away is rescheduled
 	// unbooked to when it would be allowed and decides again then.
 	MaxReserve time.Duration
+	// LocalShare is how many worker processes share the limits, for the
+	// FailLocal policy mode: while Redis is unreachable each process
+	// enforces every GCRA rule at 1/LocalShare of its rate, in memory.
+	// Default 1.
+	LocalShare int
 	// Logger receives a line per rescheduled task. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -59,6 +64,8 @@ type Config struct {
 // concurrent use.
 type Middleware struct {
 	cfg     Config
+	local   gcra.Model   // the FailLocal fallback
+	down    atomic.Int64 // until when (Unix ns) Redis counts as unreachable
 	prefix  string
 	pace    *pacer
 	limiter *quotas.Limiter
@@ -89,6 +96,10 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.LocalShare < 0 {
+		return nil, errors.New("taskrl: Config.LocalShare must not be negative")
+	}
+	cfg.LocalShare = max(cfg.LocalShare, 1)
 	if cfg.Prefix == "" {
 		cfg.Prefix = gcra.DefaultPrefix
 	}
@@ -330,9 +341,25 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 			return m.unlessBlocked(ctx, t, queue, id, sp, keys)
 		}
 	}
-	d, err := m.limiter.Reserve(ctx, sp.rates, req, m.cfg.MaxReserve)
-	if err != nil {
-		return true, fmt.Errorf("taskrl: %w", err)
+	reserve := func() (quotas.Decision, error) {
+		return guard(m, func() (quotas.Decision, error) { return m.limiter.Reserve(ctx, sp.rates, req, m.cfg.MaxReserve) })
+	}
+	d, err := reserve()
+	for backoff := 50 * time.Millisecond; err != nil; backoff = min(2*backoff, 2*time.Second) {
+		switch m.cfg.Policy.RedisUnavailable() {
+		case FailOpen:
+			m.cfg.Logger.Warn("taskrl: Redis unavailable; running the task without limits (fail open)", "task", id, "err", err)
+			return false, nil
+		case FailLocal:
+			m.cfg.Logger.Warn("taskrl: Redis unavailable; limiting in this process (fail local)", "task", id, "err", err)
+			return false, m.localTurn(ctx, sp, keys)
+		}
+		// Fail closed: the task waits for Redis, which asynq needs too.
+		m.cfg.Logger.Warn("taskrl: Redis unavailable; the task waits for it (fail closed)", "task", id, "err", err)
+		if herr := hold(ctx, backoff); herr != nil {
+			return true, herr
+		}
+		d, err = reserve()
 	}
 	m.learn(d.Now)
 	refund := func() { _ = m.limiter.Refund(context.WithoutCancel(ctx), sp.rates, req, d) }
@@ -358,6 +385,48 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 	}
 }
 
+// errRedisDown is the error of a decision not tried because Redis failed a
+// moment ago.
+var errRedisDown = errors.New("taskrl: Redis failed less than a second ago; not tried")
+
+// guard runs a limiter call unless Redis failed less than a second ago, so
+// that while Redis is down each task pays the client's timeouts and retries
+// at most once a second per process, not every time.
+func guard(m *Middleware, call func() (quotas.Decision, error)) (quotas.Decision, error) {
+	if time.Now().UnixNano() < m.down.Load() {
+		return quotas.Decision{}, errRedisDown
+	}
+	d, err := call()
+	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		m.down.Store(time.Now().Add(time.Second).UnixNano())
+	}
+	return d, err
+}
+
+// localTurn waits for the task's turn under its GCRA rules in this process
+// alone, each at 1/LocalShare of its rate: the FailLocal mode while Redis
+// is unreachable. Window and concurrency rules are not enforced then.
+func (m *Middleware) localTurn(ctx context.Context, sp *split, keys []string) error {
+	rk := pick(keys, sp.rateIdx)
+	for i, r := range sp.rates.Rules() {
+		g, ok := r.Limit.(quotas.GCRA)
+		if !ok {
+			continue
+		}
+		l := gcra.Limit(g)
+		l.Rate /= float64(m.cfg.LocalShare)
+		l.Burst = max(1, l.Burst/m.cfg.LocalShare)
+		res, err := m.local.Reserve(time.Now(), r.Name+"\x00"+rk[i], l, 1, 24*time.Hour)
+		if err != nil {
+			return err
+		}
+		if err := hold(ctx, res.Delay); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // unlessBlocked lets a task that waited for its slot run, unless the remote
 // side throttled meanwhile: then it is rescheduled to when that ends.
 func (m *Middleware) unlessBlocked(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string) (bool, error) {
@@ -376,10 +445,19 @@ func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id st
 	req := quotas.Request{Keys: pick(keys, sp.slotIdx), Holder: origin(t, id)}
 	deadline := time.Now().Add(m.cfg.MaxHold)
 	var d quotas.Decision
-	for {
-		d, err = m.limiter.Allow(ctx, sp.slots, req)
+	for backoff := 50 * time.Millisecond; ; {
+		d, err = guard(m, func() (quotas.Decision, error) { return m.limiter.Allow(ctx, sp.slots, req) })
 		if err != nil {
-			return fmt.Errorf("taskrl: %w", err)
+			if m.cfg.Policy.RedisUnavailable() != FailClosed {
+				// Open and local: concurrency has no local equivalent.
+				m.cfg.Logger.Warn("taskrl: Redis unavailable; running without a concurrency slot", "task", id, "err", err)
+				return next.ProcessTask(ctx, t)
+			}
+			if herr := hold(ctx, backoff); herr != nil {
+				return herr
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
 		}
 		if d.Allowed {
 			break

@@ -3,6 +3,8 @@ package taskrl
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -387,5 +389,73 @@ func TestUpstreamThrottle(t *testing.T) {
 	info, _ := asynq.NewInspectorFromRedisClient(c).GetQueueInfo("q")
 	if info.Archived != 0 || info.Failed != 0 {
 		t.Fatalf("archived %d, failed %d", info.Archived, info.Failed)
+	}
+}
+
+// TestRedisOutage runs a matched task through the middleware while its
+// Redis is stopped, in each mode of the policy: open runs it at once; local
+// runs it at the rule's rate in this process; closed waits for Redis and
+// runs it once Redis is back. No mode loses the task or panics.
+func TestRedisOutage(t *testing.T) {
+	rule := Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 5, Period: time.Second, Burst: 1})}
+	for _, mode := range []FailureMode{FailOpen, FailLocal, FailClosed} {
+		t.Run(string(mode), func(t *testing.T) {
+			srv := redistest.StartServer(t, "--appendonly", "yes")
+			c := srv.Client(t)
+			p, err := mustPolicy(t, rule).WithRedisUnavailable(mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := New(Config{Policy: p, Client: c, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			var ran atomic.Int32
+			h := m.Handler(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran.Add(1); return nil }))
+			srv.Stop(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			start := time.Now()
+			switch mode {
+			case FailOpen:
+				// The first task pays the client's dial retries; the next
+				// ones, within a second, do not try Redis again.
+				var first time.Duration
+				for i := 0; i < 5; i++ {
+					if err := h.ProcessTask(ctx, asynq.NewTask("job", nil)); err != nil {
+						t.Fatal(err)
+					}
+					if i == 0 {
+						first = time.Since(start)
+					}
+				}
+				if rest := time.Since(start) - first; ran.Load() != 5 || rest > 100*time.Millisecond {
+					t.Fatalf("ran %d; first took %v, the other four %v", ran.Load(), first, rest)
+				}
+			case FailLocal:
+				for i := 0; i < 6; i++ {
+					if err := h.ProcessTask(ctx, asynq.NewTask("job", nil)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				// 5/s burst 1: the sixth task starts a second after the first.
+				if ran.Load() != 6 || time.Since(start) < 900*time.Millisecond {
+					t.Fatalf("ran %d in %v", ran.Load(), time.Since(start))
+				}
+			case FailClosed:
+				errc := make(chan error, 1)
+				go func() { errc <- h.ProcessTask(ctx, asynq.NewTask("job", nil)) }()
+				time.Sleep(700 * time.Millisecond)
+				if ran.Load() != 0 {
+					t.Fatal("ran while Redis was down")
+				}
+				srv.Start(t)
+				if err := <-errc; err != nil || ran.Load() != 1 {
+					t.Fatalf("after restart: ran %d, err %v", ran.Load(), err)
+				}
+				t.Logf("waited %v for Redis", time.Since(start))
+			}
+		})
 	}
 }
