@@ -251,7 +251,9 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 		case kindGCRA:
 			tat := u[1]
 			if m.tats[k] != u[0] {
-				tat = max(m.tats[k], now) - max(0, n*c.c.em-(now-t))
+				if tat = max(m.tats[k], now); tat <= now+c.c.em*c.c.burst {
+					tat -= max(0, n*c.c.em-(now-t))
+				}
 			}
 			if tat <= now {
 				delete(m.tats, k)

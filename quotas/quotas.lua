@@ -134,14 +134,20 @@ if op == 2 then
   for _, r in ipairs(rules) do
     if r.kind == 1 then
       -- Untouched since the charge: restore the TAT before it. Otherwise
-      -- later charges were stacked on this one. Without it the bucket could
-      -- have refilled for at most the time since the charge, so give back n
-      -- emissions less that time: never more than this charge still holds,
-      -- however refunds interleave.
+      -- later charges were stacked on this one. While any of them is a
+      -- booking still in the future (the TAT is beyond now + burst), its
+      -- slot is fixed and nothing can be given back. Once every stacked
+      -- charge is in the past, the bucket could have refilled for at most
+      -- the time since this charge without it, so give back n emissions
+      -- less that time: never more than this charge still holds, however
+      -- refunds interleave.
       local cur = tonumber(redis.call('GET', r.key))
       local tat = r.u2
       if cur ~= r.u1 then
-        tat = math.max(cur or now, now) - math.max(0, n * r.em - (now - t))
+        tat = math.max(cur or now, now)
+        if tat <= now + r.em * r.burst then
+          tat = tat - math.max(0, n * r.em - (now - t))
+        end
       end
       if tat > now then
         gcra_store(r.key, tat, 1, now, floor)

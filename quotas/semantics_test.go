@@ -178,3 +178,30 @@ func TestCalendarOnServerClock(t *testing.T) {
 		t.Fatalf("4th request: %+v", d)
 	}
 }
+
+// TestRefundFutureBooking: refunding a booking that later bookings were
+// stacked on gives back at most its own emission, never more, so the next
+// booking never lands on a slot already taken.
+func TestRefundFutureBooking(t *testing.T) {
+	l := newClocked(t, redistest.Client(t), redistest.Prefix(t), time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	set := mustSet(Rule{Name: "rate", Limit: GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})}) // T = 500ms
+	book := func() Decision {
+		d, err := l.Reserve(ctx, set, Request{}, time.Minute)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+		return d
+	}
+	book()      // slot 0
+	d := book() // slot 500ms: will be refunded
+	book()      // slot 1s, stacked on it
+	if err := l.Refund(ctx, set, Request{}, d); err != nil {
+		t.Fatal(err)
+	}
+	// The booking at 1s stays where it is, so the refunded slot cannot be
+	// reused without two tasks sharing 1s: nothing comes back.
+	if next := book(); next.Delay < 1500*time.Millisecond {
+		t.Fatalf("booked at %v after the refund: over-credited", next.Delay)
+	}
+}

@@ -49,5 +49,8 @@
 // second, so an outage costs each task nothing more than its mode's wait.
 // No mode drops a task.
 //
-// Not built yet: a throttle budget, and metrics hooks.
+// Config.ThrottleBudget bounds how long a task may wait for its limits in
+// all; a task that would wait longer is archived with a reason naming the
+// budget. Config.Observer receives an Event per decision (outcome, rule,
+// wait, each rule's remaining quota, Redis errors) for metrics.
 package taskrl

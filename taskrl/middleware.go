@@ -27,7 +27,79 @@ const (
 	// HeaderBooked holds the server time, in Unix microseconds, of the slot
 	// booked for the copy: its rate and window rules are already charged.
 	HeaderBooked = "taskrl-booked"
+	// HeaderWaited holds how long, in microseconds, the task has been
+	// rescheduled for in total, for Config.ThrottleBudget.
+	HeaderWaited = "taskrl-waited"
 )
+
+// Outcome says what the middleware did with a task.
+type Outcome string
+
+// Outcomes reported to an Observer.
+const (
+	// Admitted: the task ran at once, or after a wait in the worker
+	// (Event.Wait).
+	Admitted Outcome = "admitted"
+	// Rescheduled: the task was rescheduled to run after Event.Wait,
+	// booked for then when Event.Rule is empty, otherwise to decide again
+	// then (Event.Rule denied it beyond Config.MaxReserve).
+	Rescheduled Outcome = "rescheduled"
+	// Refused: the task is archived: no wait can admit it (its cost
+	// exceeds Event.Rule's burst or limit), its payload lacks a key field,
+	// or waiting Event.Wait more would spend Config.ThrottleBudget.
+	Refused Outcome = "refused"
+	// UpstreamThrottled: the handler reported an upstream 429; the task's
+	// rules are blocked for Event.Wait.
+	UpstreamThrottled Outcome = "upstream_throttled"
+	// Unlimited: Redis was unreachable and the policy fails open.
+	Unlimited Outcome = "unlimited"
+	// Local: Redis was unreachable and the task waited for its turn in this
+	// process (policy fail local).
+	Local Outcome = "local"
+	// RedisError: a call to Redis failed (Event.Err); reported once per
+	// failed call, beside the task's final outcome.
+	RedisError Outcome = "redis_error"
+)
+
+// Event is one report to an Observer.
+type Event struct {
+	// TaskType and Queue identify the task.
+	TaskType, Queue string
+	// Outcome is what happened.
+	Outcome Outcome
+	// Rule is the rule that made the task wait, if one did.
+	Rule string
+	// Wait is how long the task waited in the worker (Admitted), was
+	// rescheduled for (Rescheduled) or blocked its rules for
+	// (UpstreamThrottled).
+	Wait time.Duration
+	// Rules is the state of the task's rate and window rules after its
+	// decision, when one was made: used, remaining, reset per rule.
+	Rules []quotas.RuleStatus
+	// Err is the Redis error of a RedisError event.
+	Err error
+}
+
+// Observer receives an Event per decision, for metrics and logs. It is
+// called on worker goroutines and must be safe for concurrent use and
+// quick.
+type Observer interface {
+	Observe(Event)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(Event)
+
+// Observe calls f(e).
+func (f ObserverFunc) Observe(e Event) { f(e) }
+
+func (m *Middleware) observe(t *asynq.Task, queue string, e Event) {
+	if m.cfg.Observer == nil {
+		return
+	}
+	e.TaskType, e.Queue = t.Type(), queue
+	m.cfg.Observer.Observe(e)
+}
 
 // lateBooking is how far past its slot a booked copy may start; a later one
 // decides again.
@@ -50,6 +122,11 @@ type Config struct {
 	// task. Default 1h; a task whose turn is further away is rescheduled
 	// unbooked to when it would be allowed and decides again then.
 	MaxReserve time.Duration
+	// ThrottleBudget, if positive, is the longest a task may wait for its
+	// limits in all: a task that would wait longer is archived with a
+	// reason naming the budget (a stale task is not worth running late,
+	// say a one-time code). Default 0: no budget.
+	ThrottleBudget time.Duration
 	// LocalShare is how many worker processes share the limits, for the
 	// FailLocal policy mode: while Redis is unreachable each process
 	// enforces every GCRA rule at 1/LocalShare of its rate, in memory.
@@ -57,6 +134,8 @@ type Config struct {
 	LocalShare int
 	// Logger receives a line per rescheduled task. Default slog.Default().
 	Logger *slog.Logger
+	// Observer, if set, receives an Event per decision (see Outcome).
+	Observer Observer
 }
 
 // Middleware makes asynq tasks respect the rules of a Policy across every
@@ -202,6 +281,10 @@ func (m *Middleware) process(ctx context.Context, t *asynq.Task, queue string, b
 	keys, err := b.Keys(t.Payload())
 	if err != nil {
 		// No key, no limit to apply: archived with the reason.
+		var mf *MissingFieldError
+		if errors.As(err, &mf) {
+			m.observe(t, queue, Event{Outcome: Refused, Rule: mf.Rule})
+		}
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
 	sp, err := m.split(b)
@@ -235,6 +318,7 @@ func (m *Middleware) process(ctx context.Context, t *asynq.Task, queue string, b
 		}
 	}
 	m.cfg.Logger.Info("taskrl: upstream throttled; backing off", "task", id, "retry_after", wait, "err", te.Err)
+	m.observe(t, queue, Event{Outcome: UpstreamThrottled, Wait: wait})
 	return m.reschedule(ctx, t, queue, id, wait, time.Time{})
 }
 
@@ -346,12 +430,17 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 	}
 	d, err := reserve()
 	for backoff := 50 * time.Millisecond; err != nil; backoff = min(2*backoff, 2*time.Second) {
+		if !errors.Is(err, errRedisDown) {
+			m.observe(t, queue, Event{Outcome: RedisError, Err: err})
+		}
 		switch m.cfg.Policy.RedisUnavailable() {
 		case FailOpen:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; running the task without limits (fail open)", "task", id, "err", err)
+			m.observe(t, queue, Event{Outcome: Unlimited})
 			return false, nil
 		case FailLocal:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; limiting in this process (fail local)", "task", id, "err", err)
+			m.observe(t, queue, Event{Outcome: Local})
 			return false, m.localTurn(ctx, sp, keys)
 		}
 		// Fail closed: the task waits for Redis, which asynq needs too.
@@ -363,24 +452,36 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 	}
 	m.learn(d.Now)
 	refund := func() { _ = m.limiter.Refund(context.WithoutCancel(ctx), sp.rates, req, d) }
+	if wait := max(d.Delay, d.RetryAfter); m.cfg.ThrottleBudget > 0 && waited(t)+wait > m.cfg.ThrottleBudget {
+		if d.Allowed {
+			refund()
+		}
+		m.observe(t, queue, Event{Outcome: Refused, Rule: d.Rule, Wait: wait, Rules: d.Rules})
+		return true, fmt.Errorf("taskrl: throttle budget %v spent (waited %v, would wait %v more): %w", m.cfg.ThrottleBudget, waited(t), wait, asynq.SkipRetry)
+	}
 	switch {
 	case d.Allowed && d.Delay == 0:
+		m.observe(t, queue, Event{Outcome: Admitted, Rules: d.Rules})
 		return false, nil
 	case d.Allowed && d.Delay <= m.cfg.MaxHold && fitsDeadline(ctx, d.Delay):
+		m.observe(t, queue, Event{Outcome: Admitted, Wait: d.Delay, Rules: d.Rules})
 		if err := hold(ctx, d.Delay); err != nil {
 			refund()
 			return true, err
 		}
 		return m.unlessBlocked(ctx, t, queue, id, sp, keys)
 	case d.Allowed:
+		m.observe(t, queue, Event{Outcome: Rescheduled, Wait: d.Delay, Rules: d.Rules})
 		if err := m.reschedule(ctx, t, queue, id, d.Delay, d.Now.Add(d.Delay)); err != nil {
 			refund()
 			return true, err
 		}
 		return true, nil
 	case d.RetryAfter == quotas.Never:
+		m.observe(t, queue, Event{Outcome: Refused, Rule: d.Rule, Rules: d.Rules})
 		return true, fmt.Errorf("taskrl: task can never pass rule %q: %w", d.Rule, asynq.SkipRetry)
 	default:
+		m.observe(t, queue, Event{Outcome: Rescheduled, Rule: d.Rule, Wait: d.RetryAfter, Rules: d.Rules})
 		return true, m.reschedule(ctx, t, queue, id, d.RetryAfter, time.Time{})
 	}
 }
@@ -541,6 +642,7 @@ func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id st
 	headers[HeaderOrigin] = org
 	headers[HeaderRound] = strconv.Itoa(round + 1)
 	delete(headers, HeaderBooked)
+	headers[HeaderWaited] = strconv.FormatInt((waited(t) + max(delay, 0)).Microseconds(), 10)
 	at := time.Now().Add(delay)
 	if !booked.IsZero() {
 		headers[HeaderBooked] = strconv.FormatInt(booked.UnixMicro(), 10)
@@ -582,6 +684,12 @@ func origin(t *asynq.Task, id string) string {
 		return o
 	}
 	return id
+}
+
+// waited is how long the task has been rescheduled for so far.
+func waited(t *asynq.Task) time.Duration {
+	us, _ := strconv.ParseInt(t.Headers()[HeaderWaited], 10, 64)
+	return time.Duration(us) * time.Microsecond
 }
 
 func bookedAt(t *asynq.Task) (time.Time, bool) {

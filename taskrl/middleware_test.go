@@ -85,7 +85,17 @@ func TestThrottledTasksAreNeverArchived(t *testing.T) {
 	c := srv.Client(t)
 	limit := gcra.Limit{Rate: 10, Period: time.Second, Burst: 2}
 	p := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(limit)})
-	m, err := New(Config{Policy: p, Client: c})
+	var obsMu sync.Mutex
+	outcomes := map[Outcome]int{}
+	withRules := 0
+	m, err := New(Config{Policy: p, Client: c, Observer: ObserverFunc(func(e Event) {
+		obsMu.Lock()
+		defer obsMu.Unlock()
+		outcomes[e.Outcome]++
+		if len(e.Rules) == 1 && e.Rules[0].Name == "rate" && e.TaskType == "job" && e.Queue == "q" {
+			withRules++
+		}
+	})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,6 +154,13 @@ func TestThrottledTasksAreNeverArchived(t *testing.T) {
 	t.Logf("%d tasks in %v (ideal %v); queue: processed %d, failed %d, archived %d, retry %d", tasks, elapsed, time.Duration(tasks-limit.Burst)*limit.Interval(), info.Processed, info.Failed, info.Archived, info.Retry)
 	if info.Archived != 0 || info.Failed != 0 || info.Retry != 0 {
 		t.Fatalf("archived %d, failed %d, retry %d", info.Archived, info.Failed, info.Retry)
+	}
+	// One decision per task: admitted (at once or after a wait) or booked
+	// and rescheduled, each reported with the rule's state.
+	obsMu.Lock()
+	defer obsMu.Unlock()
+	if outcomes[Admitted]+outcomes[Rescheduled] != tasks || outcomes[Rescheduled] == 0 || withRules != tasks {
+		t.Fatalf("observed %v, %d with rule state", outcomes, withRules)
 	}
 }
 
@@ -457,5 +474,64 @@ func TestRedisOutage(t *testing.T) {
 				t.Logf("waited %v for Redis", time.Since(start))
 			}
 		})
+	}
+}
+
+// TestThrottleBudget: under 2/s burst 1 with a 1.2s budget, of 6 tasks
+// enqueued at once those that can start within the budget run (within it)
+// and the rest are archived with the budget named.
+func TestThrottleBudget(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	p := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})})
+	const budget = 1200 * time.Millisecond
+	m, err := New(Config{Policy: p, Client: c, ThrottleBudget: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var starts []time.Duration
+	var enqueued time.Time
+	runWorkers(t, c, m, 1, 10, "q", func(context.Context, *asynq.Task) error {
+		mu.Lock()
+		defer mu.Unlock()
+		starts = append(starts, time.Since(enqueued))
+		return nil
+	})
+	client := asynq.NewClientFromRedisClient(c)
+	mu.Lock()
+	enqueued = time.Now()
+	mu.Unlock()
+	for i := 0; i < 6; i++ {
+		if _, err := client.Enqueue(asynq.NewTask("job", []byte(strconv.Itoa(i))), asynq.Queue("q"), asynq.MaxRetry(3)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insp := asynq.NewInspectorFromRedisClient(c)
+	var archived []*asynq.TaskInfo
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		archived, _ = insp.ListArchivedTasks("q")
+		mu.Lock()
+		n := len(starts)
+		mu.Unlock()
+		if info, _ := insp.GetQueueInfo("q"); n+len(archived) == 6 && info.Scheduled == 0 {
+			break
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("ran at %v; archived %d", starts, len(archived))
+	if len(starts)+len(archived) != 6 || len(archived) < 2 || len(starts) < 3 {
+		t.Fatalf("ran %d, archived %d", len(starts), len(archived))
+	}
+	for _, s := range starts {
+		if s > budget+300*time.Millisecond {
+			t.Fatalf("a task started %v after it was enqueued, budget %v", s, budget)
+		}
+	}
+	for _, a := range archived {
+		if !strings.Contains(a.LastErr, "throttle budget 1.2s spent") {
+			t.Fatalf("archived with %q", a.LastErr)
+		}
 	}
 }
