@@ -535,3 +535,60 @@ func TestThrottleBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowResets: a fixed window of 5 per 2 s is exhausted by the first
+// tasks; the rest are rescheduled to the following windows and run right
+// after each reset (the pacer moves them at the window's start), 5 per
+// window, none archived.
+func TestWindowResets(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	window := quotas.FixedWindow{Limit: 5, Every: 2 * time.Second}
+	m := newMiddleware(t, c, Rule{Name: "window", Match: Match{Type: "job"}, Limit: window})
+	var mu sync.Mutex
+	var runs []time.Time
+	done := make(chan struct{})
+	const tasks = 12
+	runWorkers(t, c, m, 1, 10, "q", func(context.Context, *asynq.Task) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if runs = append(runs, time.Now()); len(runs) == tasks {
+			close(done)
+		}
+		return nil
+	})
+	client := asynq.NewClientFromRedisClient(c)
+	for i := 0; i < tasks; i++ {
+		if _, err := client.Enqueue(asynq.NewTask("job", []byte(strconv.Itoa(i))), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%d of %d ran", len(runs), tasks)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Server and workers share this machine's clock: count per window.
+	per := map[int64]int{}
+	first := runs[0].UnixMicro() / window.Every.Microseconds()
+	var late time.Duration // of the rescheduled tasks, after their window opened
+	for _, r := range runs {
+		w := r.UnixMicro() / window.Every.Microseconds()
+		per[w]++
+		if w != first {
+			late = max(late, time.Duration(r.UnixMicro()-w*window.Every.Microseconds())*time.Microsecond)
+		}
+	}
+	for w, n := range per {
+		if n > window.Limit {
+			t.Fatalf("window %d ran %d tasks, limit %d", w, n, window.Limit)
+		}
+	}
+	info, _ := asynq.NewInspectorFromRedisClient(c).GetQueueInfo("q")
+	t.Logf("runs per window %v; rescheduled tasks started at most %v after their window opened; archived %d", per, late, info.Archived)
+	if len(per) < 3 || info.Archived != 0 || late > 500*time.Millisecond {
+		t.Fatalf("windows %v, archived %d", per, info.Archived)
+	}
+}
