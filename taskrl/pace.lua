@@ -3,15 +3,17 @@
 -- Composed after internal/script/lua/gcra.lua (for gcra_now).
 --
 -- KEYS[1]  sorted set: member = asynq task ID, score = booked slot, µs
+-- KEYS[2]  claim: the pacer that leads this queue (string, with a TTL)
 -- ARGV[1]  op: 0 add, 1 claim
 -- ARGV[2]  explicit now in microseconds, or -1 for the server's TIME
 -- add:   ARGV[3] task ID, ARGV[4] booked µs, ARGV[5] key TTL floor, ms
 -- claim: ARGV[3] most IDs to claim, ARGV[4] lead: claim slots due this many
---        microseconds from now
+--        microseconds from now, ARGV[5] this pacer's ID, ARGV[6] leadership
+--        lease in milliseconds
 --
 -- Reply: add: 1. claim: {wait_us, id...}: the IDs due by now + lead,
 -- removed from the set in slot order, and the time until the next one is
--- (-1: none).
+-- (-1: none); or {-3, ms} when another pacer leads this queue for ms more.
 local now = gcra_now(ARGV[2])
 if ARGV[1] == '0' then
   redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
@@ -22,6 +24,12 @@ if ARGV[1] == '0' then
   redis.call('PEXPIRE', KEYS[1], ttl)
   return 1
 end
+-- One pacer per queue claims; the others stand by until its lease lapses.
+local leader = redis.call('GET', KEYS[2])
+if leader and leader ~= ARGV[5] then
+  return {-3, redis.call('PTTL', KEYS[2])}
+end
+redis.call('SET', KEYS[2], ARGV[5], 'PX', tonumber(ARGV[6]))
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now + tonumber(ARGV[4])), 'LIMIT', 0, tonumber(ARGV[3]))
 if #due > 0 then
   redis.call('ZREM', KEYS[1], unpack(due))

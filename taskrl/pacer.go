@@ -2,7 +2,9 @@ package taskrl
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"strconv"
 	"sync"
@@ -28,6 +30,7 @@ var paceScript = script.New(paceLua, "gcra")
 // middleware has served or been configured for.
 type pacer struct {
 	m      *Middleware
+	id     string   // this pacer's name in the leadership of a queue
 	queues sync.Map // queue name -> pacing key
 	wake   chan struct{}
 	stop   chan struct{}
@@ -46,8 +49,18 @@ const paceSlack = 2 * time.Second
 const paceLead = 150 * time.Millisecond
 
 func newPacer(m *Middleware) *pacer {
-	return &pacer{m: m, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return &pacer{m: m, id: hex.EncodeToString(b[:]), wake: make(chan struct{}, 1), stop: make(chan struct{})}
 }
+
+// paceLease is how long a pacer leads a queue without claiming; another
+// takes over when it lapses.
+const paceLease = 2 * time.Second
+
+// paceIdle is the longest a leading pacer sleeps, so that it sees copies
+// other processes book for earlier slots.
+const paceIdle = 50 * time.Millisecond
 
 func (p *pacer) key(queue string) string {
 	if k, ok := p.queues.Load(queue); ok {
@@ -86,7 +99,7 @@ func (p *pacer) run() {
 		case <-p.wake:
 		case <-timer.C:
 		}
-		next := 250 * time.Millisecond
+		next := time.Second
 		p.queues.Range(func(q, k any) bool {
 			if wait, ok := p.claim(q.(string), k.(string)); ok {
 				next = min(next, wait)
@@ -97,17 +110,23 @@ func (p *pacer) run() {
 	}
 }
 
-// claim moves the due copies of one queue to pending and returns the time
-// until the next is due.
+// claim moves the due copies of one queue to pending and returns when to
+// look again: soon when it leads the queue, when the lease lapses if
+// another pacer does.
 func (p *pacer) claim(queue, key string) (time.Duration, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	v, err := paceScript.Run(ctx, p.m.cfg.Client, []string{key}, 1, -1, 100, paceLead.Microseconds()).Slice()
+	v, err := paceScript.Run(ctx, p.m.cfg.Client, []string{key, key + ":leader"}, 1, -1, 100, paceLead.Microseconds(), p.id, paceLease.Milliseconds()).Slice()
 	if err != nil {
 		if !errors.Is(err, redis.Nil) {
 			p.m.cfg.Logger.Warn("taskrl: pacer", "queue", queue, "err", err)
 		}
 		return 0, false
+	}
+	first, _ := v[0].(int64)
+	if first == -3 {
+		ms, _ := v[1].(int64)
+		return min(time.Duration(ms)*time.Millisecond, paceLease), true
 	}
 	for _, id := range v[1:] {
 		// A copy that asynq already moved, or that is gone, needs nothing.
@@ -115,14 +134,13 @@ func (p *pacer) claim(queue, key string) (time.Duration, bool) {
 			p.m.cfg.Logger.Debug("taskrl: pacer could not run a task", "queue", queue, "task", id, "err", err)
 		}
 	}
-	wait, _ := v[0].(int64)
-	if wait < 0 {
-		return 0, false
-	}
 	if len(v) > 1 {
 		return 0, true // more may be due
 	}
-	return time.Duration(wait) * time.Microsecond, true
+	if first < 0 {
+		return paceIdle, true
+	}
+	return min(time.Duration(first)*time.Microsecond, paceIdle), true
 }
 
 // close stops the pacer and waits for it.
