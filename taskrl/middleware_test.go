@@ -114,12 +114,7 @@ func TestThrottledTasksAreNeverArchived(t *testing.T) {
 		}
 		return nil
 	})
-	client := asynq.NewClientFromRedisClient(c)
-	for i := 0; i < tasks; i++ {
-		if _, err := client.Enqueue(asynq.NewTask("job", []byte(fmt.Sprint(i))), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	enqueueJobs(t, c, tasks, asynq.MaxRetry(0))
 	start := time.Now()
 	select {
 	case <-done:
@@ -161,6 +156,18 @@ func TestThrottledTasksAreNeverArchived(t *testing.T) {
 	defer obsMu.Unlock()
 	if outcomes[Admitted]+outcomes[Rescheduled] != tasks || outcomes[Rescheduled] == 0 || withRules != tasks {
 		t.Fatalf("observed %v, %d with rule state", outcomes, withRules)
+	}
+}
+
+// enqueueJobs enqueues n "job" tasks with payloads "0" to "n-1" in queue
+// "q".
+func enqueueJobs(t *testing.T, c redis.UniversalClient, n int, opts ...asynq.Option) {
+	t.Helper()
+	client := asynq.NewClientFromRedisClient(c)
+	for i := 0; i < n; i++ {
+		if _, err := client.Enqueue(asynq.NewTask("job", []byte(strconv.Itoa(i))), append([]asynq.Option{asynq.Queue("q")}, opts...)...); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -378,12 +385,7 @@ func TestUpstreamThrottle(t *testing.T) {
 		}
 		return nil
 	})
-	client := asynq.NewClientFromRedisClient(c)
-	for i := 0; i < tasks; i++ {
-		if _, err := client.Enqueue(asynq.NewTask("job", []byte(strconv.Itoa(i))), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	enqueueJobs(t, c, tasks, asynq.MaxRetry(0))
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
@@ -557,12 +559,7 @@ func TestWindowResets(t *testing.T) {
 		}
 		return nil
 	})
-	client := asynq.NewClientFromRedisClient(c)
-	for i := 0; i < tasks; i++ {
-		if _, err := client.Enqueue(asynq.NewTask("job", []byte(strconv.Itoa(i))), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	enqueueJobs(t, c, tasks, asynq.MaxRetry(0))
 	select {
 	case <-done:
 	case <-time.After(20 * time.Second):
