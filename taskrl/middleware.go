@@ -266,7 +266,7 @@ func (m *Middleware) Middleware() asynq.MiddlewareFunc { return m.Handler }
 //     moved (every pacer down) still runs about 3s after its slot.
 func (m *Middleware) ServerConfig(cfg asynq.Config) asynq.Config {
 	for q := range cfg.Queues {
-		m.pace.key(q)
+		m.pace.serve(q)
 	}
 	if cfg.TaskCheckInterval == 0 || cfg.TaskCheckInterval > 50*time.Millisecond {
 		cfg.TaskCheckInterval = 50 * time.Millisecond
@@ -651,7 +651,14 @@ func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id st
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
 	copyID := formatID(org, round+1)
 	opts := []asynq.Option{asynq.Queue(queue), asynq.TaskID(copyID), asynq.MaxRetry(max(0, maxRetry-retryCount(ctx))), asynq.ProcessAt(at)}
-	if info, err := m.inspect.GetTaskInfo(queue, id); err == nil {
+	// inherit adds the original's timeout, deadline and retention, once.
+	inherited := false
+	inherit := func() {
+		info, err := m.inspect.GetTaskInfo(queue, id)
+		if err != nil {
+			return
+		}
+		inherited = true
 		if info.Timeout > 0 {
 			opts = append(opts, asynq.Timeout(info.Timeout))
 		}
@@ -663,12 +670,26 @@ func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id st
 		}
 	}
 	wctx := context.WithoutCancel(ctx)
-	_, err := m.client.EnqueueContext(wctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
-	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		return nil // a redelivery of this task already rescheduled it
-	}
-	if err != nil {
-		return fmt.Errorf("taskrl: rescheduling: %w", err)
+	copyTask := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
+	// Until the copy is enqueued the task must not end: a failed task
+	// would spend a retry or, with none left, be archived. So an enqueue
+	// that fails (Redis is down: asynq could not record the task's end
+	// either) is tried again until it works or the task's context ends.
+	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+		if !inherited {
+			inherit()
+		}
+		_, err := m.client.EnqueueContext(wctx, copyTask, opts...)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, asynq.ErrTaskIDConflict) {
+			return nil // a redelivery of this task already rescheduled it
+		}
+		m.cfg.Logger.Warn("taskrl: rescheduling failed; trying again", "task", id, "err", err)
+		if herr := hold(ctx, backoff); herr != nil {
+			return fmt.Errorf("taskrl: rescheduling: %w (then %w)", err, herr)
+		}
 	}
 	if !booked.IsZero() {
 		if err := m.pace.add(wctx, queue, copyID, booked); err != nil {
@@ -677,6 +698,17 @@ func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id st
 	}
 	m.cfg.Logger.Debug("taskrl: rescheduled", "task", id, "copy", copyID, "in", delay, "booked", !booked.IsZero())
 	return nil
+}
+
+// OriginID returns the ID the task had when it was first enqueued: the
+// task's own ID (asynq.GetTaskID), or, for a copy the middleware
+// rescheduled, the ID of the task it was copied from. It stays the same
+// however often the task is rescheduled, so it is the key to deduplicate on,
+// e.g. as an Idempotency-Key header. It returns "" when ctx is not a task's
+// context. Safe for concurrent use.
+func OriginID(ctx context.Context, t *asynq.Task) string {
+	id, _ := asynq.GetTaskID(ctx)
+	return origin(t, id)
 }
 
 func origin(t *asynq.Task, id string) string {

@@ -589,3 +589,50 @@ func TestWindowResets(t *testing.T) {
 		t.Fatalf("windows %v, archived %d", per, info.Archived)
 	}
 }
+
+// TestSlotRenewedWhileRunning: the heartbeat renews a running task's slot
+// every third of its lease, so it outlives its lease while the task runs,
+// and it lapses once the heartbeat stops. (Policies refuse leases under
+// asynq's 30 s; the heartbeat is driven here with a 1 s lease to keep the
+// test short.)
+func TestSlotRenewedWhileRunning(t *testing.T) {
+	c := redistest.Client(t)
+	m, err := New(Config{Policy: &Policy{}, Client: c, Prefix: redistest.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	set, err := quotas.NewSet(quotas.Rule{Name: "slots", Limit: quotas.Concurrency{Max: 1, Lease: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := quotas.Request{Keys: []string{"b1"}, Holder: "task-1"}
+	d, err := m.limiter.Allow(ctx, set, req)
+	if err != nil || !d.Allowed {
+		t.Fatalf("first slot: %+v %v", d, err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { m.renew(stop, d.Leases); close(done) }()
+	held := func() int {
+		st, err := m.limiter.Status(ctx, set, quotas.Request{Keys: []string{"b1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Rules[0].Used
+	}
+	time.Sleep(2500 * time.Millisecond) // 2.5 leases
+	if n := held(); n != 1 {
+		t.Fatalf("after 2.5 leases with the heartbeat on: %d slots held, want 1", n)
+	}
+	if d, err := m.limiter.Allow(ctx, set, quotas.Request{Keys: []string{"b1"}, Holder: "task-2"}); err != nil || d.Allowed {
+		t.Fatalf("a second holder got the renewed slot: %+v %v", d, err)
+	}
+	close(stop)
+	<-done
+	time.Sleep(1500 * time.Millisecond) // the lease lapses
+	if n := held(); n != 0 {
+		t.Fatalf("a lease after the heartbeat stopped: %d slots held, want 0", n)
+	}
+}

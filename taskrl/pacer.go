@@ -1,6 +1,7 @@
 package taskrl
 
 import (
+	"container/heap"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -24,18 +25,30 @@ var paceScript = script.New(paceLua, "gcra")
 
 // pacer moves rescheduled tasks from asynq's scheduled set to pending at
 // their booked slot, to the millisecond, instead of at the next whole second
-// asynq would use. Each rescheduled copy is also scheduled in asynq itself a
-// little after its slot, so if no pacer runs (every worker down), the task
-// still runs, only late. One pacer runs per Middleware, for every queue the
-// middleware has served or been configured for.
+// asynq would use. The pacer of the process that booked a copy claims it at
+// its slot (and with it any other copy then due, whoever booked it); one
+// pacer per queue, the leader, also looks once a second, for the copies of
+// processes that died before their slot. Each copy is also scheduled in
+// asynq itself a little after its slot, so if no pacer runs (every worker
+// down), the task still runs, only late. One pacer runs per Middleware, for
+// every queue the middleware has served or been configured for.
 type pacer struct {
-	m      *Middleware
-	id     string   // this pacer's name in the leadership of a queue
-	queues sync.Map // queue name -> pacing key
-	wake   chan struct{}
-	stop   chan struct{}
-	once   sync.Once
-	done   sync.WaitGroup
+	m    *Middleware
+	id   string // this pacer's name in the leadership of a queue
+	mu   sync.Mutex
+	qs   map[string]*paceQueue
+	wake chan struct{}
+	stop chan struct{}
+	once sync.Once
+	done sync.WaitGroup
+}
+
+// paceQueue is the pacer's state for one queue.
+type paceQueue struct {
+	key  string
+	own  slots     // slots of the copies this process booked, server µs
+	poll time.Time // when to look next as leader (or to try to lead)
+	hold time.Time // after a failed claim: no claim before then
 }
 
 // paceSlack is how long after its booked slot asynq itself runs a copy that
@@ -48,39 +61,55 @@ const paceSlack = 2 * time.Second
 // instead of starting a varying time after it.
 const paceLead = 150 * time.Millisecond
 
-func newPacer(m *Middleware) *pacer {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return &pacer{m: m, id: hex.EncodeToString(b[:]), wake: make(chan struct{}, 1), stop: make(chan struct{})}
-}
-
 // paceLease is how long a pacer leads a queue without claiming; another
 // takes over when it lapses.
 const paceLease = 2 * time.Second
 
-// paceIdle is the longest a leading pacer sleeps, so that it sees copies
-// other processes book for earlier slots.
-const paceIdle = 50 * time.Millisecond
+// paceIdle is how often the leader looks for copies whose process died.
+const paceIdle = time.Second
 
-func (p *pacer) key(queue string) string {
-	if k, ok := p.queues.Load(queue); ok {
-		return k.(string)
+// paceBatch is the most copies one claim moves.
+const paceBatch = 100
+
+func newPacer(m *Middleware) *pacer {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return &pacer{m: m, id: hex.EncodeToString(b[:]), qs: map[string]*paceQueue{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+}
+
+// queue returns the state of queue, starting the pacer on first use.
+// p.mu must be held.
+func (p *pacer) queue(name string) *paceQueue {
+	q, ok := p.qs[name]
+	if !ok {
+		q = &paceQueue{key: p.m.prefix + "pace:{" + keys.Encode(name) + "}"}
+		p.qs[name] = q
+		p.once.Do(func() {
+			p.done.Add(1)
+			go p.run()
+		})
 	}
-	k, _ := p.queues.LoadOrStore(queue, p.m.prefix+"pace:{"+keys.Encode(queue)+"}")
-	p.start()
-	return k.(string)
+	return q
 }
 
-func (p *pacer) start() {
-	p.once.Do(func() {
-		p.done.Add(1)
-		go p.run()
-	})
+// serve makes the pacer look after queue from now on.
+func (p *pacer) serve(queue string) {
+	p.mu.Lock()
+	p.queue(queue)
+	p.mu.Unlock()
 }
 
-// add records the copy's booked slot and wakes the pacer.
+// add records the copy's booked slot and wakes the pacer to claim it then.
 func (p *pacer) add(ctx context.Context, queue, id string, booked time.Time) error {
-	err := paceScript.Run(ctx, p.m.cfg.Client, []string{p.key(queue)}, 0, -1, id, booked.UnixMicro(), 0).Err()
+	p.mu.Lock()
+	q := p.queue(queue)
+	p.mu.Unlock()
+	err := paceScript.Run(ctx, p.m.cfg.Client, []string{q.key}, 0, -1, id, booked.UnixMicro(), 0).Err()
+	if err == nil {
+		p.mu.Lock()
+		heap.Push(&q.own, booked.UnixMicro())
+		p.mu.Unlock()
+	}
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -99,34 +128,50 @@ func (p *pacer) run() {
 		case <-p.wake:
 		case <-timer.C:
 		}
-		next := time.Second
-		p.queues.Range(func(q, k any) bool {
-			if wait, ok := p.claim(q.(string), k.(string)); ok {
-				next = min(next, wait)
-			}
-			return true
-		})
-		timer.Reset(max(next, 2*time.Millisecond))
+		timer.Reset(max(p.pass(), 2*time.Millisecond))
 	}
 }
 
-// claim moves the due copies of one queue to pending and returns when to
-// look again: soon when it leads the queue, when the lease lapses if
-// another pacer does.
-func (p *pacer) claim(queue, key string) (time.Duration, bool) {
+// pass claims the copies due in every queue that has some, or whose
+// leader poll is due, and returns when to look again.
+func (p *pacer) pass() time.Duration {
+	p.mu.Lock()
+	qs := make(map[string]*paceQueue, len(p.qs))
+	for name, q := range p.qs {
+		qs[name] = q
+	}
+	p.mu.Unlock()
+	next := paceIdle
+	for name, q := range qs {
+		now, serverNow := time.Now(), p.m.serverNow().UnixMicro()
+		p.mu.Lock()
+		ownDue := q.own.Len() > 0 && q.own[0]-paceLead.Microseconds() <= serverNow
+		p.mu.Unlock()
+		if (ownDue || !now.Before(q.poll)) && !now.Before(q.hold) {
+			p.claim(name, q)
+		}
+		p.mu.Lock()
+		if q.own.Len() > 0 {
+			next = min(next, max(time.Duration(q.own[0]-paceLead.Microseconds()-serverNow)*time.Microsecond, time.Until(q.hold)))
+		}
+		p.mu.Unlock()
+		next = min(next, max(time.Until(q.poll), time.Until(q.hold)))
+	}
+	return next
+}
+
+// claim moves the due copies of one queue to pending, forgets this
+// process's slots that are now due, and sets the queue's next leader poll.
+func (p *pacer) claim(queue string, q *paceQueue) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	v, err := paceScript.Run(ctx, p.m.cfg.Client, []string{key, key + ":leader"}, 1, -1, 100, paceLead.Microseconds(), p.id, paceLease.Milliseconds()).Slice()
+	v, err := paceScript.Run(ctx, p.m.cfg.Client, []string{q.key, q.key + ":leader"}, 1, -1, paceBatch, paceLead.Microseconds(), p.id, paceLease.Milliseconds()).Slice()
 	if err != nil {
 		if !errors.Is(err, redis.Nil) {
 			p.m.cfg.Logger.Warn("taskrl: pacer", "queue", queue, "err", err)
 		}
-		return 0, false
-	}
-	first, _ := v[0].(int64)
-	if first == -3 {
-		ms, _ := v[1].(int64)
-		return min(time.Duration(ms)*time.Millisecond, paceLease), true
+		q.hold = time.Now().Add(200 * time.Millisecond)
+		return
 	}
 	for _, id := range v[1:] {
 		// A copy that asynq already moved, or that is gone, needs nothing.
@@ -134,13 +179,42 @@ func (p *pacer) claim(queue, key string) (time.Duration, bool) {
 			p.m.cfg.Logger.Debug("taskrl: pacer could not run a task", "queue", queue, "task", id, "err", err)
 		}
 	}
-	if len(v) > 1 {
-		return 0, true // more may be due
+	switch ms, _ := v[0].(int64); {
+	case len(v) > paceBatch:
+		q.poll = time.Now() // more may be due
+	case ms == 0:
+		q.poll = time.Now().Add(paceIdle)
+	default:
+		q.poll = time.Now().Add(min(time.Duration(ms)*time.Millisecond, paceLease))
 	}
-	if first < 0 {
-		return paceIdle, true
+	if len(v) <= paceBatch {
+		p.mu.Lock()
+		p.dropDue(q, time.Now())
+		p.mu.Unlock()
 	}
-	return min(time.Duration(first)*time.Microsecond, paceIdle), true
+}
+
+// dropDue forgets this process's slots due by local time t plus the lead:
+// a claim has just moved them. p.mu must be held.
+func (p *pacer) dropDue(q *paceQueue, t time.Time) {
+	limit := t.Add(time.Duration(p.m.skew.Load())*time.Microsecond + paceLead).UnixMicro()
+	for q.own.Len() > 0 && q.own[0] <= limit {
+		heap.Pop(&q.own)
+	}
+}
+
+// slots is a min-heap of booked slots in server microseconds.
+type slots []int64
+
+func (s slots) Len() int           { return len(s) }
+func (s slots) Less(i, j int) bool { return s[i] < s[j] }
+func (s slots) Swap(i, j int)      { s[i], s[j] = s[j], s[i] }
+func (s *slots) Push(x any)        { *s = append(*s, x.(int64)) }
+func (s *slots) Pop() any {
+	old := *s
+	x := old[len(old)-1]
+	*s = old[:len(old)-1]
+	return x
 }
 
 // close stops the pacer and waits for it.

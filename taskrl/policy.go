@@ -716,6 +716,11 @@ var limitFields = map[string]map[string]string{
 	"concurrency": {"max": "max", "lease": "lease", "reserved": "reserved"},
 }
 
+// minLease is the shortest concurrency lease a policy accepts: asynq's own
+// lease on a running task. The middleware renews a slot every third of its
+// lease while the task runs.
+const minLease = 30 * time.Second
+
 // checkLimit validates l with quotas and returns it as a value (not a
 // pointer), or the field at fault and what is wrong.
 func checkLimit(l quotas.Limit) (out quotas.Limit, field, msg string) {
@@ -776,6 +781,9 @@ func checkLimit(l quotas.Limit) (out quotas.Limit, field, msg string) {
 	}
 	if block == "" {
 		return nil, "", "no limit; add one of gcra, quota, sliding or concurrency"
+	}
+	if c, ok := l.(quotas.Concurrency); ok && c.Lease < minLease {
+		return nil, "concurrency.lease", fmt.Sprintf("must be at least %v, asynq's own task lease (a shorter one could free the slot of a task still running on a stalled worker), got %v", minLease, c.Lease)
 	}
 	err := setErr(l)
 	if err == nil {
@@ -853,8 +861,9 @@ func setErr(l quotas.Limit) error {
 //     cron (a 5-field cron spec or a descriptor such as @daily) with an
 //     optional tz (an IANA zone; default UTC): quotas.CalendarWindow;
 //   - sliding: limit and every: quotas.SlidingWindow;
-//   - concurrency: max, lease (a duration) and reserved (default 0):
-//     quotas.Concurrency.
+//   - concurrency: max, lease (a duration, at least 30s: asynq's own task
+//     lease; the middleware renews it every third of it while the task runs)
+//     and reserved (default 0): quotas.Concurrency.
 //
 // Durations are Go duration strings ("500ms", "1s", "10m", "24h"); a bare
 // number is refused, as its unit would be a guess. Anchors, aliases and

@@ -65,7 +65,7 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"sliding too large", doc(`sliding: {limit: 200000, every: 1m}`), `rule "a": sliding.limit: 200000 exceeds 100000`},
 		{"sliding missing every", doc(`sliding: {limit: 5}`), `rule "a": sliding.every: missing; sliding needs limit and every`},
 		{"concurrency reserved", doc(`concurrency: {max: 2, lease: 30s, reserved: 2}`), `rule "a": concurrency.reserved: must be between 0 and max-1 (1), got 2`},
-		{"concurrency lease", doc(`concurrency: {max: 2, lease: 500ms}`), `rule "a": concurrency.lease: must be at least 1s, got 500ms`},
+		{"concurrency lease", doc(`concurrency: {max: 2, lease: 500ms}`), `rule "a": concurrency.lease: must be at least 30s, asynq's own task lease (a shorter one could free the slot of a task still running on a stalled worker), got 500ms`},
 		{"concurrency max", doc(`concurrency: {max: 0, lease: 30s}`), `rule "a": concurrency.max: must be at least 1, got 0`},
 		{"limit not a mapping", doc(`gcra: 5`), `policy: line 4: rule "a": gcra: must be a mapping, got the integer 5`},
 		{"bad glob", "rules:\n  - name: a\n    match: {type: \"http:[\"}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match.type: bad pattern "http:[": syntax error in pattern`},
@@ -340,7 +340,7 @@ func TestBindConcurrent(t *testing.T) {
 	p, err := ParsePolicy([]byte(`rules:
   - {name: a, match: {type: "t:*"}, gcra: {rate: 1, per: 1s}}
   - {name: b, match: {queue: q1}, quota: {limit: 5, every: 1s}}
-  - {name: c, match: {type: "t:1*", queue: q2}, key: "{{.id}}", concurrency: {max: 1, lease: 10s}}
+  - {name: c, match: {type: "t:1*", queue: q2}, key: "{{.id}}", concurrency: {max: 1, lease: 30s}}
 `))
 	if err != nil {
 		t.Fatal(err)

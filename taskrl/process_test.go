@@ -23,7 +23,7 @@ import (
 type fleetEnv struct {
 	Addr, Queue, Prefix string
 	Rate                float64
-	Burst               int
+	Burst, Tasks        int
 }
 
 // TestFleet runs real asynq servers with the middleware in 3 separate
@@ -33,6 +33,17 @@ type fleetEnv struct {
 // time within 10%, and asynq archives or fails none — the same for the
 // half of the tasks enqueued with MaxRetry(0).
 func TestFleet(t *testing.T) {
+	runFleet(t, "TestFleet", fleetEnv{Rate: 100, Burst: 10, Tasks: 1000})
+}
+
+// TestFleetBacklog100x is TestFleet with a backlog of 100 times the rate
+// (1,000 tasks under 10/s): each task is still decided about once, not
+// retried while it waits.
+func TestFleetBacklog100x(t *testing.T) {
+	runFleet(t, "TestFleetBacklog100x", fleetEnv{Rate: 10, Burst: 1, Tasks: 1000})
+}
+
+func runFleet(t *testing.T, name string, env fleetEnv) {
 	if os.Getenv("TASKRL_FLEET") != "" {
 		fleetWorker(t)
 		return
@@ -42,8 +53,8 @@ func TestFleet(t *testing.T) {
 	}
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	env := fleetEnv{Addr: srv.Addr(), Queue: "fleet", Prefix: redistest.Prefix(t), Rate: 100, Burst: 10}
-	const tasks = 1000
+	env.Addr, env.Queue, env.Prefix = srv.Addr(), "fleet", redistest.Prefix(t)
+	tasks := env.Tasks
 	client := asynq.NewClientFromRedisClient(c)
 	for i := 0; i < tasks; i++ {
 		// Half with asynq's default retry budget, half with none.
@@ -58,7 +69,7 @@ func TestFleet(t *testing.T) {
 	b, _ := json.Marshal(env)
 	outs := make([][]byte, 3)
 	redistest.Parallel(t, 3, func(t testing.TB, i int) {
-		out, err := redistest.Child("TestFleet", "TASKRL_FLEET="+string(b)).CombinedOutput()
+		out, err := redistest.Child(name, "TASKRL_FLEET="+string(b)).CombinedOutput()
 		outs[i] = out
 		if err != nil {
 			t.Fatalf("worker %d: %v\n%s", i, err, out)
@@ -76,6 +87,9 @@ func TestFleet(t *testing.T) {
 				fmt.Sscan(v, &a, &d)
 				calls += a
 				decisions += d
+			}
+			if v, ok := strings.CutPrefix(line, "KINDS "); ok {
+				t.Logf("one worker's Redis calls by kind: %s", v)
 			}
 		}
 	}
@@ -121,12 +135,15 @@ func TestFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d executions in %v (ideal %v, %.1f%% over); busiest second %d (limit %v + burst %d); Redis calls by the middleware per executed task %.2f, limiter decisions per task %.2f; archived %d, failed %d",
-		len(at), span, ideal, 100*(float64(span)/float64(ideal)-1), worst, env.Rate, env.Burst, float64(calls)/tasks, float64(decisions)/tasks, info.Archived, info.Failed)
+		len(at), span, ideal, 100*(float64(span)/float64(ideal)-1), worst, env.Rate, env.Burst, float64(calls)/float64(tasks), float64(decisions)/float64(tasks), info.Archived, info.Failed)
 	if worst > int(env.Rate)+env.Burst {
 		t.Errorf("%d executions within one second", worst)
 	}
 	if float64(span) > 1.1*float64(ideal) {
 		t.Errorf("took %v, more than 10%% over the ideal %v", span, ideal)
+	}
+	if per := float64(decisions) / float64(tasks); per > 2 {
+		t.Errorf("%.2f limiter decisions per executed task; the bar is 2", per)
 	}
 	if info.Archived != 0 || info.Failed != 0 {
 		t.Errorf("archived %d, failed %d", info.Archived, info.Failed)
@@ -173,11 +190,12 @@ func fleetWorker(t *testing.T) {
 	if err := srv.Start(mux); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) && asynqClient.LLen(context.Background(), logKey).Val() < 1000 {
+	deadline := time.Now().Add(time.Minute + time.Duration(float64(env.Tasks)/env.Rate*float64(time.Second)))
+	for time.Now().Before(deadline) && asynqClient.LLen(context.Background(), logKey).Val() < int64(env.Tasks) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	srv.Shutdown()
 	m.Close()
 	fmt.Printf("CALLS %d %d\n", hook.RoundTrips(), decisions.RoundTrips())
+	fmt.Printf("KINDS %s\n", strings.Join(hook.Kinds(), " "))
 }
