@@ -1,13 +1,363 @@
-// Command worker is the taskrl worker binary described in DESIGN.md's command-line
-// contract. It is being built; for now it says so and exits with status 2.
+// Command worker is a production asynq worker whose tasks respect the global
+// (Redis-backed) rate limits and quotas of a policy file:
+//
+//	worker --redis URL --policy FILE --concurrency N [--queues NAME=WEIGHT,...] [--metrics-addr ADDR]
+//
+// It serves the built-in task type http:call (package internal/httpcall)
+// through the taskrl middleware, exports Prometheus metrics and a health
+// check, and shuts down gracefully on SIGTERM or SIGINT. Run it with --help
+// for every flag and the exit statuses.
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
 	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/taskrl"
 )
 
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitRuntime = 1 // failed while starting (Redis, listener) or running
+	exitUsage   = 2 // refused before connecting: bad flags or policy file
+)
+
+const usageText = `Usage: worker --redis URL --policy FILE --concurrency N [--queues NAME=WEIGHT,...] [--metrics-addr ADDR] [flags]
+
+Runs an asynq worker whose tasks respect the global rate limits and quotas of
+a policy file, shared through Redis with every other worker. Built-in task
+type: http:call, payload {"url": "...", "method": "POST", "business_id": "b7",
+"headers": {...}, "body": <any JSON>}; sent with Idempotency-Key: <task id>
+and X-Business-ID: <business_id>. 2xx: done; 429: backs off every worker for
+Retry-After and reschedules; other 4xx: archived with the reason; 5xx and
+network errors: retried. Built-in task type taskrl:fanout turns each tick of
+a campaign that "enqueue --cron" schedules into its tasks, once per tick.
+
+Flags (--name and -name are the same; values as --name=V or --name V):
+  --redis URL              Redis to use for queues and limits: redis://[[user]:password@]host[:port][/db],
+                           rediss://... (TLS), unix:///path.sock, or a bare host[:port].
+                           Default: $REDIS_URL. Required one way or the other.
+  --policy FILE            policy file (YAML; see DESIGN.md). Required. A file that is wrong in any
+                           way is refused before anything connects, naming line, rule and field.
+  --concurrency N          tasks processed at once by this worker, at least 1. Default 10.
+  --queues LIST            queues to serve with their weights, NAME=WEIGHT,... (weights positive
+                           integers; a bare NAME has weight 1). Default "default=1".
+  --strict-priority        serve queues strictly by weight: lower ones only when higher are empty.
+  --metrics-addr ADDR      serve Prometheus metrics at http://ADDR/metrics and a health check at
+                           /healthz (200 while Redis answers, else 503), e.g. ":9090" or
+                           "127.0.0.1:0" (the chosen address is logged as "metrics listening").
+                           Default: off.
+  --shutdown-timeout D     on SIGTERM/SIGINT, how long running tasks may finish; tasks still running
+                           then are put back in their queue for another worker. Default 30s.
+                           A second signal stops at once (running tasks are recovered by asynq later).
+  --max-hold D             longest a task waits for its turn inside the worker; longer waits
+                           reschedule the task. Default 500ms.
+  --throttle-budget D      archive a task that would wait longer than D for its limits in all
+                           (0: never). Default 0.
+  --local-share N          for "redis_unavailable: local": how many workers share the limits, each
+                           enforcing 1/N of every rate while Redis is down. Default 1.
+  --prefix STRING          prefix of every limiter key in Redis; workers sharing limits must use the
+                           same one. Default "taskrl:".
+  --http-timeout D         timeout of each http:call request (the task's deadline applies too).
+                           Default 30s.
+  --log-format text|json   log format on stderr. Default text.
+  --log-level LEVEL        debug, info, warn or error. Default info.
+  -h, --help               print this help and exit.
+
+Durations are Go durations: 500ms, 30s, 5m.
+
+Exit status: 0 after a clean shutdown (or --help); 2 when refused before
+connecting to anything (bad flags, bad policy file); 1 when starting or running
+failed (Redis unreachable, metrics address in use, ...).
+`
+
+// config is the parsed and validated command line.
+type config struct {
+	redis           *redis.Options
+	policyPath      string
+	concurrency     int
+	queues          map[string]int
+	queueOrder      []string // queue names in command-line order, for logs
+	strictPriority  bool
+	metricsAddr     string
+	shutdownTimeout time.Duration
+	maxHold         time.Duration
+	throttleBudget  time.Duration
+	localShare      int
+	prefix          string
+	httpTimeout     time.Duration
+	logFormat       string
+	logLevel        slog.Level
+}
+
+// usageError is a command line that cannot be run; cli prints it with a
+// hint and exits with status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
 func main() {
-	fmt.Fprintln(os.Stderr, "taskrl worker: not implemented yet")
-	os.Exit(2)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	go func() {
+		// After the first signal, a second one gets the default action and
+		// ends the process at once.
+		<-ctx.Done()
+		stop()
+	}()
+	os.Exit(cli(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// cli runs the worker with the given arguments and environment until ctx is
+// done, and returns the exit status.
+func cli(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		io.WriteString(stdout, usageText)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "worker: %v\nRun worker --help for usage.\n", err)
+		return exitUsage
+	}
+	policy, err := taskrl.LoadPolicyFile(cfg.policyPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "worker: refusing to start: the policy file cannot be used; nothing was started.\n%v\n", err)
+		return exitUsage
+	}
+	logger := newLogger(stderr, cfg.logFormat, cfg.logLevel)
+	if err := run(ctx, cfg, policy, logger); err != nil {
+		logger.Error("worker failed", "err", err)
+		fmt.Fprintf(stderr, "worker: %v\n", err)
+		return exitRuntime
+	}
+	return exitOK
+}
+
+// parseFlags parses and validates the command line; getenv supplies
+// REDIS_URL. The error is flag.ErrHelp for --help, otherwise a *usageError
+// naming the flag.
+func parseFlags(args []string, getenv func(string) string) (*config, error) {
+	fs, f := newFlagSet(getenv)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		// The flag package names flags with one dash; the usage text uses two.
+		msg := strings.Replace(err.Error(), "flag provided but not defined: -", "unknown flag: --", 1)
+		msg = strings.Replace(msg, "for flag -", "for flag --", 1)
+		msg = strings.Replace(msg, "flag needs an argument: -", "flag needs an argument: --", 1)
+		return nil, &usageError{msg: msg}
+	}
+	if fs.NArg() > 0 {
+		return nil, usagef("unexpected argument %q (every option is a --flag)", fs.Arg(0))
+	}
+	cfg := &config{
+		policyPath:      *f.policy,
+		concurrency:     *f.concurrency,
+		strictPriority:  *f.strict,
+		metricsAddr:     *f.metricsAddr,
+		shutdownTimeout: *f.shutdown,
+		maxHold:         *f.maxHold,
+		throttleBudget:  *f.budget,
+		localShare:      *f.localShare,
+		prefix:          *f.prefix,
+		httpTimeout:     *f.httpTimeout,
+		logFormat:       *f.logFormat,
+	}
+	if *f.redisURL == "" {
+		return nil, usagef("--redis is required (or set REDIS_URL), e.g. --redis redis://localhost:6379/0")
+	}
+	var err error
+	if cfg.redis, err = parseRedis(*f.redisURL); err != nil {
+		return nil, err
+	}
+	if cfg.policyPath == "" {
+		return nil, usagef("--policy is required: the policy file (YAML) with the rules to apply")
+	}
+	if cfg.concurrency < 1 {
+		return nil, usagef("--concurrency must be at least 1, got %d", cfg.concurrency)
+	}
+	if cfg.queues, cfg.queueOrder, err = parseQueues(*f.queues); err != nil {
+		return nil, err
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+		zero bool // whether 0 is allowed
+	}{
+		{"--shutdown-timeout", cfg.shutdownTimeout, false},
+		{"--max-hold", cfg.maxHold, false},
+		{"--throttle-budget", cfg.throttleBudget, true},
+		{"--http-timeout", cfg.httpTimeout, false},
+	} {
+		if d.v < 0 || (d.v == 0 && !d.zero) {
+			return nil, usagef("%s must be a positive duration, got %v", d.name, d.v)
+		}
+	}
+	if cfg.localShare < 1 {
+		return nil, usagef("--local-share must be at least 1, got %d", cfg.localShare)
+	}
+	if cfg.prefix == "" {
+		return nil, usagef("--prefix must not be empty")
+	}
+	if cfg.logFormat != "text" && cfg.logFormat != "json" {
+		return nil, usagef("--log-format must be text or json, got %q", cfg.logFormat)
+	}
+	if err := cfg.logLevel.UnmarshalText([]byte(*f.logLevel)); err != nil {
+		return nil, usagef("--log-level must be debug, info, warn or error, got %q", *f.logLevel)
+	}
+	if cfg.metricsAddr != "" {
+		if _, port, err := net.SplitHostPort(cfg.metricsAddr); err != nil {
+			return nil, usagef("--metrics-addr must be host:port or :port, got %q", cfg.metricsAddr)
+		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return nil, usagef("--metrics-addr: port must be a number from 0 to 65535, got %q", port)
+		}
+	}
+	if cfg.redis.PoolSize == 0 {
+		// Every busy worker slot may use a connection for its limits while
+		// asynq uses others; keep the pool from being the bottleneck.
+		cfg.redis.PoolSize = max(10*runtime.GOMAXPROCS(0), 2*cfg.concurrency+10)
+	}
+	return cfg, nil
+}
+
+// flagValues holds the flags' values as parsed.
+type flagValues struct {
+	redisURL, policy, queues, metricsAddr, prefix, logFormat, logLevel *string
+	concurrency, localShare                                            *int
+	strict                                                             *bool
+	shutdown, maxHold, budget, httpTimeout                             *time.Duration
+}
+
+// newFlagSet defines the worker's flags; getenv supplies REDIS_URL, the
+// default of --redis. Every flag must be described in usageText.
+func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs, &flagValues{
+		redisURL:    fs.String("redis", getenv("REDIS_URL"), ""),
+		policy:      fs.String("policy", "", ""),
+		concurrency: fs.Int("concurrency", 10, ""),
+		queues:      fs.String("queues", "default=1", ""),
+		strict:      fs.Bool("strict-priority", false, ""),
+		metricsAddr: fs.String("metrics-addr", "", ""),
+		shutdown:    fs.Duration("shutdown-timeout", 30*time.Second, ""),
+		maxHold:     fs.Duration("max-hold", 500*time.Millisecond, ""),
+		budget:      fs.Duration("throttle-budget", 0, ""),
+		localShare:  fs.Int("local-share", 1, ""),
+		prefix:      fs.String("prefix", "taskrl:", ""),
+		httpTimeout: fs.Duration("http-timeout", 30*time.Second, ""),
+		logFormat:   fs.String("log-format", "text", ""),
+		logLevel:    fs.String("log-level", "info", ""),
+	}
+}
+
+// parseRedis accepts a redis://, rediss:// or unix:// URL (redis.ParseURL)
+// or a bare host[:port]. Its errors never quote the password.
+func parseRedis(s string) (*redis.Options, error) {
+	if strings.Contains(s, "://") {
+		opt, err := redis.ParseURL(s)
+		if err != nil {
+			// url.Parse errors quote the whole URL, password included.
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
+			return nil, usagef("--redis: not a valid Redis URL (%v); want redis://[[user]:password@]host[:port][/db], rediss://..., unix:///path or host:port", err)
+		}
+		return opt, nil
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		// A bare host: the default port.
+		if strings.ContainsAny(s, "/@ ") || strings.Count(s, ":") == 1 {
+			return nil, usagef("--redis: %q is neither a Redis URL nor host:port", s)
+		}
+		host, port = strings.Trim(s, "[]"), "6379"
+	}
+	if host == "" {
+		host = "localhost"
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return nil, usagef("--redis: port must be a number from 1 to 65535, got %q", port)
+	}
+	return &redis.Options{Network: "tcp", Addr: net.JoinHostPort(host, port)}, nil
+}
+
+// parseQueues parses NAME=WEIGHT,... into asynq's queue map and the names
+// in order.
+func parseQueues(s string) (map[string]int, []string, error) {
+	queues := map[string]int{}
+	var order []string
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			return nil, nil, usagef("--queues: empty entry in %q; want NAME=WEIGHT,...", s)
+		}
+		name, weight, hasWeight := strings.Cut(item, "=")
+		name = strings.TrimSpace(name)
+		w := 1
+		if hasWeight {
+			var err error
+			w, err = strconv.Atoi(strings.TrimSpace(weight))
+			if err != nil || w < 1 {
+				return nil, nil, usagef("--queues: weight of queue %q must be a positive integer, got %q", name, strings.TrimSpace(weight))
+			}
+		}
+		if name == "" {
+			return nil, nil, usagef("--queues: empty queue name in %q", item)
+		}
+		if strings.IndexFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0 {
+			return nil, nil, usagef("--queues: queue name %q contains a control character", name)
+		}
+		if _, dup := queues[name]; dup {
+			return nil, nil, usagef("--queues: queue %q is listed twice", name)
+		}
+		queues[name] = w
+		order = append(order, name)
+	}
+	return queues, order, nil
+}
+
+// queueList renders the queues as NAME=WEIGHT,... in command-line order.
+func (c *config) queueList() string {
+	parts := make([]string, len(c.queueOrder))
+	for i, q := range c.queueOrder {
+		parts[i] = q + "=" + strconv.Itoa(c.queues[q])
+	}
+	return strings.Join(parts, ",")
+}
+
+// unservedQueues returns the queues the policy's rules match that this
+// worker does not serve.
+func unservedQueues(p *taskrl.Policy, queues map[string]int) []string {
+	var out []string
+	for _, r := range p.Rules() {
+		if q := r.Match.Queue; q != "" && queues[q] == 0 && !slices.Contains(out, q) {
+			out = append(out, q)
+		}
+	}
+	return out
 }

@@ -1,0 +1,542 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// enqueue runs the command in-process with env as its environment.
+func enqueue(ctx context.Context, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	var out, errOut bytes.Buffer
+	code = run(ctx, args, stdio{
+		stdout: &out,
+		stderr: &errOut,
+		getenv: func(k string) string { return env[k] },
+	})
+	return code, out.String(), errOut.String()
+}
+
+// queue returns an asynq queue name unique to the test, deleted at its end.
+func queue(t testing.TB, rdb redis.UniversalClient, tag string) string {
+	q := strings.ReplaceAll(strings.TrimSuffix(redistest.Prefix(t), ":"), ":", "-") + "-" + tag
+	t.Cleanup(func() {
+		err := asynq.NewInspectorFromRedisClient(rdb).DeleteQueue(q, true)
+		if err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
+			t.Errorf("delete queue %s: %v", q, err)
+		}
+	})
+	return q
+}
+
+func pending(t testing.TB, rdb redis.UniversalClient, q string) []*asynq.TaskInfo {
+	t.Helper()
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	var all []*asynq.TaskInfo
+	for page := 1; ; page++ {
+		ts, err := insp.ListPendingTasks(q, asynq.PageSize(1000), asynq.Page(page))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			return nil
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, ts...)
+		if len(ts) < 1000 {
+			return all
+		}
+	}
+}
+
+type httpPayload struct {
+	URL        string `json:"url"`
+	Method     string `json:"method"`
+	BusinessID string `json:"business_id"`
+}
+
+var summary = regexp.MustCompile(`^enqueued (\d+) tasks to queue "([^"]+)" in \S+ \(\d+/s\)\n$`)
+
+func TestCountRoundRobin(t *testing.T) {
+	rdb := redistest.Client(t)
+	q := queue(t, rdb, "q")
+	code, out, errOut := enqueue(context.Background(), nil, "--redis", redistest.Addr(t), "--url", "http://api.example/v1/send?x=1&y=2",
+		"--count", "10", "--businesses", "3", "--queue", q, "--max-retry", "0")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if m := summary.FindStringSubmatch(out); m == nil || m[1] != "10" || m[2] != q {
+		t.Errorf("summary %q", out)
+	}
+	ts := pending(t, rdb, q)
+	if len(ts) != 10 {
+		t.Fatalf("%d pending tasks, want 10", len(ts))
+	}
+	var ids []string
+	for _, ti := range ts {
+		var p httpPayload
+		dec := json.NewDecoder(bytes.NewReader(ti.Payload))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&p); err != nil {
+			t.Fatalf("payload %s: %v", ti.Payload, err)
+		}
+		if p.URL != "http://api.example/v1/send?x=1&y=2" || p.Method != "POST" || ti.Type != "http:call" || ti.Queue != q || ti.MaxRetry != 0 {
+			t.Errorf("task %+v payload %+v", ti, p)
+		}
+		ids = append(ids, p.BusinessID)
+	}
+	// Task i has b(i%3+1): 4 × b1, 3 × b2, 3 × b3 (enqueued in parallel, so
+	// compare as multisets).
+	sort.Strings(ids)
+	if got := strings.Join(ids, ","); got != "b1,b1,b1,b1,b2,b2,b2,b3,b3,b3" {
+		t.Errorf("business ids %s", got)
+	}
+}
+
+func TestDefaultsFromEnv(t *testing.T) {
+	rdb := redistest.Client(t)
+	q := queue(t, rdb, "q")
+	// REDIS_URL is the default for --redis; without --max-retry, asynq's
+	// default; without --type, http:call.
+	env := map[string]string{"REDIS_URL": "redis://" + redistest.Addr(t) + "/0"}
+	code, _, errOut := enqueue(context.Background(), env, "--url", "http://x", "--count", "3", "--queue", q)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	ts := pending(t, rdb, q)
+	if len(ts) != 3 {
+		t.Fatalf("%d pending tasks, want 3", len(ts))
+	}
+	for _, ti := range ts {
+		if ti.MaxRetry != 25 || ti.Type != "http:call" || !strings.Contains(string(ti.Payload), `"business_id":"b1"`) {
+			t.Errorf("task %+v %s", ti, ti.Payload)
+		}
+		info, err := asynq.NewInspectorFromRedisClient(rdb).GetTaskInfo(q, ti.ID)
+		if err != nil || info.MaxRetry != 25 {
+			t.Errorf("GetTaskInfo: %+v, %v", info, err)
+		}
+	}
+	// A bad REDIS_URL is named as such.
+	code, _, errOut = enqueue(context.Background(), map[string]string{"REDIS_URL": "nonsense"}, "--url", "http://x", "--count", "3")
+	if code != 2 || !strings.Contains(errOut, "REDIS_URL") {
+		t.Errorf("bad REDIS_URL: exit %d: %s", code, errOut)
+	}
+}
+
+func TestPayloadFile(t *testing.T) {
+	rdb := redistest.Client(t)
+	q := queue(t, rdb, "q")
+	lines := []string{`{"url": "http://a", "business_id": "b7", "body": {"n": 1}}`, "", "   ", `{"to":"x@example.com"}`, `{}`}
+	file := filepath.Join(t.TempDir(), "p.jsonl")
+	os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+	code, out, errOut := enqueue(context.Background(), nil, "--redis", redistest.Addr(t), "--type", "email:send", "--payload-file", file, "--queue", q, "--max-retry", "3")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if m := summary.FindStringSubmatch(out); m == nil || m[1] != "3" {
+		t.Errorf("summary %q", out)
+	}
+	var got []string
+	for _, ti := range pending(t, rdb, q) {
+		if ti.Type != "email:send" || ti.MaxRetry != 3 {
+			t.Errorf("task %+v", ti)
+		}
+		got = append(got, string(ti.Payload))
+	}
+	sort.Strings(got)
+	want := []string{`{"to":"x@example.com"}`, `{"url":"http://a","business_id":"b7","body":{"n":1}}`, `{}`}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("payloads\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestPayloadFileBadLine(t *testing.T) {
+	rdb := redistest.Client(t)
+	q := queue(t, rdb, "q")
+	dir := t.TempDir()
+	for _, c := range []struct{ content, want string }{
+		{"{\"a\":1}\n\n{\"a\":2\n{\"a\":3}\n", "line 3: not valid JSON"},
+		{"{\"a\":1}\n[1,2]\n", "line 2: not a JSON object (found a JSON array)"},
+		{"{\"a\":1}\nnull\n", "line 2: not a JSON object (found null)"},
+		{"{\"a\":1} {\"b\":2}\n", "line 1: not valid JSON"},
+		{"\n\n", "no payloads"},
+	} {
+		file := filepath.Join(dir, "p.jsonl")
+		os.WriteFile(file, []byte(c.content), 0o600)
+		code, _, errOut := enqueue(context.Background(), nil, "--redis", redistest.Addr(t), "--payload-file", file, "--queue", q)
+		if code != 2 || !strings.Contains(errOut, c.want) || !strings.Contains(errOut, "--payload-file "+file) {
+			t.Errorf("%q: exit %d, stderr %q; want 2 and %q", c.content, code, errOut, c.want)
+		}
+	}
+	if n := len(pending(t, rdb, q)); n != 0 {
+		t.Errorf("%d tasks enqueued from bad files", n)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policy, []byte("rules: [{name: r, match: {type: http:call}, gcra: {rate: 1, per: 1s}}]\n"), 0o600)
+	payloads := filepath.Join(dir, "p.jsonl")
+	os.WriteFile(payloads, []byte("{}\n"), 0o600)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--url", "http://x"}, "--count: required"},
+		{[]string{"--url", "http://x", "--count", "0"}, "--count: must be at least 1, got 0"},
+		{[]string{"--url", "http://x", "--count", "ten"}, "-count"},
+		{[]string{"--count", "5"}, "--url: required"},
+		{[]string{"--url", "/relative", "--count", "5"}, "--url:"},
+		{[]string{"--url", "http://x", "--count", "5", "--businesses", "0"}, "--businesses: must be at least 1"},
+		{[]string{"--url", "http://x", "--count", "5", "--max-retry", "-1"}, "--max-retry: must not be negative"},
+		{[]string{"--url", "http://x", "--count", "5", "--queue", ""}, "--queue: must not be blank"},
+		{[]string{"--url", "http://x", "--count", "5", "--type", ""}, "--type: must not be blank"},
+		{[]string{"--url", "http://x", "--count", "5", "--type", "taskrl:fanout"}, "--type:"},
+		{[]string{"--url", "http://x", "--count", "5", "--parallel", "0"}, "--parallel: must be at least 1"},
+		{[]string{"--count", "5", "--payload-file", payloads}, "--count: not allowed with --payload-file"},
+		{[]string{"--payload-file", filepath.Join(dir, "missing.jsonl")}, "--payload-file: open"},
+		{[]string{"--url", "http://x", "--count", "5", "--tz", "UTC"}, "--tz: only used with --cron"},
+		{[]string{"--url", "http://x", "--count", "5", "--campaign", "x"}, "--campaign: only used with --cron"},
+		{[]string{"--url", "http://x", "--count", "5", "--cron", "0 9 * *"}, "--cron: bad cron spec \"0 9 * *\": expected exactly 5 fields"},
+		{[]string{"--url", "http://x", "--count", "5", "--cron", "@every 500ms"}, "--cron:"},
+		{[]string{"--url", "http://x", "--count", "5", "--cron", "@daily", "--tz", "Mars/Olympus"}, `--tz: unknown time zone "Mars/Olympus"`},
+		{[]string{"--url", "http://x", "--count", "5", "--cron", "@daily", "--campaign", "a b"}, "--campaign:"},
+		{[]string{"--url", "http://x", "--count", "5", "--cron", "@daily", "--key-prefix", "{x"}, "--key-prefix: prefix \"{x\" contains '{'"},
+		{[]string{"--url", "http://x", "--count", "5", "--dry-run"}, "--policy: required with --dry-run"},
+		{[]string{"--url", "http://x", "--count", "5", "--policy", policy}, "--policy: only used with --dry-run"},
+		{[]string{"--url", "http://x", "--count", "5", "--dry-run", "--policy", policy, "--task-duration", "0s"}, "--task-duration: must be positive"},
+		{[]string{"--url", "http://x", "--count", "5", "--dry-run", "--policy", policy, "--start", "tomorrow"}, "--start:"},
+		{[]string{"--url", "http://x", "--count", "5", "--dry-run", "--policy", filepath.Join(dir, "none.yaml")}, "none.yaml"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis", "not a url"}, "--redis:"},
+		{[]string{"--url", "http://x", "--count", "5", "extra"}, `unexpected argument "extra"`},
+		{[]string{"--nope"}, "-nope"},
+	} {
+		code, out, errOut := enqueue(context.Background(), nil, c.args...)
+		if code != 2 || !strings.Contains(errOut, c.want) || out != "" {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q", c.args, code, out, errOut, c.want)
+		}
+	}
+	// -h prints the usage on stdout and succeeds.
+	if code, out, _ := enqueue(context.Background(), nil, "-h"); code != 0 || !strings.Contains(out, "usage: enqueue --redis URL --type TYPE --url URL --count N") {
+		t.Errorf("-h: exit %d, %q", code, out)
+	}
+}
+
+func TestRedisUnreachable(t *testing.T) {
+	srv := redistest.StartServer(t)
+	addr := srv.Addr()
+	srv.Stop(t)
+	code, _, errOut := enqueue(context.Background(), nil, "--redis", addr, "--url", "http://x", "--count", "5")
+	if code != 1 || !strings.Contains(errOut, "cannot reach Redis at "+addr) {
+		t.Errorf("exit %d, %s", code, errOut)
+	}
+}
+
+var partial = regexp.MustCompile(`enqueue: (\d+) of (\d+) tasks enqueued to queue "[^"]+"; stopped at: `)
+
+func TestInterruptedReportsExactCount(t *testing.T) {
+	rdb := redistest.Client(t)
+	q := queue(t, rdb, "q")
+	// SIGINT/SIGTERM cancel run's context: it stops, says how many tasks
+	// it enqueued, and exits 1.
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for {
+			if info, err := asynq.NewInspectorFromRedisClient(rdb).GetQueueInfo(q); err == nil && info.Pending > 100 {
+				cancel()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	code, _, errOut := enqueue(ctx, nil, "--redis", redistest.Addr(t), "--url", "http://x", "--count", "1000000", "--queue", q, "--parallel", "4")
+	cancel()
+	m := partial.FindStringSubmatch(errOut)
+	if code != 1 || m == nil || m[2] != "1000000" {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if n, _ := strconv.Atoi(m[1]); n != len(pending(t, rdb, q)) || n < 100 {
+		t.Errorf("reported %s enqueued, queue holds %d", m[1], len(pending(t, rdb, q)))
+	}
+	if !strings.Contains(errOut, "context canceled") {
+		t.Errorf("stderr %q", errOut)
+	}
+}
+
+func TestRedisFailsMidway(t *testing.T) {
+	srv := redistest.StartServer(t)
+	rdb := srv.Client(t)
+	go func() {
+		insp := asynq.NewInspectorFromRedisClient(rdb)
+		for {
+			if info, err := insp.GetQueueInfo("default"); err == nil && info.Pending > 100 {
+				srv.Stop(t)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	code, _, errOut := enqueue(context.Background(), nil, "--redis", srv.Addr(), "--url", "http://x", "--count", "1000000", "--parallel", "4")
+	m := partial.FindStringSubmatch(errOut)
+	if code != 1 || m == nil {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if n, _ := strconv.Atoi(m[1]); n < 100 || n >= 1000000 {
+		t.Errorf("reported %d enqueued", n)
+	}
+}
+
+const dryPolicy = `
+rules:
+  - name: vendor-peak
+    match: {type: "http:call"}
+    gcra: {rate: 100, per: 1s, burst: 10}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 1, per: 1s, burst: 1}
+  - name: bulk-only
+    match: {queue: bulk}
+    quota: {limit: 10, every: 1m}
+`
+
+func TestDryRun(t *testing.T) {
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policy, []byte(dryPolicy), 0o600)
+	// No Redis is reached: --redis points nowhere.
+	nowhere := []string{"--redis", "127.0.0.1:1"}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{
+			// 1000 tasks, 1000 businesses: the global 100/s burst 10 binds.
+			[]string{"--url", "http://x", "--count", "1000", "--businesses", "1000"},
+			[]string{
+				`dry run: 1000 tasks of type "http:call" on queue "default", limits idle at 2026-05-04 09:00:00.000 UTC`,
+				"vendor-peak   100/1s burst 10 (GCRA)  (global)          1     9.90s",
+				"per-business  1/1s burst 1 (GCRA)     {{.business_id}}  1000  0.00s",
+				"binding rule:                    vendor-peak",
+				"estimated duration:              9.90s (until the last task starts)",
+				"completes at:                    2026-05-04 09:00:09.900 UTC",
+				"tasks no rule matches:           0",
+			},
+		},
+		{
+			// 20 businesses × 20 tasks at 1/s each: 19 s alone; the global
+			// rule starts 10 of each round 10 ms apart: 19.10 s.
+			[]string{"--url", "http://x", "--count", "400", "--businesses", "20"},
+			[]string{"per-business  1/1s burst 1 (GCRA)     {{.business_id}}  20    19.00s", "binding rule:                    per-business", "estimated duration:              19.10s"},
+		},
+		{
+			// Tasks of another type: no rule matches.
+			[]string{"--url", "http://x", "--count", "7", "--type", "email:send"},
+			[]string{"no rule of the policy applies to these tasks: all 7 run without limits"},
+		},
+		{
+			// The bulk queue adds a 10-per-minute window: one business at
+			// 1/s, 10 a minute: the last of 25 starts at 2m4s.
+			[]string{"--url", "http://x", "--count", "25", "--queue", "bulk"},
+			[]string{"bulk-only     10 per 1m0s (fixed window)  (global)          1     120.00s (2m0s)", "binding rule:                    bulk-only", "estimated duration:              124.00s (2m4s)"},
+		},
+	} {
+		args := append(append([]string{"--dry-run", "--policy", policy, "--start", "2026-05-04T09:00:00Z"}, nowhere...), c.args...)
+		code, out, errOut := enqueue(context.Background(), nil, args...)
+		if code != 0 {
+			t.Errorf("%q: exit %d: %s", c.args, code, errOut)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%q: output lacks %q:\n%s", c.args, w, out)
+			}
+		}
+	}
+}
+
+func TestDryRunMissingKeyField(t *testing.T) {
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policy, []byte(dryPolicy), 0o600)
+	file := filepath.Join(dir, "p.jsonl")
+	os.WriteFile(file, []byte("{\"business_id\":\"b1\"}\n{\"url\":\"http://x\"}\n{\"business_id\":\"b1\"}\n{\"business_id\":null}\n"), 0o600)
+	code, out, errOut := enqueue(context.Background(), nil, "--dry-run", "--policy", policy, "--payload-file", file, "--start", "2026-05-04T09:00:00Z")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, w := range []string{
+		`tasks the worker would archive:  2 (first: task 2: taskrl: rule "per-business": payload has no field "business_id")`,
+		"estimated duration:              1.00s",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+}
+
+func TestDryRunCronStartsAtNextTick(t *testing.T) {
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policy, []byte(dryPolicy), 0o600)
+	code, out, errOut := enqueue(context.Background(), nil, "--dry-run", "--policy", policy, "--url", "http://x", "--count", "5",
+		"--cron", "0 9 * * 1", "--tz", "America/New_York")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	m := regexp.MustCompile(`limits idle at (\d{4}-\d\d-\d\d) 09:00:00.000 E[SD]T`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("output:\n%s", out)
+	}
+	if d, _ := time.Parse("2006-01-02", m[1]); d.Weekday() != time.Monday {
+		t.Errorf("starts on %s, a %s", m[1], d.Weekday())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestProgressBar(t *testing.T) {
+	var w syncBuffer
+	var done atomic.Int64
+	stop := progress(&w, 200, &done)
+	done.Store(120)
+	time.Sleep(250 * time.Millisecond) // let the bar redraw at least once
+	done.Store(200)
+	stop()
+	out := w.String()
+	if !strings.Contains(out, "enqueue") || !strings.Contains(out, "200/200") || !strings.HasSuffix(out, "\n") {
+		t.Errorf("progress output %q", out)
+	}
+}
+
+func TestBulkDrawsProgressOnTerminal(t *testing.T) {
+	rdb := redistest.Client(t)
+	q := queue(t, rdb, "q")
+	var out, errOut syncBuffer
+	code := run(context.Background(), []string{"--redis", redistest.Addr(t), "--url", "http://x", "--count", "50", "--queue", q},
+		stdio{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }, terminal: true})
+	if code != 0 || !strings.Contains(errOut.String(), "50/50") || summary.FindStringSubmatch(out.String()) == nil {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out.String(), errOut.String())
+	}
+}
+
+// childEnv carries the arguments of an enqueue process started by
+// TestCronTwoProcesses.
+const childEnv = "ENQUEUE_TEST_ARGS"
+
+// TestCronChild is the enqueue process of TestCronTwoProcesses: it runs the
+// command with the arguments in childEnv until SIGTERM.
+func TestCronChild(t *testing.T) {
+	raw := os.Getenv(childEnv)
+	if raw == "" {
+		t.Skip("run by TestCronTwoProcesses")
+	}
+	var args []string
+	if err := json.Unmarshal([]byte(raw), &args); err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	if code := run(ctx, args, stdio{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}); code != 0 {
+		t.Fatalf("enqueue exited %d", code)
+	}
+}
+
+func TestCronTwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	rdb := redistest.Client(t)
+	q := queue(t, rdb, "q")
+	prefix := redistest.Prefix(t)
+	const perTick = 7
+	args := []string{"--redis", redistest.Addr(t), "--url", "http://api.example/x", "--count", strconv.Itoa(perTick), "--businesses", "3",
+		"--queue", q, "--max-retry", "0", "--cron", "@every 1s", "--key-prefix", prefix}
+	raw, _ := json.Marshal(args)
+
+	// The worker: fan-outs through the handler, http:call tasks recorded
+	// by ID (campaign:tick:i).
+	w := startWorker(t, rdb, q)
+
+	var outs [2]bytes.Buffer
+	var procs [2]*processHandle
+	for i := range procs {
+		cmd := redistest.Child("TestCronChild", childEnv+"="+string(raw))
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		procs[i] = &processHandle{cmd: cmd}
+		t.Cleanup(procs[i].kill)
+	}
+	// Let the schedulers run for a few ticks: real time has to pass, as
+	// asynq's scheduler fires by the wall clock.
+	w.waitTicks(t, 3, 30*time.Second)
+	for i, p := range procs {
+		if err := p.terminate(); err != nil {
+			t.Errorf("enqueue process %d: %v\n%s", i, err, outs[i].String())
+		}
+	}
+	w.drain(t)
+
+	ticks := w.results()
+	if len(ticks) < 3 {
+		t.Fatalf("%d ticks fanned out, want at least 3", len(ticks))
+	}
+	for tick, seen := range ticks {
+		if len(seen) != perTick {
+			t.Errorf("tick %s: %d tasks, want %d: %v", tick, len(seen), perTick, seen)
+		}
+		for i, n := range seen {
+			if n != 1 {
+				t.Errorf("tick %s: task %s ran %d times", tick, i, n)
+			}
+		}
+	}
+	// Both schedulers enqueued a fan-out per tick (a period of 1s is too
+	// short for asynq.Unique), and the claim let exactly one through.
+	fanned, dups := w.outcomes()
+	for tick, n := range fanned {
+		if n != 1 {
+			t.Errorf("tick %s fanned out %d times", tick, n)
+		}
+	}
+	if dups == 0 {
+		t.Errorf("no duplicate fan-out was refused: the test did not exercise the claim\n%s\n%s", outs[0].String(), outs[1].String())
+	}
+	t.Logf("%d ticks, %d duplicate fan-outs refused", len(ticks), dups)
+}

@@ -1,0 +1,324 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/taskrl/taskrl/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// logBuffer is a concurrency-safe writer for a worker's stderr.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// waitFor waits until a line of the log matches re and returns its
+// submatches; done, when closed first, fails the test.
+func (l *logBuffer) waitFor(t *testing.T, re *regexp.Regexp, done <-chan struct{}) []string {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if m := re.FindStringSubmatch(l.String()); m != nil {
+			return m
+		}
+		select {
+		case <-done:
+			if m := re.FindStringSubmatch(l.String()); m != nil {
+				return m
+			}
+			t.Fatalf("worker ended before logging %q; log:\n%s", re, l)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line matching %q within 60s; log:\n%s", re, l)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func writePolicy(t *testing.T, yaml string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(p, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const goodPolicy = `rules:
+  - name: peak
+    match: {type: "http:call"}
+    gcra: {rate: 100, per: 1s, burst: 10}
+`
+
+func noEnv(string) string { return "" }
+
+func TestParseFlags(t *testing.T) {
+	cfg, err := parseFlags([]string{"--redis", "redis://:pw@db.example:6380/2", "--policy", "p.yaml", "--concurrency", "7",
+		"--queues", "critical=6, default=3,low", "--metrics-addr", ":9090", "--log-format=json", "-log-level", "debug"}, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.redis.Addr != "db.example:6380" || cfg.redis.Password != "pw" || cfg.redis.DB != 2 {
+		t.Errorf("redis options %+v", cfg.redis)
+	}
+	if cfg.concurrency != 7 || cfg.policyPath != "p.yaml" || cfg.metricsAddr != ":9090" || cfg.logFormat != "json" || cfg.logLevel.String() != "DEBUG" {
+		t.Errorf("config %+v", cfg)
+	}
+	if got := cfg.queueList(); got != "critical=6,default=3,low=1" {
+		t.Errorf("queues %s", got)
+	}
+	if cfg.redis.PoolSize < 2*7 {
+		t.Errorf("pool size %d too small for concurrency 7", cfg.redis.PoolSize)
+	}
+
+	// Defaults, and REDIS_URL.
+	cfg, err = parseFlags([]string{"--policy", "p.yaml"}, func(k string) string {
+		if k == "REDIS_URL" {
+			return "rediss://cache.example"
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.redis.Addr != "cache.example:6379" || cfg.redis.TLSConfig == nil {
+		t.Errorf("REDIS_URL not used: %+v", cfg.redis)
+	}
+	if cfg.concurrency != 10 || cfg.queueList() != "default=1" || cfg.shutdownTimeout != 30*time.Second ||
+		cfg.maxHold != 500*time.Millisecond || cfg.prefix != "taskrl:" || cfg.logFormat != "text" || cfg.metricsAddr != "" {
+		t.Errorf("defaults %+v", cfg)
+	}
+	// --redis beats REDIS_URL.
+	cfg, err = parseFlags([]string{"--policy", "p", "--redis", "10.0.0.1:7000"}, func(string) string { return "redis://other:1" })
+	if err != nil || cfg.redis.Addr != "10.0.0.1:7000" {
+		t.Errorf("--redis host:port: %+v, %v", cfg, err)
+	}
+	for in, want := range map[string]string{"localhost": "localhost:6379", "::1": "[::1]:6379", "[::1]:7001": "[::1]:7001", ":6390": "localhost:6390"} {
+		cfg, err := parseFlags([]string{"--policy", "p", "--redis", in}, noEnv)
+		if err != nil || cfg.redis.Addr != want {
+			t.Errorf("--redis %s: %v, %v; want %s", in, cfg, err, want)
+		}
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	policy := writePolicy(t, goodPolicy)
+	base := []string{"--redis", "localhost:6379", "--policy", policy}
+	cases := []struct {
+		args []string
+		env  string // REDIS_URL
+		want string
+	}{
+		{[]string{"--policy", policy}, "", "--redis is required (or set REDIS_URL)"},
+		{[]string{"--redis", "localhost"}, "", "--policy is required"},
+		{append(base, "--concurrency", "0"), "", "--concurrency must be at least 1, got 0"},
+		{append(base, "--concurrency", "-3"), "", "--concurrency must be at least 1"},
+		{append(base, "--concurrency", "many"), "", `invalid value "many" for flag --concurrency`},
+		{append(base, "--queues", "a=1,b=0"), "", `--queues: weight of queue "b" must be a positive integer, got "0"`},
+		{append(base, "--queues", "a=1.5"), "", `--queues: weight of queue "a" must be a positive integer`},
+		{append(base, "--queues", "a=x"), "", `--queues: weight of queue "a" must be a positive integer`},
+		{append(base, "--queues", "=2"), "", "--queues: empty queue name"},
+		{append(base, "--queues", "a=1,,b=1"), "", "--queues: empty entry"},
+		{append(base, "--queues", ""), "", "--queues: empty entry"},
+		{append(base, "--queues", "a=1,a=2"), "", `--queues: queue "a" is listed twice`},
+		{append(base, "--metrics-addr", "9090"), "", "--metrics-addr must be host:port or :port"},
+		{append(base, "--metrics-addr", ":http"), "", "--metrics-addr: port must be a number"},
+		{append(base, "--shutdown-timeout", "0s"), "", "--shutdown-timeout must be a positive duration"},
+		{append(base, "--shutdown-timeout", "30"), "", `invalid value "30" for flag --shutdown-timeout`},
+		{append(base, "--max-hold", "-1s"), "", "--max-hold must be a positive duration"},
+		{append(base, "--log-format", "xml"), "", `--log-format must be text or json, got "xml"`},
+		{append(base, "--log-level", "loud"), "", `--log-level must be debug, info, warn or error, got "loud"`},
+		{append(base, "--local-share", "0"), "", "--local-share must be at least 1"},
+		{append(base, "--prefix", ""), "", "--prefix must not be empty"},
+		{append(base, "--bogus"), "", "unknown flag: --bogus"},
+		{append(base, "extra"), "", `unexpected argument "extra"`},
+		{append(base, "--redis"), "", "flag needs an argument: --redis"},
+		{[]string{"--policy", policy}, "http://localhost:6379", "--redis: not a valid Redis URL"},
+		{[]string{"--policy", policy, "--redis", "redis://:hunter2@host:port/0"}, "", "--redis: not a valid Redis URL"},
+		{[]string{"--policy", policy, "--redis", "redis://host/db9x"}, "", "--redis: not a valid Redis URL"},
+		{[]string{"--policy", policy, "--redis", "host:0"}, "", "--redis: port must be a number from 1 to 65535"},
+		{[]string{"--policy", policy, "--redis", "user@host"}, "", "is neither a Redis URL nor host:port"},
+	}
+	for _, tc := range cases {
+		var stdout, stderr bytes.Buffer
+		code := cli(context.Background(), tc.args, func(k string) string {
+			if k == "REDIS_URL" {
+				return tc.env
+			}
+			return ""
+		}, &stdout, &stderr)
+		if code != exitUsage {
+			t.Errorf("%q: exit %d, want %d; stderr %s", tc.args, code, exitUsage, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%q: stderr %q does not say %q", tc.args, stderr.String(), tc.want)
+		}
+		if strings.Contains(stderr.String(), "hunter2") {
+			t.Errorf("%q: stderr %q shows the password", tc.args, stderr.String())
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, arg := range []string{"--help", "-h", "-help"} {
+		var stdout, stderr bytes.Buffer
+		if code := cli(context.Background(), []string{arg}, noEnv, &stdout, &stderr); code != exitOK {
+			t.Errorf("%s: exit %d, want 0", arg, code)
+		}
+		if stdout.String() != usageText {
+			t.Errorf("%s printed %q, want the usage text", arg, stdout.String())
+		}
+	}
+	// Every flag is described, in its --name form.
+	fs, _ := newFlagSet(noEnv)
+	fs.VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(usageText, "  --"+f.Name+" ") {
+			t.Errorf("usage text does not describe --%s", f.Name)
+		}
+	})
+	for _, s := range []string{"REDIS_URL", "Exit status", "http:call", "Idempotency-Key"} {
+		if !strings.Contains(usageText, s) {
+			t.Errorf("usage text does not mention %s", s)
+		}
+	}
+}
+
+// countingListener stands in for Redis and counts the connections it
+// accepts.
+func countingListener(t *testing.T) (addr string, conns *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns = &atomic.Int64{}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { l.Close() })
+	return l.Addr().String(), conns
+}
+
+// TestBadPolicy checks that a wrong policy file stops the start before
+// anything connects, with the loader's messages (line, rule, field).
+func TestBadPolicy(t *testing.T) {
+	cases := []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"negative rate", `rules:
+  - name: vendor-peak
+    match: {type: "http:call"}
+    gcra: {rate: 18, per: 1s, burst: 3}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: -1, per: 1s}
+`, []string{"line 8", `rule "per-business"`, "gcra.rate", "positive"}},
+		{"two wrong rules", `rules:
+  - name: a
+    match: {type: "http:call"}
+    quota: {limit: 10, every: 10}
+  - name: b
+    match: {type: "http:call"}
+    concurrency: {max: 0, lease: 30s}
+`, []string{`rule "a"`, "quota.every", `rule "b"`, "concurrency.max"}},
+		{"unknown field", `rules:
+  - name: a
+    match: {type: "http:call"}
+    gcra: {rate: 1, per: 1s, brust: 2}
+`, []string{`rule "a"`, "brust"}},
+		{"empty", ``, []string{"policy"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, conns := countingListener(t)
+			metricsAddr, _ := countingListener(t) // a port in use: binding it would fail loudly
+			path := writePolicy(t, tc.yaml)
+			var stdout, stderr bytes.Buffer
+			code := cli(context.Background(), []string{"--redis", "redis://" + addr, "--policy", path, "--concurrency", "2", "--metrics-addr", metricsAddr}, noEnv, &stdout, &stderr)
+			if code != exitUsage {
+				t.Errorf("exit %d, want %d", code, exitUsage)
+			}
+			msg := stderr.String()
+			for _, w := range append(tc.want, path, "refusing to start") {
+				if !strings.Contains(msg, w) {
+					t.Errorf("stderr does not mention %q:\n%s", w, msg)
+				}
+			}
+			if strings.Contains(msg, "worker started") || strings.Contains(msg, "metrics") {
+				t.Errorf("worker started something:\n%s", msg)
+			}
+			if n := conns.Load(); n != 0 {
+				t.Errorf("%d connections to Redis before the policy was checked", n)
+			}
+		})
+	}
+}
+
+func TestRedisUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	var stdout, stderr bytes.Buffer
+	code := cli(context.Background(), []string{"--redis", "redis://:hunter2@" + addr, "--policy", writePolicy(t, goodPolicy)}, noEnv, &stdout, &stderr)
+	if code != exitRuntime {
+		t.Errorf("exit %d, want %d", code, exitRuntime)
+	}
+	if !strings.Contains(stderr.String(), "cannot reach Redis at "+addr) {
+		t.Errorf("stderr does not explain: %s", stderr.String())
+	}
+	if strings.Contains(stderr.String(), "hunter2") {
+		t.Errorf("stderr shows the password: %s", stderr.String())
+	}
+}
+
+func TestMetricsAddrInUse(t *testing.T) {
+	busy, _ := countingListener(t)
+	var stdout, stderr bytes.Buffer
+	prefix := redistest.Prefix(t)
+	code := cli(context.Background(), []string{"--redis", redistest.Addr(t), "--policy", writePolicy(t, goodPolicy),
+		"--queues", strings.TrimSuffix(prefix, ":"), "--prefix", prefix, "--metrics-addr", busy}, noEnv, &stdout, &stderr)
+	if code != exitRuntime {
+		t.Errorf("exit %d, want %d", code, exitRuntime)
+	}
+	if !strings.Contains(stderr.String(), "--metrics-addr") || !strings.Contains(stderr.String(), "address already in use") {
+		t.Errorf("stderr does not explain: %s", stderr.String())
+	}
+}

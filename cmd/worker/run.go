@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/internal/campaign"
+	"github.com/taskrl/taskrl/internal/httpcall"
+	"github.com/taskrl/taskrl/internal/metrics"
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+// pingTimeout bounds the Redis check at start.
+const pingTimeout = 5 * time.Second
+
+// run starts the worker and serves tasks until ctx is done, then shuts down
+// gracefully: no new tasks are taken, running ones get cfg.shutdownTimeout
+// to finish (asynq puts the others back in their queue), then the
+// middleware, the metrics server and the Redis client are closed. It returns
+// an error when starting fails or the metrics server dies.
+func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.Logger) error {
+	client := redis.NewClient(cfg.redis)
+	defer client.Close()
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	err := client.Ping(pctx).Err()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("cannot reach Redis at %s: %w", cfg.redis.Addr, err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := metrics.New(reg)
+	if err != nil {
+		return err
+	}
+
+	mw, err := taskrl.New(taskrl.Config{
+		Policy:         policy,
+		Client:         client,
+		Prefix:         cfg.prefix,
+		MaxHold:        cfg.maxHold,
+		ThrottleBudget: cfg.throttleBudget,
+		LocalShare:     cfg.localShare,
+		Logger:         logger,
+		Observer:       m,
+	})
+	if err != nil {
+		return err
+	}
+	defer mw.Close()
+
+	var redisErr atomic.Pointer[error] // last health check's failure, nil when fine
+	srvCfg := mw.ServerConfig(asynq.Config{
+		Concurrency:         cfg.concurrency,
+		Queues:              cfg.queues,
+		StrictPriority:      cfg.strictPriority,
+		ShutdownTimeout:     cfg.shutdownTimeout,
+		Logger:              asynqLogger{logger.With("component", "asynq")},
+		LogLevel:            asynqLevel(cfg.logLevel),
+		RetryDelayFunc:      retryDelay,
+		IsFailure:           isFailure,
+		ErrorHandler:        asynq.ErrorHandlerFunc(errorLogger(logger)),
+		HealthCheckInterval: 5 * time.Second,
+		HealthCheckFunc: func(err error) {
+			if err == nil {
+				redisErr.Store(nil)
+			} else {
+				redisErr.Store(&err)
+			}
+		},
+	})
+
+	var (
+		metricsSrv  *http.Server
+		metricsDone = make(chan error, 1)
+	)
+	if cfg.metricsAddr != "" {
+		l, err := net.Listen("tcp", cfg.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+			if e := redisErr.Load(); e != nil {
+				http.Error(w, "redis: "+(*e).Error(), http.StatusServiceUnavailable)
+				return
+			}
+			w.Write([]byte("ok\n"))
+		})
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { metricsDone <- metricsSrv.Serve(l) }()
+		logger.Info("metrics listening", "addr", l.Addr().String())
+	}
+
+	srv := asynq.NewServerFromRedisClient(client, srvCfg)
+	mux := asynq.NewServeMux()
+	mux.Use(mw.Middleware())
+	registerHandlers(mux, client, handlerDeps{
+		httpClient: httpcall.NewClient(cfg.httpTimeout),
+		metrics:    m,
+		logger:     logger,
+	})
+	if err := srv.Start(mux); err != nil {
+		if metricsSrv != nil {
+			metricsSrv.Close()
+		}
+		return fmt.Errorf("starting the asynq server: %w", err)
+	}
+	rules := make([]string, 0, len(policy.Rules()))
+	for _, r := range policy.Rules() {
+		rules = append(rules, r.Name)
+	}
+	logger.Info("worker started",
+		"redis", cfg.redis.Addr, "db", cfg.redis.DB, "tls", cfg.redis.TLSConfig != nil,
+		"queues", cfg.queueList(), "concurrency", cfg.concurrency,
+		"policy", cfg.policyPath, "rules", rules, "redis_unavailable", string(policy.RedisUnavailable()),
+		"prefix", cfg.prefix, "pid", os.Getpid())
+	if q := unservedQueues(policy, cfg.queues); len(q) > 0 {
+		logger.Warn("policy rules match queues this worker does not serve", "queues", q)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		logger.Info("shutting down: no new tasks; waiting for running tasks", "timeout", cfg.shutdownTimeout)
+	case err := <-metricsDone:
+		runErr = fmt.Errorf("metrics server: %w", err)
+		logger.Error("metrics server failed; shutting down", "err", err)
+	}
+	srv.Shutdown()
+	mw.Close()
+	if metricsSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := metricsSrv.Shutdown(sctx); err != nil {
+			metricsSrv.Close()
+		}
+		cancel()
+	}
+	if runErr == nil {
+		logger.Info("worker stopped")
+	}
+	return runErr
+}
+
+// handlerDeps is what the built-in task handlers need besides Redis.
+type handlerDeps struct {
+	httpClient *http.Client
+	metrics    *metrics.Metrics // may be nil
+	logger     *slog.Logger
+}
+
+// registerHandlers registers the built-in task types on mux: http:call and
+// the fan-out of the campaigns "enqueue --cron" schedules.
+func registerHandlers(mux *asynq.ServeMux, client redis.UniversalClient, deps handlerDeps) {
+	mux.Handle(campaign.TypeFanout, campaign.NewFanoutHandler(client, campaign.WithLogger(deps.logger)))
+	var opts []httpcall.Option
+	if deps.metrics != nil {
+		opts = append(opts, httpcall.WithResultHook(deps.metrics.HTTPCall))
+	}
+	mux.Handle(httpcall.TypeHTTPCall, httpcall.NewHandler(deps.httpClient, opts...))
+}
+
+// retryDelay waits as long as an upstream asked when its 429 reaches asynq
+// (a task no rule matches, so the middleware did not reschedule it), and
+// otherwise uses asynq's exponential backoff.
+func retryDelay(n int, err error, t *asynq.Task) time.Duration {
+	var te *taskrl.ThrottledError
+	if errors.As(err, &te) {
+		return max(te.RetryAfter, time.Second)
+	}
+	return asynq.DefaultRetryDelayFunc(n, err, t)
+}
+
+// isFailure does not count an upstream throttle as a failure: the task is
+// retried without spending its retry budget.
+func isFailure(err error) bool {
+	var te *taskrl.ThrottledError
+	return !errors.As(err, &te)
+}
+
+// errorLogger logs each task that returned an error.
+func errorLogger(logger *slog.Logger) func(ctx context.Context, t *asynq.Task, err error) {
+	return func(ctx context.Context, t *asynq.Task, err error) {
+		id, _ := asynq.GetTaskID(ctx)
+		queue, _ := asynq.GetQueueName(ctx)
+		retried, _ := asynq.GetRetryCount(ctx)
+		maxRetry, _ := asynq.GetMaxRetry(ctx)
+		var te *taskrl.ThrottledError
+		switch {
+		case errors.As(err, &te):
+			logger.Info("task throttled upstream; retrying later", "type", t.Type(), "id", id, "queue", queue, "retry_after", te.RetryAfter, "err", err)
+		case errors.Is(err, asynq.SkipRetry) || retried >= maxRetry:
+			logger.Warn("task failed; archived", "type", t.Type(), "id", id, "queue", queue, "retried", retried, "err", err)
+		default:
+			logger.Warn("task failed; will retry", "type", t.Type(), "id", id, "queue", queue, "retried", retried, "max_retry", maxRetry, "err", err)
+		}
+	}
+}
