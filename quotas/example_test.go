@@ -164,3 +164,35 @@ func ExampleCalendarWindow_String() {
 	// 190 per 10s (fixed window)
 	// 18/1s burst 18 (GCRA)
 }
+
+// A worker books a slot for a task and hands the receipt on with it; the
+// worker that later finds the task cannot run (the vendor throttled
+// meanwhile) refunds the booking from the receipt, so the daily quota is
+// not spent on a call that never happened.
+func ExampleParseReceipt() {
+	now := monday9
+	limiter := exampleLimiter(&now)
+	vendor, _ := quotas.NewSet(
+		quotas.Rule{Name: "vendor-peak", Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 5})},
+		quotas.Rule{Name: "vendor-daily", Limit: quotas.CalendarWindow{Limit: 10000, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
+	)
+	ctx := context.Background()
+	req := quotas.Request{Keys: []string{"", ""}}
+	d, _ := limiter.Reserve(ctx, vendor, req, time.Minute)
+	receipt := d.Receipt() // e.g. in a task header
+	fmt.Println("booked; left today:", d.Rules[1].Remaining)
+
+	// Later, in another process:
+	booked, err := quotas.ParseReceipt(receipt)
+	if err != nil {
+		panic(err)
+	}
+	if err := limiter.Refund(ctx, vendor, req, booked); err != nil {
+		panic(err)
+	}
+	st, _ := limiter.Status(ctx, vendor, req)
+	fmt.Println("refunded; left today:", st.Rules[1].Remaining)
+	// Output:
+	// booked; left today: 9999
+	// refunded; left today: 10000
+}

@@ -30,6 +30,10 @@ const (
 	// HeaderWaited holds how long, in microseconds, the task has been
 	// rescheduled for in total, for Config.ThrottleBudget.
 	HeaderWaited = "taskrl-waited"
+	// HeaderCharge holds the receipt of the booked slot's charges
+	// (quotas.Decision.Receipt), so that the worker that runs the copy can
+	// refund them when the task does not happen in that slot.
+	HeaderCharge = "taskrl-charge"
 )
 
 // Outcome says what the middleware did with a task.
@@ -37,8 +41,10 @@ type Outcome string
 
 // Outcomes reported to an Observer.
 const (
-	// Admitted: the task ran at once, or after a wait in the worker
-	// (Event.Wait).
+	// Admitted: the task runs now, at once or after a wait in the worker
+	// (Event.Wait): by a decision made now, or in the slot booked for it
+	// when it was rescheduled (then Event.Rules is empty). Every run of a
+	// task a rate or window rule governs is preceded by one Admitted event.
 	Admitted Outcome = "admitted"
 	// Rescheduled: the task was rescheduled to run after Event.Wait,
 	// booked for then when Event.Rule is empty, otherwise to decide again
@@ -292,15 +298,17 @@ func (m *Middleware) process(ctx context.Context, t *asynq.Task, queue string, b
 		return err
 	}
 	id, _ := asynq.GetTaskID(ctx)
+	var charge quotas.Decision // the rate charges this run is made under
 	if sp.rates != nil {
-		if done, err := m.admitRates(ctx, t, queue, id, sp, keys); done {
+		var done bool
+		if done, charge, err = m.admitRates(ctx, t, queue, id, sp, keys); done {
 			return err
 		}
 	}
 	if sp.slots == nil {
 		err = next.ProcessTask(ctx, t)
 	} else {
-		err = m.runHolding(ctx, t, queue, id, sp, keys, next)
+		err = m.runHolding(ctx, t, queue, id, sp, keys, charge, next)
 	}
 	var te *ThrottledError
 	if !errors.As(err, &te) {
@@ -313,13 +321,29 @@ func (m *Middleware) process(ctx context.Context, t *asynq.Task, queue string, b
 		wait = time.Second
 	}
 	if sp.rates != nil {
+		// The remote side did not count the call: neither do the windows.
+		m.refund(ctx, sp, keys, charge)
 		if berr := m.block(context.WithoutCancel(ctx), sp, keys, m.serverNow().Add(wait)); berr != nil {
 			m.cfg.Logger.Warn("taskrl: blocking throttled rules failed", "err", berr)
 		}
 	}
 	m.cfg.Logger.Info("taskrl: upstream throttled; backing off", "task", id, "retry_after", wait, "err", te.Err)
 	m.observe(t, queue, Event{Outcome: UpstreamThrottled, Wait: wait})
-	return m.reschedule(ctx, t, queue, id, wait, time.Time{})
+	return m.reschedule(ctx, t, queue, id, wait, time.Time{}, "")
+}
+
+// refund gives back the rate charges of d, an admitted or booked decision
+// (or one parsed from a receipt) whose task did not happen. A failure is
+// logged: the charge then stays, as if the task had run.
+func (m *Middleware) refund(ctx context.Context, sp *split, keys []string, d quotas.Decision) {
+	if !d.Allowed {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := m.limiter.Refund(rctx, sp.rates, quotas.Request{Keys: pick(keys, sp.rateIdx)}, d); err != nil {
+		m.cfg.Logger.Warn("taskrl: refunding an unused charge failed", "err", err)
+	}
 }
 
 // block stops the task's rate rules for every worker until the given time:
@@ -404,25 +428,34 @@ func (e *ThrottledError) Unwrap() error { return e.Err }
 
 // admitRates gets the task's turn under its rate and window rules: now, after
 // a hold, or, if the turn is further away, by rescheduling. done reports that
-// the task was rescheduled (or failed) and must not run now.
-func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string) (done bool, err error) {
+// the task was rescheduled (or failed) and must not run now; otherwise
+// charge is the decision (or booking) the task runs under, for a refund if
+// the remote side throttles it.
+func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string) (done bool, charge quotas.Decision, err error) {
 	req := quotas.Request{Keys: pick(keys, sp.rateIdx)}
 	// A booking pays for the copy's first attempt only, at its slot: a retry
 	// after a failure is charged again, and so is a copy that comes back
 	// well after its slot (the worker or Redis stalled), so that late copies
-	// do not all start at once.
+	// do not all start at once; its booking is refunded then.
 	if booked, ok := bookedAt(t); ok && retryCount(ctx) == 0 {
+		receipt := t.Headers()[HeaderCharge]
+		charge, _ := quotas.ParseReceipt(receipt) // none: nothing to refund
 		wait := booked.Sub(m.serverNow())
 		switch {
 		case wait < -lateBooking:
+			m.refund(ctx, sp, keys, charge)
 		case wait > 2*m.cfg.MaxHold || !fitsDeadline(ctx, wait):
 			// Far too early: reschedule again, still booked.
-			return true, m.reschedule(ctx, t, queue, id, wait, booked)
+			return true, charge, m.reschedule(ctx, t, queue, id, wait, booked, receipt)
 		default:
 			if err := hold(ctx, wait); err != nil {
-				return true, err
+				return true, charge, err
 			}
-			return m.unlessBlocked(ctx, t, queue, id, sp, keys)
+			if done, err := m.unlessBlocked(ctx, t, queue, id, sp, keys, charge); done {
+				return true, charge, err
+			}
+			m.observe(t, queue, Event{Outcome: Admitted, Wait: max(wait, 0)})
+			return false, charge, nil
 		}
 	}
 	reserve := func() (quotas.Decision, error) {
@@ -437,52 +470,50 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 		case FailOpen:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; running the task without limits (fail open)", "task", id, "err", err)
 			m.observe(t, queue, Event{Outcome: Unlimited})
-			return false, nil
+			return false, quotas.Decision{}, nil
 		case FailLocal:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; limiting in this process (fail local)", "task", id, "err", err)
 			m.observe(t, queue, Event{Outcome: Local})
-			return false, m.localTurn(ctx, sp, keys)
+			return false, quotas.Decision{}, m.localTurn(ctx, sp, keys)
 		}
 		// Fail closed: the task waits for Redis, which asynq needs too.
 		m.cfg.Logger.Warn("taskrl: Redis unavailable; the task waits for it (fail closed)", "task", id, "err", err)
 		if herr := hold(ctx, backoff); herr != nil {
-			return true, herr
+			return true, quotas.Decision{}, herr
 		}
 		d, err = reserve()
 	}
 	m.learn(d.Now)
-	refund := func() { _ = m.limiter.Refund(context.WithoutCancel(ctx), sp.rates, req, d) }
 	if wait := max(d.Delay, d.RetryAfter); m.cfg.ThrottleBudget > 0 && waited(t)+wait > m.cfg.ThrottleBudget {
-		if d.Allowed {
-			refund()
-		}
+		m.refund(ctx, sp, keys, d)
 		m.observe(t, queue, Event{Outcome: Refused, Rule: d.Rule, Wait: wait, Rules: d.Rules})
-		return true, fmt.Errorf("taskrl: throttle budget %v spent (waited %v, would wait %v more): %w", m.cfg.ThrottleBudget, waited(t), wait, asynq.SkipRetry)
+		return true, d, fmt.Errorf("taskrl: throttle budget %v spent (waited %v, would wait %v more): %w", m.cfg.ThrottleBudget, waited(t), wait, asynq.SkipRetry)
 	}
 	switch {
 	case d.Allowed && d.Delay == 0:
 		m.observe(t, queue, Event{Outcome: Admitted, Rules: d.Rules})
-		return false, nil
+		return false, d, nil
 	case d.Allowed && d.Delay <= m.cfg.MaxHold && fitsDeadline(ctx, d.Delay):
 		m.observe(t, queue, Event{Outcome: Admitted, Wait: d.Delay, Rules: d.Rules})
 		if err := hold(ctx, d.Delay); err != nil {
-			refund()
-			return true, err
+			m.refund(ctx, sp, keys, d)
+			return true, d, err
 		}
-		return m.unlessBlocked(ctx, t, queue, id, sp, keys)
+		done, err := m.unlessBlocked(ctx, t, queue, id, sp, keys, d)
+		return done, d, err
 	case d.Allowed:
 		m.observe(t, queue, Event{Outcome: Rescheduled, Wait: d.Delay, Rules: d.Rules})
-		if err := m.reschedule(ctx, t, queue, id, d.Delay, d.Now.Add(d.Delay)); err != nil {
-			refund()
-			return true, err
+		if err := m.reschedule(ctx, t, queue, id, d.Delay, d.Now.Add(d.Delay), d.Receipt()); err != nil {
+			m.refund(ctx, sp, keys, d)
+			return true, d, err
 		}
-		return true, nil
+		return true, d, nil
 	case d.RetryAfter == quotas.Never:
 		m.observe(t, queue, Event{Outcome: Refused, Rule: d.Rule, Rules: d.Rules})
-		return true, fmt.Errorf("taskrl: task can never pass rule %q: %w", d.Rule, asynq.SkipRetry)
+		return true, d, fmt.Errorf("taskrl: task can never pass rule %q: %w", d.Rule, asynq.SkipRetry)
 	default:
 		m.observe(t, queue, Event{Outcome: Rescheduled, Rule: d.Rule, Wait: d.RetryAfter, Rules: d.Rules})
-		return true, m.reschedule(ctx, t, queue, id, d.RetryAfter, time.Time{})
+		return true, d, m.reschedule(ctx, t, queue, id, d.RetryAfter, time.Time{}, "")
 	}
 }
 
@@ -529,19 +560,21 @@ func (m *Middleware) localTurn(ctx context.Context, sp *split, keys []string) er
 }
 
 // unlessBlocked lets a task that waited for its slot run, unless the remote
-// side throttled meanwhile: then it is rescheduled to when that ends.
-func (m *Middleware) unlessBlocked(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string) (bool, error) {
+// side throttled meanwhile: then its charge is refunded and it is
+// rescheduled to when that ends.
+func (m *Middleware) unlessBlocked(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, charge quotas.Decision) (bool, error) {
 	until, err := m.blockedUntil(ctx, sp, keys)
 	if err != nil || !until.After(m.serverNow()) {
 		return false, nil
 	}
-	return true, m.reschedule(ctx, t, queue, id, until.Sub(m.serverNow()), time.Time{})
+	m.refund(ctx, sp, keys, charge)
+	return true, m.reschedule(ctx, t, queue, id, until.Sub(m.serverNow()), time.Time{}, "")
 }
 
 // runHolding takes the task's concurrency slots, waiting up to MaxHold for
 // them (or rescheduling), keeps them renewed while next runs, and releases
 // them when it returns, panics or is cancelled.
-func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, next asynq.Handler) (err error) {
+func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, charge quotas.Decision, next asynq.Handler) (err error) {
 	charged := sp.rates != nil
 	req := quotas.Request{Keys: pick(keys, sp.slotIdx), Holder: origin(t, id)}
 	deadline := time.Now().Add(m.cfg.MaxHold)
@@ -571,7 +604,7 @@ func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id st
 			if charged {
 				booked = m.serverNow()
 			}
-			return m.reschedule(ctx, t, queue, id, time.Second, booked)
+			return m.reschedule(ctx, t, queue, id, time.Second, booked, charge.Receipt())
 		}
 		if err := hold(ctx, wait); err != nil {
 			return err
@@ -628,8 +661,9 @@ func (m *Middleware) renew(stop <-chan struct{}, leases []quotas.Lease) {
 // task's payload, headers, queue, timeout, deadline and retention, and the
 // retries it had left. Its ID is derived from the original's and the round,
 // so a redelivered original cannot make two copies. booked, if set, is the
-// slot already charged for it: the pacer moves the copy to pending then.
-func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id string, delay time.Duration, booked time.Time) error {
+// slot already charged for it (receipt: the charge's quotas receipt, for a
+// refund): the pacer moves the copy to pending then.
+func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id string, delay time.Duration, booked time.Time, receipt string) error {
 	round := 0
 	if v, ok := t.Headers()[HeaderRound]; ok {
 		round, _ = strconv.Atoi(v)
@@ -642,10 +676,14 @@ func (m *Middleware) reschedule(ctx context.Context, t *asynq.Task, queue, id st
 	headers[HeaderOrigin] = org
 	headers[HeaderRound] = strconv.Itoa(round + 1)
 	delete(headers, HeaderBooked)
+	delete(headers, HeaderCharge)
 	headers[HeaderWaited] = strconv.FormatInt((waited(t) + max(delay, 0)).Microseconds(), 10)
 	at := time.Now().Add(delay)
 	if !booked.IsZero() {
 		headers[HeaderBooked] = strconv.FormatInt(booked.UnixMicro(), 10)
+		if receipt != "" {
+			headers[HeaderCharge] = receipt
+		}
 		at = at.Add(paceSlack) // the pacer runs it at its slot
 	}
 	maxRetry, _ := asynq.GetMaxRetry(ctx)

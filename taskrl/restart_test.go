@@ -21,8 +21,9 @@ import (
 // its Redis (the limits' and asynq's own) is stopped for 2 s mid-run and
 // restarted with its data. In every policy mode every task runs, none is
 // archived or failed, half of them having MaxRetry(0). Fail closed keeps
-// the rate limit all along; fail local keeps it within the one process.
-// Fail open may run what was waiting at once when Redis fails.
+// the rate limit all along; fail local keeps it but for the second around
+// the switch back, when the local and the shared allowance may add up. Fail
+// open may run what was waiting at once when Redis fails.
 func TestRedisRestartMidRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stops and restarts Redis")
@@ -125,8 +126,13 @@ func TestRedisRestartMidRun(t *testing.T) {
 			if info.Archived != 0 || info.Failed != 0 || info.Retry != 0 {
 				t.Errorf("archived %d, failed %d, retry %d", info.Archived, info.Failed, info.Retry)
 			}
-			if mode != FailOpen && worst > rate+burst {
-				t.Errorf("%d executions within one second", worst)
+			// Handler timestamps jitter by a few ms around their slots, so
+			// slots 1 s apart can land in one second: allow one extra. Fail
+			// local: around the switch back to Redis, one second may see
+			// this process's local allowance and the shared one.
+			bound := map[FailureMode]int{FailClosed: rate + burst + 1, FailLocal: 2*(rate+burst) + 1, FailOpen: tasks}[mode]
+			if worst > bound {
+				t.Errorf("%d executions within one second; the bound in mode %s is %d", worst, mode, bound)
 			}
 		})
 	}

@@ -1,0 +1,74 @@
+package quotas
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// Receipt returns what Refund needs of an admitted or booked Decision as a
+// short printable string without spaces in its fields, so that another
+// process can refund the charge later: a worker that books a slot for a
+// rescheduled task hands the receipt on with the task, and the worker that
+// runs it refunds the booking if the task does not happen (the remote side
+// throttled, or it comes back too late for its slot). ParseReceipt turns it
+// back into a Decision for Refund with the same Set and Request. Receipt
+// returns "" for a denied Decision. Leases are not part of a receipt: release
+// them with Release.
+func (d Decision) Receipt() string {
+	if !d.Allowed {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("r1 ")
+	b.WriteString(strconv.Itoa(d.cost))
+	b.WriteByte(' ')
+	if d.nonce == "" {
+		b.WriteByte('-')
+	} else {
+		b.WriteString(d.nonce)
+	}
+	for i, at := range d.ats {
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatInt(at, 10))
+		b.WriteByte(',')
+		b.WriteString(strconv.FormatInt(d.undo[i][0], 10))
+		b.WriteByte(',')
+		b.WriteString(strconv.FormatInt(d.undo[i][1], 10))
+	}
+	return b.String()
+}
+
+// ParseReceipt returns the Decision a Receipt was made from, as far as
+// Refund needs it: Allowed is true and the charges are those of the
+// original; the other exported fields are zero. Refund then fails if the
+// receipt is not for the Set it is given (a different number of rules).
+func ParseReceipt(s string) (Decision, error) {
+	f := strings.Split(s, " ")
+	if len(f) < 3 || f[0] != "r1" {
+		return Decision{}, errors.New("quotas: not a receipt")
+	}
+	cost, err := strconv.Atoi(f[1])
+	if err != nil || cost < 1 {
+		return Decision{}, errors.New("quotas: receipt: bad cost")
+	}
+	d := Decision{Allowed: true, cost: cost, nonce: f[2]}
+	if d.nonce == "-" {
+		d.nonce = ""
+	}
+	for _, rule := range f[3:] {
+		var v [3]int64
+		parts := strings.Split(rule, ",")
+		if len(parts) != 3 {
+			return Decision{}, errors.New("quotas: receipt: bad rule charge")
+		}
+		for i, p := range parts {
+			if v[i], err = strconv.ParseInt(p, 10, 64); err != nil {
+				return Decision{}, errors.New("quotas: receipt: bad rule charge")
+			}
+		}
+		d.ats = append(d.ats, v[0])
+		d.undo = append(d.undo, [2]int64{v[1], v[2]})
+	}
+	return d, nil
+}
