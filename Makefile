@@ -36,6 +36,7 @@ fuzz: redis-server
 	$(GO) test ./quotas -run '^$$' -fuzz FuzzDifferential -fuzztime $(FUZZTIME)
 	$(GO) test ./quotas -run '^$$' -fuzz FuzzKeys -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/calendar -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
+	$(GO) test ./taskrl -run '^$$' -fuzz FuzzParsePolicy -fuzztime $(FUZZTIME)
 
 # Peer comparison benchmarks (separate module; see BENCHMARKS.md).
 bench: redis-server
