@@ -65,6 +65,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	_ "time/tzdata" // --tz and policy zones on machines without a zone database
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"

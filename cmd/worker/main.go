@@ -26,6 +26,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	_ "time/tzdata" // policy time zones on machines without a zone database
 
 	"github.com/redis/go-redis/v9"
 

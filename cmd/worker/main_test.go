@@ -262,6 +262,23 @@ func TestBadPolicy(t *testing.T) {
     gcra: {rate: 1, per: 1s, brust: 2}
 `, []string{`rule "a"`, "brust"}},
 		{"empty", ``, []string{"policy"}},
+		{"two limits", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 1s}\n    quota: {limit: 10, every: 10s}\n", []string{"line 5", "rule \"a\"", "has both gcra and quota"}},
+		{"zero period", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 0s}\n", []string{"rule \"a\"", "gcra.per", "must be positive"}},
+		{"zero burst", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 1s, burst: 0}\n", []string{"gcra.burst", "at least 1"}},
+		{"bad cron", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    quota: {limit: 10, cron: \"61 * * * *\"}\n", []string{"quota.cron", "bad cron spec"}},
+		{"unknown time zone", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    quota: {limit: 10, cron: \"0 0 * * *\", tz: \"Mars/Olympus\"}\n", []string{"quota.tz", "unknown time zone"}},
+		{"every and cron", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    quota: {limit: 10, every: 10s, cron: \"@daily\"}\n", []string{"quota", "both every and cron"}},
+		{"bad template", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    key: \"{{.business_id\"\n    gcra: {rate: 1, per: 1s}\n", []string{"key", "bad template"}},
+		{"duplicate names", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 1s}\n  - name: a\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 1s}\n", []string{"line 5", "name", "already the name of rule 1"}},
+		{"short lease", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    concurrency: {max: 2, lease: 5s}\n", []string{"concurrency.lease", "at least 30s"}},
+		{"no limit", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n", []string{"rule \"a\"", "no limit"}},
+		{"bad glob", "rules:\n  - name: a\n    match: {type: \"http:[\"}\n    gcra: {rate: 1, per: 1s}\n", []string{"match.type", "bad pattern"}},
+		{"no match", "rules:\n  - name: a\n    gcra: {rate: 1, per: 1s}\n", []string{"match", "needs a task type"}},
+		{"bad name", "rules:\n  - name: \"a b\"\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 1s}\n", []string{"rule 1", "name"}},
+		{"default_key without key", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    default_key: x\n    gcra: {rate: 1, per: 1s}\n", []string{"default_key"}},
+		{"unknown top-level field", "rulez: []\n", []string{"rulez", "unknown field"}},
+		{"bad failure mode", "redis_unavailable: maybe\nrules:\n  - name: a\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 1s}\n", []string{"redis_unavailable", "open, closed or local"}},
+		{"not YAML", "rules: [\n", []string{"line 1", "YAML"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
