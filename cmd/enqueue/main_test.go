@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/redistest"
 )
@@ -35,37 +33,6 @@ func enqueue(ctx context.Context, env map[string]string, args ...string) (code i
 	return code, out.String(), errOut.String()
 }
 
-// queue returns an asynq queue name unique to the test, deleted at its end.
-func queue(t testing.TB, rdb redis.UniversalClient, tag string) string {
-	q := strings.ReplaceAll(strings.TrimSuffix(redistest.Prefix(t), ":"), ":", "-") + "-" + tag
-	t.Cleanup(func() {
-		err := asynq.NewInspectorFromRedisClient(rdb).DeleteQueue(q, true)
-		if err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
-			t.Errorf("delete queue %s: %v", q, err)
-		}
-	})
-	return q
-}
-
-func pending(t testing.TB, rdb redis.UniversalClient, q string) []*asynq.TaskInfo {
-	t.Helper()
-	insp := asynq.NewInspectorFromRedisClient(rdb)
-	var all []*asynq.TaskInfo
-	for page := 1; ; page++ {
-		ts, err := insp.ListPendingTasks(q, asynq.PageSize(1000), asynq.Page(page))
-		if errors.Is(err, asynq.ErrQueueNotFound) {
-			return nil
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, ts...)
-		if len(ts) < 1000 {
-			return all
-		}
-	}
-}
-
 type httpPayload struct {
 	URL        string `json:"url"`
 	Method     string `json:"method"`
@@ -76,7 +43,7 @@ var summary = regexp.MustCompile(`^enqueued (\d+) tasks to queue "([^"]+)" in \S
 
 func TestCountRoundRobin(t *testing.T) {
 	rdb := redistest.Client(t)
-	q := queue(t, rdb, "q")
+	q := redistest.Queue(t, rdb, "q")
 	code, out, errOut := enqueue(context.Background(), nil, "--redis", redistest.Addr(t), "--url", "http://api.example/v1/send?x=1&y=2",
 		"--count", "10", "--businesses", "3", "--queue", q, "--max-retry", "0")
 	if code != 0 {
@@ -85,7 +52,7 @@ func TestCountRoundRobin(t *testing.T) {
 	if m := summary.FindStringSubmatch(out); m == nil || m[1] != "10" || m[2] != q {
 		t.Errorf("summary %q", out)
 	}
-	ts := pending(t, rdb, q)
+	ts := redistest.Pending(t, rdb, q)
 	if len(ts) != 10 {
 		t.Fatalf("%d pending tasks, want 10", len(ts))
 	}
@@ -112,7 +79,7 @@ func TestCountRoundRobin(t *testing.T) {
 
 func TestDefaultsFromEnv(t *testing.T) {
 	rdb := redistest.Client(t)
-	q := queue(t, rdb, "q")
+	q := redistest.Queue(t, rdb, "q")
 	// REDIS_URL is the default for --redis; without --max-retry, asynq's
 	// default; without --type, http:call.
 	env := map[string]string{"REDIS_URL": "redis://" + redistest.Addr(t) + "/0"}
@@ -120,7 +87,7 @@ func TestDefaultsFromEnv(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	ts := pending(t, rdb, q)
+	ts := redistest.Pending(t, rdb, q)
 	if len(ts) != 3 {
 		t.Fatalf("%d pending tasks, want 3", len(ts))
 	}
@@ -142,7 +109,7 @@ func TestDefaultsFromEnv(t *testing.T) {
 
 func TestPayloadFile(t *testing.T) {
 	rdb := redistest.Client(t)
-	q := queue(t, rdb, "q")
+	q := redistest.Queue(t, rdb, "q")
 	lines := []string{`{"url": "http://a", "business_id": "b7", "body": {"n": 1}}`, "", "   ", `{"to":"x@example.com"}`, `{}`}
 	file := filepath.Join(t.TempDir(), "p.jsonl")
 	os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
@@ -154,7 +121,7 @@ func TestPayloadFile(t *testing.T) {
 		t.Errorf("summary %q", out)
 	}
 	var got []string
-	for _, ti := range pending(t, rdb, q) {
+	for _, ti := range redistest.Pending(t, rdb, q) {
 		if ti.Type != "email:send" || ti.MaxRetry != 3 {
 			t.Errorf("task %+v", ti)
 		}
@@ -169,7 +136,7 @@ func TestPayloadFile(t *testing.T) {
 
 func TestPayloadFileBadLine(t *testing.T) {
 	rdb := redistest.Client(t)
-	q := queue(t, rdb, "q")
+	q := redistest.Queue(t, rdb, "q")
 	dir := t.TempDir()
 	for _, c := range []struct{ content, want string }{
 		{"{\"a\":1}\n\n{\"a\":2\n{\"a\":3}\n", "line 3: not valid JSON"},
@@ -185,7 +152,7 @@ func TestPayloadFileBadLine(t *testing.T) {
 			t.Errorf("%q: exit %d, stderr %q; want 2 and %q", c.content, code, errOut, c.want)
 		}
 	}
-	if n := len(pending(t, rdb, q)); n != 0 {
+	if n := len(redistest.Pending(t, rdb, q)); n != 0 {
 		t.Errorf("%d tasks enqueued from bad files", n)
 	}
 }
@@ -254,7 +221,7 @@ var partial = regexp.MustCompile(`enqueue: (\d+) of (\d+) tasks enqueued to queu
 
 func TestInterruptedReportsExactCount(t *testing.T) {
 	rdb := redistest.Client(t)
-	q := queue(t, rdb, "q")
+	q := redistest.Queue(t, rdb, "q")
 	// SIGINT/SIGTERM cancel run's context: it stops, says how many tasks
 	// it enqueued, and exits 1.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -273,8 +240,8 @@ func TestInterruptedReportsExactCount(t *testing.T) {
 	if code != 1 || m == nil || m[2] != "1000000" {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
-	if n, _ := strconv.Atoi(m[1]); n != len(pending(t, rdb, q)) || n < 100 {
-		t.Errorf("reported %s enqueued, queue holds %d", m[1], len(pending(t, rdb, q)))
+	if n, _ := strconv.Atoi(m[1]); n != len(redistest.Pending(t, rdb, q)) || n < 100 {
+		t.Errorf("reported %s enqueued, queue holds %d", m[1], len(redistest.Pending(t, rdb, q)))
 	}
 	if !strings.Contains(errOut, "context canceled") {
 		t.Errorf("stderr %q", errOut)
@@ -445,7 +412,7 @@ func TestProgressBar(t *testing.T) {
 
 func TestBulkDrawsProgressOnTerminal(t *testing.T) {
 	rdb := redistest.Client(t)
-	q := queue(t, rdb, "q")
+	q := redistest.Queue(t, rdb, "q")
 	var out, errOut syncBuffer
 	code := run(context.Background(), []string{"--redis", redistest.Addr(t), "--url", "http://x", "--count", "50", "--queue", q},
 		stdio{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }, terminal: true})
@@ -481,7 +448,7 @@ func TestCronTwoProcesses(t *testing.T) {
 		t.Skip("spawns processes")
 	}
 	rdb := redistest.Client(t)
-	q := queue(t, rdb, "q")
+	q := redistest.Queue(t, rdb, "q")
 	prefix := redistest.Prefix(t)
 	const perTick = 7
 	args := []string{"--redis", redistest.Addr(t), "--url", "http://api.example/x", "--count", strconv.Itoa(perTick), "--businesses", "3",

@@ -18,42 +18,9 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// queue returns an asynq queue name unique to the test, deleted at its end
-// (asynq keys cannot be prefixed, so tests share a server by queue name).
-func queue(t testing.TB, rdb redis.UniversalClient, tag string) string {
-	p := strings.NewReplacer(":", "-").Replace(strings.TrimSuffix(redistest.Prefix(t), ":"))
-	q := p + "-" + tag
-	t.Cleanup(func() {
-		insp := asynq.NewInspectorFromRedisClient(rdb)
-		if err := insp.DeleteQueue(q, true); err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
-			t.Errorf("delete queue %s: %v", q, err)
-		}
-	})
-	return q
-}
-
-func pending(t testing.TB, rdb redis.UniversalClient, q string) []*asynq.TaskInfo {
-	t.Helper()
-	insp := asynq.NewInspectorFromRedisClient(rdb)
-	var all []*asynq.TaskInfo
-	for page := 1; ; page++ {
-		ts, err := insp.ListPendingTasks(q, asynq.PageSize(1000), asynq.Page(page))
-		if errors.Is(err, asynq.ErrQueueNotFound) {
-			return nil
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, ts...)
-		if len(ts) < 1000 {
-			return all
-		}
-	}
-}
-
 func TestEnqueue(t *testing.T) {
 	rdb := redistest.Client(t)
-	q := queue(t, rdb, "q")
+	q := redistest.Queue(t, rdb, "q")
 	client := asynq.NewClientFromRedisClient(rdb)
 	src := func(i int) (*asynq.Task, []asynq.Option) {
 		return asynq.NewTask("job", []byte(strconv.Itoa(i))), []asynq.Option{asynq.Queue(q), asynq.TaskID(fmt.Sprintf("job-%d", i))}
@@ -68,7 +35,7 @@ func TestEnqueue(t *testing.T) {
 	if err != nil || c != (Counts{Enqueued: 100, Existing: 100}) {
 		t.Fatalf("second Enqueue: %+v, %v", c, err)
 	}
-	ts := pending(t, rdb, q)
+	ts := redistest.Pending(t, rdb, q)
 	if len(ts) != 600 {
 		t.Fatalf("%d pending tasks, want 600", len(ts))
 	}
@@ -83,7 +50,7 @@ func TestEnqueue(t *testing.T) {
 
 func TestEnqueueStopsAtError(t *testing.T) {
 	rdb := redistest.Client(t)
-	q := queue(t, rdb, "q")
+	q := redistest.Queue(t, rdb, "q")
 	client := asynq.NewClientFromRedisClient(rdb)
 	// Task 300 has no type, which asynq refuses.
 	src := func(i int) (*asynq.Task, []asynq.Option) {
@@ -101,14 +68,14 @@ func TestEnqueueStopsAtError(t *testing.T) {
 		t.Errorf("enqueued %d", c.Enqueued)
 	}
 	// The count is exact: calls in flight were finished, not cut off.
-	if n := len(pending(t, rdb, q)); n != c.Enqueued {
+	if n := len(redistest.Pending(t, rdb, q)); n != c.Enqueued {
 		t.Errorf("reported %d enqueued, queue holds %d", c.Enqueued, n)
 	}
 }
 
 func TestEnqueueCancelled(t *testing.T) {
 	rdb := redistest.Client(t)
-	q := queue(t, rdb, "q")
+	q := redistest.Queue(t, rdb, "q")
 	client := asynq.NewClientFromRedisClient(rdb)
 	ctx, cancel := context.WithCancel(context.Background())
 	src := func(i int) (*asynq.Task, []asynq.Option) {
@@ -121,7 +88,7 @@ func TestEnqueueCancelled(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("error %v, want context.Canceled", err)
 	}
-	if n := len(pending(t, rdb, q)); n != c.Enqueued || n < 200 || n > 300 {
+	if n := len(redistest.Pending(t, rdb, q)); n != c.Enqueued || n < 200 || n > 300 {
 		t.Errorf("reported %d enqueued, queue holds %d", c.Enqueued, n)
 	}
 }
@@ -133,7 +100,7 @@ func BenchmarkEnqueue(b *testing.B) {
 	// A pool as large as the enqueue binary's (--parallel + 4).
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(b), PoolSize: DefaultParallel + 4})
 	b.Cleanup(func() { rdb.Close() })
-	q := queue(b, rdb, "bench")
+	q := redistest.Queue(b, rdb, "bench")
 	client := asynq.NewClientFromRedisClient(rdb)
 	payload := Spec{URL: "http://api.example/v1/send", Count: 1, Businesses: 20}
 	src := func(i int) (*asynq.Task, []asynq.Option) {

@@ -132,7 +132,7 @@ func fanoutSetup(t *testing.T, rdb redis.UniversalClient, n int) (Spec, string) 
 		URL:        "http://api.example/x",
 		Count:      n,
 		Businesses: 4,
-		Queue:      queue(t, rdb, "tasks"),
+		Queue:      redistest.Queue(t, rdb, "tasks"),
 		Cron:       "0 0 1 1 *",
 		Prefix:     redistest.Prefix(t),
 	}.Normalize()
@@ -142,7 +142,7 @@ func fanoutSetup(t *testing.T, rdb redis.UniversalClient, n int) (Spec, string) 
 	if err := spec.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	return spec, queue(t, rdb, "fanout")
+	return spec, redistest.Queue(t, rdb, "fanout")
 }
 
 func enqueueFanout(t *testing.T, rdb redis.UniversalClient, spec Spec, q string, id string) {
@@ -176,7 +176,7 @@ func currentTick(t *testing.T, rdb redis.UniversalClient, spec Spec) time.Time {
 // tick, with their deterministic IDs and payloads.
 func checkTasks(t *testing.T, rdb redis.UniversalClient, spec Spec, tick time.Time) {
 	t.Helper()
-	ts := pending(t, rdb, spec.Queue)
+	ts := redistest.Pending(t, rdb, spec.Queue)
 	if len(ts) != spec.Len() {
 		t.Fatalf("%d tasks pending, want %d", len(ts), spec.Len())
 	}
@@ -275,7 +275,7 @@ func TestFanoutTickClaimedElsewhere(t *testing.T) {
 	if err := waitResults(t, results, 1)[0]; err != nil {
 		t.Fatal(err)
 	}
-	if n := len(pending(t, rdb, spec.Queue)); n != 0 {
+	if n := len(redistest.Pending(t, rdb, spec.Queue)); n != 0 {
 		t.Errorf("%d tasks enqueued for a tick another fan-out claimed", n)
 	}
 	if d := rec.Find("duplicate"); len(d) != 1 || d[0]["owner"] != "another-fanout" {
@@ -302,7 +302,7 @@ func TestFanoutRecordedTick(t *testing.T) {
 
 func TestFanoutBadPayloadArchived(t *testing.T) {
 	rdb := redistest.Client(t)
-	fq := queue(t, rdb, "fanout")
+	fq := redistest.Queue(t, rdb, "fanout")
 	results := serve(t, rdb, fq, NewFanoutHandler(rdb, WithLogger(slog.New(&Recorder{}))))
 	for _, payload := range []string{`{"name":"x","count":0,"url":"http://x","cron":"@daily"}`, `[]`, `{"name":"x","count":1,"url":"http://x"}`, `{"name":"x","count":1,"url":"http://x","cron":"@daily","bogus":1}`} {
 		if _, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask(TypeFanout, []byte(payload)), asynq.Queue(fq)); err != nil {

@@ -78,10 +78,9 @@ func TestBinaries(t *testing.T) {
 	}
 	redisURL := "redis://" + redistest.Addr(t)
 	prefix := redistest.Prefix(t)
-	queue := "e2e-" + strings.Trim(strings.ReplaceAll(prefix, ":", "-"), "-")
 	c := redistest.Client(t)
+	queue := redistest.Queue(t, c, "e2e")
 	inspector := asynq.NewInspectorFromRedisClient(c)
-	defer inspector.DeleteQueue(queue, true)
 
 	type worker struct {
 		cmd  *exec.Cmd

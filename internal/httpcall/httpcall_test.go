@@ -480,7 +480,7 @@ func TestSnippet(t *testing.T) {
 // status and the body as the reason.
 func TestRealServer(t *testing.T) {
 	rc := redistest.Client(t)
-	queue := strings.TrimSuffix(redistest.Prefix(t), ":")
+	queue := redistest.Queue(t, rc, "httpcall")
 	keys := make(chan string, 10)
 	srv := newRecorder(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/missing" {
@@ -491,7 +491,6 @@ func TestRealServer(t *testing.T) {
 		keys <- r.Header.Get("Idempotency-Key")
 	})
 	inspector := asynq.NewInspectorFromRedisClient(rc)
-	t.Cleanup(func() { inspector.DeleteQueue(queue, true) })
 
 	mux := asynq.NewServeMux()
 	mux.Handle(TypeHTTPCall, NewHandler(nil))
