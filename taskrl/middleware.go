@@ -575,7 +575,6 @@ func (m *Middleware) unlessBlocked(ctx context.Context, t *asynq.Task, queue, id
 // them (or rescheduling), keeps them renewed while next runs, and releases
 // them when it returns, panics or is cancelled.
 func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, charge quotas.Decision, next asynq.Handler) (err error) {
-	charged := sp.rates != nil
 	req := quotas.Request{Keys: pick(keys, sp.slotIdx), Holder: origin(t, id)}
 	deadline := time.Now().Add(m.cfg.MaxHold)
 	var d quotas.Decision
@@ -598,11 +597,12 @@ func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id st
 		}
 		wait := min(d.RetryAfter, 100*time.Millisecond)
 		if time.Now().Add(wait).After(deadline) {
-			// Slots stay busy: try again a little later without holding
-			// the worker, keeping the rate charge already made.
+			// Slots stay busy: try again in a second without holding the
+			// worker. The rate charge already made stays, as the booking
+			// of the copy's slot then, so only the slots are tried again.
 			var booked time.Time
-			if charged {
-				booked = m.serverNow()
+			if charge.Allowed {
+				booked = m.serverNow().Add(time.Second)
 			}
 			return m.reschedule(ctx, t, queue, id, time.Second, booked, charge.Receipt())
 		}

@@ -651,3 +651,67 @@ func TestSlotRenewedWhileRunning(t *testing.T) {
 		t.Fatalf("a lease after the heartbeat stopped: %d slots held, want 0", n)
 	}
 }
+
+// TestBusySlotsKeepTheirCharge: tasks whose rate charge is made but whose
+// concurrency slot stays busy longer than MaxHold are rescheduled with
+// that charge as their booking: each runs once, never two at once, and the
+// daily quota ends up charged exactly once per task.
+func TestBusySlotsKeepTheirCharge(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	rules := []Rule{
+		{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 10})},
+		{Name: "daily", Match: Match{Type: "job"}, Limit: quotas.CalendarWindow{Limit: 1000, Cron: "0 0 * * *", TZ: "Europe/London"}},
+		{Name: "slot", Match: Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.Concurrency{Max: 1, Lease: 30 * time.Second}},
+	}
+	m := newMiddleware(t, c, rules...)
+	const tasks = 4
+	var running, most, finished atomic.Int32
+	var mu sync.Mutex
+	runs := map[string]int{}
+	done := make(chan struct{})
+	runWorkers(t, c, m, 1, 4, "q", func(ctx context.Context, task *asynq.Task) error {
+		n := running.Add(1)
+		for old := most.Load(); n > old && !most.CompareAndSwap(old, n); old = most.Load() {
+		}
+		time.Sleep(700 * time.Millisecond) // longer than MaxHold
+		running.Add(-1)
+		mu.Lock()
+		runs[string(task.Payload())]++
+		mu.Unlock()
+		if finished.Add(1) == tasks {
+			close(done)
+		}
+		return nil
+	})
+	client := asynq.NewClientFromRedisClient(c)
+	for i := 0; i < tasks; i++ {
+		if _, err := client.Enqueue(asynq.NewTask("job", []byte(fmt.Sprintf(`{"b":"b1","i":%d}`, i))), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("finished %d of %d", finished.Load(), tasks)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for p, n := range runs {
+		if n != 1 {
+			t.Errorf("task %s ran %d times", p, n)
+		}
+	}
+	if most.Load() > 1 {
+		t.Errorf("%d tasks of one business ran at once, max 1", most.Load())
+	}
+	set := mustPolicy(t, rules...).Bind("job", "q").Set()
+	st, err := m.limiter.Status(context.Background(), set, quotas.Request{Keys: []string{"", "", "b1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("daily quota used %d for %d tasks", st.Rules[1].Used, tasks)
+	if st.Rules[1].Used != tasks {
+		t.Errorf("daily quota used %d for %d tasks", st.Rules[1].Used, tasks)
+	}
+}
