@@ -44,7 +44,7 @@ const (
 	// Admitted: the task runs now, at once or after a wait in the worker
 	// (Event.Wait): by a decision made now, or in the slot booked for it
 	// when it was rescheduled (then Event.Rules is empty). Every run of a
-	// task a rate or window rule governs is preceded by one Admitted event.
+	// task a rule governs is preceded by one Admitted event.
 	Admitted Outcome = "admitted"
 	// Rescheduled: the task was rescheduled to run after Event.Wait,
 	// booked for then when Event.Rule is empty, otherwise to decide again
@@ -248,13 +248,18 @@ func pick(keys []string, idx []int) []string {
 }
 
 // Handler wraps next. Tasks no rule matches go straight to next, without a
-// Redis call.
+// Redis call; if the remote side throttles one (Throttled), it is
+// rescheduled too, so that it never spends a retry or is archived for it.
 func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		queue, _ := asynq.GetQueueName(ctx)
 		b := m.cfg.Policy.Bind(t.Type(), queue)
 		if b == nil {
-			return next.ProcessTask(ctx, t)
+			err := next.ProcessTask(ctx, t)
+			if te := (*ThrottledError)(nil); errors.As(err, &te) {
+				return m.backOff(ctx, t, queue, te, nil, nil, quotas.Decision{})
+			}
+			return err
 		}
 		return m.process(ctx, t, queue, b, next)
 	})
@@ -299,28 +304,39 @@ func (m *Middleware) process(ctx context.Context, t *asynq.Task, queue string, b
 	}
 	id, _ := asynq.GetTaskID(ctx)
 	var charge quotas.Decision // the rate charges this run is made under
+	var admit Event            // reported when the task is sure to run
 	if sp.rates != nil {
 		var done bool
-		if done, charge, err = m.admitRates(ctx, t, queue, id, sp, keys); done {
+		if done, charge, err = m.admitRates(ctx, t, queue, id, sp, keys, &admit); done {
 			return err
 		}
 	}
 	if sp.slots == nil {
+		if admit.Outcome != "" {
+			m.observe(t, queue, admit)
+		}
 		err = next.ProcessTask(ctx, t)
 	} else {
-		err = m.runHolding(ctx, t, queue, id, sp, keys, charge, next)
+		err = m.runHolding(ctx, t, queue, id, sp, keys, charge, admit, next)
 	}
 	var te *ThrottledError
 	if !errors.As(err, &te) {
 		return err
 	}
-	// The remote side throttled: every worker backs off these rules' keys
-	// until it said to retry, and this task runs again then.
+	return m.backOff(ctx, t, queue, te, sp, keys, charge)
+}
+
+// backOff handles a task the remote side throttled: every worker backs off
+// the task's rate rules' keys (sp, keys; none for a task no rule matches)
+// until it said to retry, the charge of this call is refunded, and the task
+// runs again then.
+func (m *Middleware) backOff(ctx context.Context, t *asynq.Task, queue string, te *ThrottledError, sp *split, keys []string, charge quotas.Decision) error {
+	id, _ := asynq.GetTaskID(ctx)
 	wait := te.RetryAfter
 	if wait <= 0 {
 		wait = time.Second
 	}
-	if sp.rates != nil {
+	if sp != nil && sp.rates != nil {
 		// The remote side did not count the call: neither do the windows.
 		m.refund(ctx, sp, keys, charge)
 		if berr := m.block(context.WithoutCancel(ctx), sp, keys, m.serverNow().Add(wait)); berr != nil {
@@ -354,7 +370,7 @@ func (m *Middleware) block(ctx context.Context, sp *split, keys []string, until 
 	if _, err := m.limiter.Block(ctx, sp.rates, quotas.Request{Keys: rk}, until); err != nil {
 		return err
 	}
-	ttl := time.Until(until) + time.Second
+	ttl := max(time.Until(until), 0) + time.Second // the server's clock may lag
 	_, err := m.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range sp.rates.Rules() {
 			p.Set(ctx, m.blockKey(r.Name, rk[i]), until.UnixMicro(), ttl)
@@ -364,28 +380,27 @@ func (m *Middleware) block(ctx context.Context, sp *split, keys []string, until 
 	return err
 }
 
-// blockedUntil returns the latest block on the task's rate rules, in one
-// round trip.
-func (m *Middleware) blockedUntil(ctx context.Context, sp *split, keys []string) (time.Time, error) {
+// blockedUntil returns the latest block on the task's rate rules and the
+// rule it is on, in one round trip.
+func (m *Middleware) blockedUntil(ctx context.Context, sp *split, keys []string) (until time.Time, rule string, err error) {
 	rk := pick(keys, sp.rateIdx)
 	rules := sp.rates.Rules()
 	cmds := make([]*redis.StringCmd, len(rules))
-	_, err := m.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = m.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range rules {
 			cmds[i] = p.Get(ctx, m.blockKey(r.Name, rk[i]))
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return time.Time{}, err
+		return time.Time{}, "", err
 	}
-	var until time.Time
-	for _, c := range cmds {
+	for i, c := range cmds {
 		if us, err := c.Int64(); err == nil && time.UnixMicro(us).After(until) {
-			until = time.UnixMicro(us)
+			until, rule = time.UnixMicro(us), rules[i].Name
 		}
 	}
-	return until, nil
+	return until, rule, nil
 }
 
 // blockKey is the marker of a throttled rule key, hash-tagged like the
@@ -430,8 +445,9 @@ func (e *ThrottledError) Unwrap() error { return e.Err }
 // a hold, or, if the turn is further away, by rescheduling. done reports that
 // the task was rescheduled (or failed) and must not run now; otherwise
 // charge is the decision (or booking) the task runs under, for a refund if
-// the remote side throttles it.
-func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string) (done bool, charge quotas.Decision, err error) {
+// the remote side throttles it, and *admit the Admitted event to report
+// once the task is sure to run.
+func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, admit *Event) (done bool, charge quotas.Decision, err error) {
 	req := quotas.Request{Keys: pick(keys, sp.rateIdx)}
 	// A booking pays for the copy's first attempt only, at its slot: a retry
 	// after a failure is charged again, and so is a copy that comes back
@@ -446,6 +462,7 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 			m.refund(ctx, sp, keys, charge)
 		case wait > 2*m.cfg.MaxHold || !fitsDeadline(ctx, wait):
 			// Far too early: reschedule again, still booked.
+			m.observe(t, queue, Event{Outcome: Rescheduled, Wait: wait})
 			return true, charge, m.reschedule(ctx, t, queue, id, wait, booked, receipt)
 		default:
 			if err := hold(ctx, wait); err != nil {
@@ -454,7 +471,7 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 			if done, err := m.unlessBlocked(ctx, t, queue, id, sp, keys, charge); done {
 				return true, charge, err
 			}
-			m.observe(t, queue, Event{Outcome: Admitted, Wait: max(wait, 0)})
+			*admit = Event{Outcome: Admitted, Wait: max(wait, 0)}
 			return false, charge, nil
 		}
 	}
@@ -491,15 +508,17 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 	}
 	switch {
 	case d.Allowed && d.Delay == 0:
-		m.observe(t, queue, Event{Outcome: Admitted, Rules: d.Rules})
+		*admit = Event{Outcome: Admitted, Rules: d.Rules}
 		return false, d, nil
 	case d.Allowed && d.Delay <= m.cfg.MaxHold && fitsDeadline(ctx, d.Delay):
-		m.observe(t, queue, Event{Outcome: Admitted, Wait: d.Delay, Rules: d.Rules})
 		if err := hold(ctx, d.Delay); err != nil {
 			m.refund(ctx, sp, keys, d)
 			return true, d, err
 		}
 		done, err := m.unlessBlocked(ctx, t, queue, id, sp, keys, d)
+		if !done {
+			*admit = Event{Outcome: Admitted, Wait: d.Delay, Rules: d.Rules}
+		}
 		return done, d, err
 	case d.Allowed:
 		m.observe(t, queue, Event{Outcome: Rescheduled, Wait: d.Delay, Rules: d.Rules})
@@ -563,24 +582,32 @@ func (m *Middleware) localTurn(ctx context.Context, sp *split, keys []string) er
 // side throttled meanwhile: then its charge is refunded and it is
 // rescheduled to when that ends.
 func (m *Middleware) unlessBlocked(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, charge quotas.Decision) (bool, error) {
-	until, err := m.blockedUntil(ctx, sp, keys)
+	until, rule, err := m.blockedUntil(ctx, sp, keys)
 	if err != nil || !until.After(m.serverNow()) {
 		return false, nil
 	}
 	m.refund(ctx, sp, keys, charge)
-	return true, m.reschedule(ctx, t, queue, id, until.Sub(m.serverNow()), time.Time{}, "")
+	wait := until.Sub(m.serverNow())
+	m.observe(t, queue, Event{Outcome: Rescheduled, Rule: rule, Wait: wait})
+	return true, m.reschedule(ctx, t, queue, id, wait, time.Time{}, "")
 }
 
 // runHolding takes the task's concurrency slots, waiting up to MaxHold for
-// them (or rescheduling), keeps them renewed while next runs, and releases
-// them when it returns, panics or is cancelled.
-func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, charge quotas.Decision, next asynq.Handler) (err error) {
+// them (or rescheduling), reports the task admitted (admit, from its rate
+// rules, or its own event when the slots are its only rules), keeps them
+// renewed while next runs, and releases them when it returns, panics or is
+// cancelled.
+func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, charge quotas.Decision, admit Event, next asynq.Handler) (err error) {
 	req := quotas.Request{Keys: pick(keys, sp.slotIdx), Holder: origin(t, id)}
-	deadline := time.Now().Add(m.cfg.MaxHold)
+	start := time.Now()
+	deadline := start.Add(m.cfg.MaxHold)
 	var d quotas.Decision
 	for backoff := 50 * time.Millisecond; ; {
 		d, err = guard(m, func() (quotas.Decision, error) { return m.limiter.Allow(ctx, sp.slots, req) })
 		if err != nil {
+			if !errors.Is(err, errRedisDown) {
+				m.observe(t, queue, Event{Outcome: RedisError, Err: err})
+			}
 			if m.cfg.Policy.RedisUnavailable() != FailClosed {
 				// Open and local: concurrency has no local equivalent.
 				m.cfg.Logger.Warn("taskrl: Redis unavailable; running without a concurrency slot", "task", id, "err", err)
@@ -604,11 +631,19 @@ func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id st
 			if charge.Allowed {
 				booked = m.serverNow().Add(time.Second)
 			}
+			m.observe(t, queue, Event{Outcome: Rescheduled, Rule: d.Rule, Wait: time.Second, Rules: d.Rules})
 			return m.reschedule(ctx, t, queue, id, time.Second, booked, charge.Receipt())
 		}
 		if err := hold(ctx, wait); err != nil {
 			return err
 		}
+	}
+	switch admit.Outcome {
+	case "": // the slots were the task's only decision
+		m.observe(t, queue, Event{Outcome: Admitted, Wait: time.Since(start), Rules: d.Rules})
+	case Admitted:
+		admit.Wait += time.Since(start)
+		m.observe(t, queue, admit)
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

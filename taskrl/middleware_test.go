@@ -715,3 +715,40 @@ func TestBusySlotsKeepTheirCharge(t *testing.T) {
 		t.Errorf("daily quota used %d for %d tasks", st.Rules[1].Used, tasks)
 	}
 }
+
+// TestUnmatchedThrottledIsRescheduled: a task no rule matches whose remote
+// side answers 429 is rescheduled like any other, so with MaxRetry(0) it is
+// not archived, and runs again after the Retry-After.
+func TestUnmatchedThrottledIsRescheduled(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	m := newMiddleware(t, c, Rule{Name: "other", Match: Match{Type: "other"}, Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Second, Burst: 1})})
+	var runs []time.Time
+	var mu sync.Mutex
+	done := make(chan struct{})
+	runWorkers(t, c, m, 1, 2, "q", func(ctx context.Context, task *asynq.Task) error {
+		mu.Lock()
+		defer mu.Unlock()
+		runs = append(runs, time.Now())
+		if len(runs) == 1 {
+			return Throttled(700*time.Millisecond, fmt.Errorf("429"))
+		}
+		close(done)
+		return nil
+	})
+	enqueueJobs(t, c, 1, asynq.MaxRetry(0))
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the throttled task did not run again")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if gap := runs[1].Sub(runs[0]); gap < 700*time.Millisecond {
+		t.Errorf("ran again %v after a 700ms Retry-After", gap)
+	}
+	info, _ := asynq.NewInspectorFromRedisClient(c).GetQueueInfo("q")
+	if info.Archived != 0 || info.Failed != 0 {
+		t.Errorf("archived %d, failed %d", info.Archived, info.Failed)
+	}
+}

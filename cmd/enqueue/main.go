@@ -57,7 +57,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -75,6 +74,7 @@ import (
 	"github.com/taskrl/taskrl/internal/campaign"
 	"github.com/taskrl/taskrl/internal/estimate"
 	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/internal/redisurl"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -375,25 +375,9 @@ func readPayloads(path string) ([]json.RawMessage, error) {
 	return out, nil
 }
 
-// redisOptions turns --redis into client options: a URL for redis.ParseURL,
-// or a bare host:port.
-func redisOptions(s string) (*redis.Options, error) {
-	if strings.Contains(s, "://") {
-		o, err := redis.ParseURL(s)
-		if err != nil {
-			return nil, err
-		}
-		return o, nil
-	}
-	if _, _, err := net.SplitHostPort(s); err != nil {
-		return nil, fmt.Errorf("%q is neither a redis:// URL nor host:port: %v", s, err)
-	}
-	return &redis.Options{Addr: s}, nil
-}
-
 // connect opens and pings the Redis of --redis.
 func connect(ctx context.Context, o *options, pool int) (*redis.Client, error) {
-	ro, err := redisOptions(o.redis)
+	ro, err := redisurl.Parse(o.redis)
 	if err != nil {
 		if o.redisFromEnv {
 			return nil, usagef("REDIS_URL: %v", err)

@@ -101,9 +101,9 @@ func TestDefaultsFromEnv(t *testing.T) {
 		}
 	}
 	// A bad REDIS_URL is named as such.
-	code, _, errOut = enqueue(context.Background(), map[string]string{"REDIS_URL": "nonsense"}, "--url", "http://x", "--count", "3")
-	if code != 2 || !strings.Contains(errOut, "REDIS_URL") {
-		t.Errorf("bad REDIS_URL: exit %d: %s", code, errOut)
+	code, _, errOut = enqueue(context.Background(), map[string]string{"REDIS_URL": "redis://:s3cret@host:port/0"}, "--url", "http://x", "--count", "3")
+	if code != 2 || !strings.Contains(errOut, "REDIS_URL") || strings.Contains(errOut, "s3cret") {
+		t.Errorf("bad REDIS_URL (named, password not shown): exit %d: %s", code, errOut)
 	}
 }
 

@@ -17,7 +17,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
@@ -30,6 +29,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/internal/redisurl"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -222,6 +223,9 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	if cfg.prefix == "" {
 		return nil, usagef("--prefix must not be empty")
 	}
+	if err := keys.ValidatePrefix(cfg.prefix); err != nil {
+		return nil, usagef("--prefix: %v", err)
+	}
 	if cfg.logFormat != "text" && cfg.logFormat != "json" {
 		return nil, usagef("--log-format must be text or json, got %q", cfg.logFormat)
 	}
@@ -275,36 +279,13 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 	}
 }
 
-// parseRedis accepts a redis://, rediss:// or unix:// URL (redis.ParseURL)
-// or a bare host[:port]. Its errors never quote the password.
+// parseRedis parses --redis (or REDIS_URL) with internal/redisurl.
 func parseRedis(s string) (*redis.Options, error) {
-	if strings.Contains(s, "://") {
-		opt, err := redis.ParseURL(s)
-		if err != nil {
-			// url.Parse errors quote the whole URL, password included.
-			var ue *url.Error
-			if errors.As(err, &ue) {
-				err = ue.Err
-			}
-			return nil, usagef("--redis: not a valid Redis URL (%v); want redis://[[user]:password@]host[:port][/db], rediss://..., unix:///path or host:port", err)
-		}
-		return opt, nil
-	}
-	host, port, err := net.SplitHostPort(s)
+	opt, err := redisurl.Parse(s)
 	if err != nil {
-		// A bare host: the default port.
-		if strings.ContainsAny(s, "/@ ") || strings.Count(s, ":") == 1 {
-			return nil, usagef("--redis: %q is neither a Redis URL nor host:port", s)
-		}
-		host, port = strings.Trim(s, "[]"), "6379"
+		return nil, usagef("--redis: %v", err)
 	}
-	if host == "" {
-		host = "localhost"
-	}
-	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-		return nil, usagef("--redis: port must be a number from 1 to 65535, got %q", port)
-	}
-	return &redis.Options{Network: "tcp", Addr: net.JoinHostPort(host, port)}, nil
+	return opt, nil
 }
 
 // parseQueues parses NAME=WEIGHT,... into asynq's queue map and the names

@@ -156,6 +156,7 @@ func TestBadFlags(t *testing.T) {
 		{append(base, "--log-level", "loud"), "", `--log-level must be debug, info, warn or error, got "loud"`},
 		{append(base, "--local-share", "0"), "", "--local-share must be at least 1"},
 		{append(base, "--prefix", ""), "", "--prefix must not be empty"},
+		{append(base, "--prefix", "a{b"), "", "--prefix: prefix \"a{b\" contains '{'"},
 		{append(base, "--bogus"), "", "unknown flag: --bogus"},
 		{append(base, "extra"), "", `unexpected argument "extra"`},
 		{append(base, "--redis"), "", "flag needs an argument: --redis"},

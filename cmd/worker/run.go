@@ -71,8 +71,6 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		ShutdownTimeout:     cfg.shutdownTimeout,
 		Logger:              asynqLogger{logger.With("component", "asynq")},
 		LogLevel:            asynqLevel(cfg.logLevel),
-		RetryDelayFunc:      retryDelay,
-		IsFailure:           isFailure,
 		ErrorHandler:        asynq.ErrorHandlerFunc(errorLogger(logger)),
 		HealthCheckInterval: 5 * time.Second,
 		HealthCheckFunc: func(err error) {
@@ -175,24 +173,6 @@ func registerHandlers(mux *asynq.ServeMux, client redis.UniversalClient, deps ha
 	mux.Handle(httpcall.TypeHTTPCall, httpcall.NewHandler(deps.httpClient, opts...))
 }
 
-// retryDelay waits as long as an upstream asked when its 429 reaches asynq
-// (a task no rule matches, so the middleware did not reschedule it), and
-// otherwise uses asynq's exponential backoff.
-func retryDelay(n int, err error, t *asynq.Task) time.Duration {
-	var te *taskrl.ThrottledError
-	if errors.As(err, &te) {
-		return max(te.RetryAfter, time.Second)
-	}
-	return asynq.DefaultRetryDelayFunc(n, err, t)
-}
-
-// isFailure does not count an upstream throttle as a failure: the task is
-// retried without spending its retry budget.
-func isFailure(err error) bool {
-	var te *taskrl.ThrottledError
-	return !errors.As(err, &te)
-}
-
 // errorLogger logs each task that returned an error.
 func errorLogger(logger *slog.Logger) func(ctx context.Context, t *asynq.Task, err error) {
 	return func(ctx context.Context, t *asynq.Task, err error) {
@@ -200,10 +180,7 @@ func errorLogger(logger *slog.Logger) func(ctx context.Context, t *asynq.Task, e
 		queue, _ := asynq.GetQueueName(ctx)
 		retried, _ := asynq.GetRetryCount(ctx)
 		maxRetry, _ := asynq.GetMaxRetry(ctx)
-		var te *taskrl.ThrottledError
 		switch {
-		case errors.As(err, &te):
-			logger.Info("task throttled upstream; retrying later", "type", t.Type(), "id", id, "queue", queue, "retry_after", te.RetryAfter, "err", err)
 		case errors.Is(err, asynq.SkipRetry) || retried >= maxRetry:
 			logger.Warn("task failed; archived", "type", t.Type(), "id", id, "queue", queue, "retried", retried, "err", err)
 		default:

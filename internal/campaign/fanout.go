@@ -16,6 +16,11 @@ import (
 	"github.com/taskrl/taskrl/internal/keys"
 )
 
+// FanoutRetention is how long asynq keeps a fanned-out task after it
+// completes, so that its ID stays taken while a failed fan-out may still be
+// retried and resume (see the package documentation).
+const FanoutRetention = time.Hour
+
 // DefaultChunk is how many tasks a fan-out enqueues between two checkpoints
 // of its progress.
 const DefaultChunk = 1000
@@ -186,9 +191,9 @@ func (f *fanout) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	total := Counts{}
 	opts := spec.Options()
 	src := func(i int) (*asynq.Task, []asynq.Option) {
-		o := make([]asynq.Option, len(opts), len(opts)+1)
+		o := make([]asynq.Option, len(opts), len(opts)+2)
 		copy(o, opts)
-		return asynq.NewTask(spec.Type, spec.Payload(i)), append(o, asynq.TaskID(TaskID(spec.Name, tick, i)))
+		return asynq.NewTask(spec.Type, spec.Payload(i)), append(o, asynq.TaskID(TaskID(spec.Name, tick, i)), asynq.Retention(FanoutRetention))
 	}
 	for lo := from; lo < spec.Len(); lo += f.chunk {
 		hi := min(lo+f.chunk, spec.Len())

@@ -21,9 +21,12 @@
 //
 // holding the fan-out's task ID. A fan-out that finds another ID there does
 // nothing; one that finds its own ID is a retry and carries on. The tasks get
-// deterministic IDs NAME ":" TICK_UNIX ":" I, and the handler checkpoints its
+// deterministic IDs NAME ":" TICK_UNIX ":" I, kept by asynq for
+// FanoutRetention after they complete, and the handler checkpoints its
 // progress every DefaultChunk tasks, so a retry after a crash resumes where
-// the previous attempt stopped without enqueueing a task twice.
+// the previous attempt stopped without enqueueing a task twice: a task of the
+// last chunk that already ran still holds its ID. (A retry more than
+// FanoutRetention after the crash may repeat up to a chunk of tasks.)
 package campaign
 
 import (

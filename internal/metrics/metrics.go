@@ -5,8 +5,10 @@
 // never from payloads, and entity keys are never a label):
 //
 //	taskrl_decisions_total{rule,outcome}        counter
-//	    One per middleware decision. outcome is a taskrl.Outcome: admitted,
-//	    rescheduled, refused, upstream_throttled, unlimited, local. rule is
+//	    One per middleware event (admitted: once per run of a task a rule
+//	    governs; rescheduled: each time one is moved). outcome is a
+//	    taskrl.Outcome: admitted, rescheduled, refused, upstream_throttled,
+//	    unlimited, local. rule is
 //	    the rule that made the task wait or refused it, "none" when none did
 //	    (always "none" for upstream_throttled: the block applies to all of the
 //	    task's rate rules). Redis errors are not decisions: see below.
@@ -22,8 +24,9 @@
 //	    The Retry-After of each upstream 429: how long the task's rules were
 //	    blocked for every worker.
 //	taskrl_redis_errors_total                    counter
-//	    Failed Redis calls of the middleware (one per failed call; the task
-//	    then follows the policy's redis_unavailable mode).
+//	    Failed limiter calls deciding a task, rate or slot (one per failed
+//	    call; for a second after one, calls are not tried and not counted;
+//	    the task follows the policy's redis_unavailable mode).
 //	taskrl_quota_remaining{rule}                 gauge
 //	    The units left under each rate or window rule as of the last decision
 //	    that reported it. For a keyed rule (e.g. per business) this is the
@@ -82,7 +85,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "taskrl_redis_errors_total",
-			Help: "Failed Redis calls of the rate-limit middleware.",
+			Help: "Failed limiter calls of the rate-limit middleware.",
 		}),
 		quotaRemaining: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "taskrl_quota_remaining",

@@ -57,7 +57,7 @@ taskrl_decisions_total{outcome="rescheduled",rule="daily"} 1
 taskrl_decisions_total{outcome="rescheduled",rule="none"} 1
 taskrl_decisions_total{outcome="unlimited",rule="none"} 1
 taskrl_decisions_total{outcome="upstream_throttled",rule="none"} 1
-# HELP taskrl_redis_errors_total Failed Redis calls of the rate-limit middleware.
+# HELP taskrl_redis_errors_total Failed limiter calls of the rate-limit middleware.
 # TYPE taskrl_redis_errors_total counter
 taskrl_redis_errors_total 2
 `
