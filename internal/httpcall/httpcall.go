@@ -85,12 +85,32 @@ type Payload struct {
 	// Method is the HTTP method. Default POST.
 	Method string `json:"method,omitempty"`
 	// BusinessID, if set, is sent as X-Business-ID (and is what policy key
-	// templates usually pick, as {{.business_id}}).
-	BusinessID string `json:"business_id,omitempty"`
+	// templates usually pick, as {{.business_id}}). A JSON string or a
+	// number, sent as written (as a policy key renders it).
+	BusinessID ID `json:"business_id,omitempty"`
 	// Headers are added to the request.
 	Headers map[string]string `json:"headers,omitempty"`
 	// Body is sent verbatim as the request body; absent or null means none.
 	Body json.RawMessage `json:"body,omitempty"`
+}
+
+// ID is a payload identifier given as a JSON string or number; a number
+// keeps its text as written (12345678901 stays 12345678901).
+type ID string
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (id *ID) UnmarshalJSON(b []byte) error {
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err == nil {
+		*id = ID(n)
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return errors.New("must be a string or a number")
+	}
+	*id = ID(s)
+	return nil
 }
 
 // Option configures NewHandler.
@@ -229,7 +249,7 @@ func newRequest(ctx context.Context, t *asynq.Task) (*http.Request, string, erro
 			return nil, "", payloadErr("headers[%q]: value contains a control character", clip(k))
 		}
 	}
-	if !validValue(p.BusinessID) {
+	if !validValue(string(p.BusinessID)) {
 		return nil, "", payloadErr("business_id: contains a control character, cannot be sent as X-Business-ID")
 	}
 	var body io.Reader
@@ -259,7 +279,7 @@ func newRequest(ctx context.Context, t *asynq.Task) (*http.Request, string, erro
 		req.Header.Set("Idempotency-Key", id)
 	}
 	if p.BusinessID != "" {
-		req.Header.Set("X-Business-ID", p.BusinessID)
+		req.Header.Set("X-Business-ID", string(p.BusinessID))
 	}
 	target := method + " " + (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String()
 	return req, target, nil

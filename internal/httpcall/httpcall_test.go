@@ -219,6 +219,18 @@ func TestNoBusinessID(t *testing.T) {
 	}
 }
 
+// TestNumericBusinessID: a numeric business_id (which a policy key renders
+// as written) is sent as written, not refused.
+func TestNumericBusinessID(t *testing.T) {
+	srv := newRecorder(t, status(200, "ok"))
+	if _, err := run(t, map[string]any{"url": srv.URL, "business_id": json.Number("12345678901")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := srv.only(t).Header.Get("X-Business-ID"); got != "12345678901" {
+		t.Errorf("X-Business-ID %q, want 12345678901", got)
+	}
+}
+
 func TestTooManyRequests(t *testing.T) {
 	future := time.Now().Add(30 * time.Second).UTC().Format(http.TimeFormat)
 	past := time.Now().Add(-time.Hour).UTC().Format(http.TimeFormat)
