@@ -198,11 +198,14 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("%s-row-%d", env.NS, i+1)
 	}
+	ectx, stopEnqueue := context.WithCancel(ctx)
 	enqueueErr := make(chan error, 1)
+	enqueueDone := make(chan struct{})
 	go func() {
+		defer close(enqueueDone)
 		for i, id := range ids {
 			b, _ := json.Marshal(row{ID: i + 1})
-			if _, err := client.EnqueueContext(ctx, asynq.NewTask(typeBackfill, b), asynq.Queue(bulk), asynq.TaskID(id)); err != nil {
+			if _, err := client.EnqueueContext(ectx, asynq.NewTask(typeBackfill, b), asynq.Queue(bulk), asynq.TaskID(id)); err != nil {
 				enqueueErr <- fmt.Errorf("enqueueing backfill task %d: %w", i+1, err)
 				return
 			}
@@ -250,6 +253,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
 		prevBackfill, prevOK = b, s.OK
 	}
 	var why string
+	interactiveExited := false
 loop:
 	for {
 		select {
@@ -260,7 +264,7 @@ loop:
 			why = fmt.Sprintf("only %d of %d backfill tasks done after %v", backfilled.Load(), cfg.Tasks, cfg.Timeout)
 			break loop
 		case err := <-interactiveErr:
-			why = err.Error()
+			why, interactiveExited = err.Error(), true
 			break loop
 		case err := <-enqueueErr:
 			why = err.Error()
@@ -277,12 +281,16 @@ loop:
 			}
 		}
 	}
+	// Stop both enqueuers before anything is cleaned up, so that no queue
+	// key is written after its deletion.
 	close(stopInteractive)
-	if why == "" {
-		if err := <-interactiveErr; err != nil {
+	if !interactiveExited {
+		if err := <-interactiveErr; err != nil && why == "" {
 			why = err.Error()
 		}
 	}
+	stopEnqueue()
+	<-enqueueDone
 	// Let the last interactive tasks finish.
 	for wait := time.Now().Add(2 * time.Second); interactiveDone.Load() < enqueuedInteractive.Load() && time.Now().Before(wait); {
 		time.Sleep(20 * time.Millisecond)

@@ -317,10 +317,12 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if !env.Redis.Embedded() {
 		enqueuers = 4
 	}
+	ectx, stopEnqueue := context.WithCancel(ctx)
 	enqueueErr := make(chan error, 1)
 	go func() {
-		enqueueErr <- enqueue(ctx, asynq.NewClientFromRedisClient(env.Client), queue, ids, cfg.Businesses, enqueuers)
+		enqueueErr <- enqueue(ectx, asynq.NewClientFromRedisClient(env.Client), queue, ids, cfg.Businesses, enqueuers)
 	}()
+	enqueued := false
 	fmt.Fprintf(out, "Enqueueing %d tasks for %d businesses (half with MaxRetry(0)); %d workers × 10 goroutines.\n\n",
 		cfg.Tasks, cfg.Businesses, cfg.Workers)
 
@@ -346,6 +348,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		case <-deadline:
 			why = fmt.Sprintf("only %d of %d tasks done after %v", c.done.Load(), cfg.Tasks, cfg.Timeout)
 		case err := <-enqueueErr:
+			enqueued = true
 			if err == nil {
 				continue
 			}
@@ -362,6 +365,12 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		break
 	}
 	elapsed := time.Since(start)
+	// Stop enqueueing before anything is cleaned up (a timeout or Ctrl-C
+	// may come first), so that no queue key is written after its deletion.
+	stopEnqueue()
+	if !enqueued {
+		<-enqueueErr
+	}
 	env.Fleet.Stop()
 	return report(out, cfg, env, queue, ids, c, elapsed, why)
 }

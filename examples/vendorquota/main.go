@@ -256,8 +256,11 @@ loop:
 	if why != "" {
 		problems = append(problems, why)
 	}
-	if s.Duplicates > 0 || s.OK != res.Done {
+	if s.Duplicates > 0 {
 		problems.Addf("%d keys answered 2xx more than once", s.Duplicates)
+	}
+	if s.OK != res.Done {
+		problems.Addf("the vendor answered 2xx %d times for %d tasks done", s.OK, res.Done)
 	}
 	if res.Other > 0 {
 		problems.Addf("the vendor answered %d 429s of its own limits %v", res.Other, s.ThrottledBy)
@@ -286,18 +289,22 @@ loop:
 // reset less a second (rescheduled until the daily quota resets), and
 // reports whether all scheduled tasks due after the next minute are.
 func waitingForTomorrow(ins *asynq.Inspector, queue string, reset time.Time) (n int, allAtReset bool) {
-	tasks, err := ins.ListScheduledTasks(queue, asynq.PageSize(1000))
-	if err != nil {
-		return 0, false
-	}
 	allAtReset = true
-	for _, t := range tasks {
-		switch {
-		case !t.NextProcessAt.Before(reset.Add(-time.Second)):
-			n++
-		case t.NextProcessAt.After(time.Now().Add(time.Minute)):
-			allAtReset = false
+	for page := 1; ; page++ {
+		tasks, err := ins.ListScheduledTasks(queue, asynq.PageSize(1000), asynq.Page(page))
+		if err != nil {
+			return n, false
+		}
+		for _, t := range tasks {
+			switch {
+			case !t.NextProcessAt.Before(reset.Add(-time.Second)):
+				n++
+			case t.NextProcessAt.After(time.Now().Add(time.Minute)):
+				allAtReset = false
+			}
+		}
+		if len(tasks) < 1000 {
+			return n, allAtReset
 		}
 	}
-	return n, allAtReset
 }
