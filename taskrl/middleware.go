@@ -599,8 +599,8 @@ func (m *Middleware) unlessBlocked(ctx context.Context, t *asynq.Task, queue, id
 // cancelled.
 func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, charge quotas.Decision, admit Event, next asynq.Handler) (err error) {
 	req := quotas.Request{Keys: pick(keys, sp.slotIdx), Holder: origin(t, id)}
-	start := time.Now()
-	deadline := start.Add(m.cfg.MaxHold)
+	deadline := time.Now().Add(m.cfg.MaxHold)
+	var held time.Duration // waiting for a slot in the worker
 	var d quotas.Decision
 	for backoff := 50 * time.Millisecond; ; {
 		d, err = guard(m, func() (quotas.Decision, error) { return m.limiter.Allow(ctx, sp.slots, req) })
@@ -637,12 +637,13 @@ func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id st
 		if err := hold(ctx, wait); err != nil {
 			return err
 		}
+		held += wait
 	}
 	switch admit.Outcome {
 	case "": // the slots were the task's only decision
-		m.observe(t, queue, Event{Outcome: Admitted, Wait: time.Since(start), Rules: d.Rules})
+		m.observe(t, queue, Event{Outcome: Admitted, Wait: held, Rules: d.Rules})
 	case Admitted:
-		admit.Wait += time.Since(start)
+		admit.Wait += held
 		m.observe(t, queue, admit)
 	}
 	stop := make(chan struct{})
