@@ -416,13 +416,20 @@ func TestUpstreamThrottle(t *testing.T) {
 	}
 	// The daily quota counts the calls that happened: not the one the
 	// vendor refused, nor the slots booked for tasks the back-off moved.
-	st, err := m.limiter.Status(context.Background(), mustPolicy(t, rules...).Bind("job", "q").Set(), quotas.Request{Keys: []string{"", ""}})
+	checkUsed(t, m, rules, []string{"", ""}, 1, tasks)
+}
+
+// checkUsed fails t unless rule i of the "job" tasks' rules, at keys, has
+// exactly want units used.
+func checkUsed(t *testing.T, m *Middleware, rules []Rule, keys []string, i, want int) {
+	t.Helper()
+	st, err := m.limiter.Status(context.Background(), mustPolicy(t, rules...).Bind("job", "q").Set(), quotas.Request{Keys: keys})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("daily quota used %d for %d successful calls", st.Rules[1].Used, tasks)
-	if st.Rules[1].Used != tasks {
-		t.Fatalf("daily quota used %d for %d successful calls", st.Rules[1].Used, tasks)
+	t.Logf("rule %s: %d used for %d tasks that ran", rules[i].Name, st.Rules[i].Used, want)
+	if st.Rules[i].Used != want {
+		t.Fatalf("rule %s: %d used for %d tasks that ran", rules[i].Name, st.Rules[i].Used, want)
 	}
 }
 
@@ -705,15 +712,7 @@ func TestBusySlotsKeepTheirCharge(t *testing.T) {
 	if most.Load() > 1 {
 		t.Errorf("%d tasks of one business ran at once, max 1", most.Load())
 	}
-	set := mustPolicy(t, rules...).Bind("job", "q").Set()
-	st, err := m.limiter.Status(context.Background(), set, quotas.Request{Keys: []string{"", "", "b1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("daily quota used %d for %d tasks", st.Rules[1].Used, tasks)
-	if st.Rules[1].Used != tasks {
-		t.Errorf("daily quota used %d for %d tasks", st.Rules[1].Used, tasks)
-	}
+	checkUsed(t, m, rules, []string{"", "", "b1"}, 1, tasks)
 }
 
 // TestUnmatchedThrottledIsRescheduled: a task no rule matches whose remote
