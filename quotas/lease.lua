@@ -13,9 +13,9 @@
 -- Reply: 1 if the lease was renewed / released, 0 if the holder no longer
 -- holds it under that token (expired and reclaimed, or re-acquired).
 local now = gcra_now(ARGV[2])
-local floor = tonumber(ARGV[3])
-cc_load({key = KEYS[1], hkey = KEYS[2]}, now, nil)
+local ttl_floor = tonumber(ARGV[3])
+cc_load({key = KEYS[1], hkey = KEYS[2]}, now)
 if ARGV[1] == '0' then
-  return cc_renew(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), now, floor)
+  return cc_renew(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), now, ttl_floor)
 end
-return cc_release(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), now, floor)
+return cc_release(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), now, ttl_floor)

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,14 @@ type Config struct {
 	// Now, when set, supplies the time of every decision instead of the
 	// Redis server's TIME: for tests and simulations only.
 	Now func() time.Time
+	// MaxBatch is how many concurrent requests one script call may carry
+	// on a single Redis (a *redis.Client). While a few calls are in
+	// flight, requests wait and go together in the next call, one round
+	// trip for all of them; each request is still decided atomically, in
+	// arrival order. A lone request never waits. 0 means 32; 1 sends every
+	// request in its own call. On Redis Cluster and Ring every request
+	// has its own calls.
+	MaxBatch int
 }
 
 // Limiter decides rule sets against Redis. A Limiter is safe for concurrent
@@ -64,7 +73,8 @@ type Limiter struct {
 	sharded bool
 	// skew is the last seen server time minus local time, in µs; it centres
 	// the calendar ticks sent with a request on the server's clock.
-	skew atomic.Int64
+	skew  atomic.Int64
+	batch *batcher
 }
 
 // New validates cfg and returns a Limiter.
@@ -78,8 +88,15 @@ func New(cfg Config) (*Limiter, error) {
 	if err := keys.ValidatePrefix(cfg.Prefix); err != nil {
 		return nil, fmt.Errorf("quotas: Config.Prefix: %w", err)
 	}
+	switch {
+	case cfg.MaxBatch < 0:
+		return nil, fmt.Errorf("quotas: Config.MaxBatch must not be negative, got %d", cfg.MaxBatch)
+	case cfg.MaxBatch == 0:
+		cfg.MaxBatch = 32
+	}
 	_, single := cfg.Client.(*redis.Client)
-	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + "q:", now: cfg.Now, sharded: !single}, nil
+	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + "q:", now: cfg.Now, sharded: !single,
+		batch: &batcher{client: cfg.Client, max: cfg.MaxBatch}}, nil
 }
 
 // Request says whom a decision is for.
@@ -160,12 +177,11 @@ type Decision struct {
 
 // call is one rule bound to its entity.
 type call struct {
-	i     int
-	key   string // entity
-	keys  []string
-	tag   string
-	c     compiled
-	ticks []int64
+	i    int
+	key  string // entity
+	keys []string
+	tag  string
+	c    *compiled
 }
 
 func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
@@ -178,28 +194,55 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	if r.Cost < 0 {
 		return nil, fmt.Errorf("quotas: Request.Cost must not be negative, got %d", r.Cost)
 	}
+	// Every key is PREFIX "q:{" TAG "}:" NAME ":" KIND...: the kind (and a
+	// window's length) keeps rules of the same name but other definitions
+	// apart. They are cut from one string, one allocation for them all.
 	calls := make([]call, len(s.rules))
-	for i, rule := range s.rules {
+	tags := make([]string, len(s.rules))
+	size := 0
+	for i := range s.rules {
 		var ent string
 		if r.Keys != nil {
 			ent = r.Keys[i]
 		}
-		tag := "~g"
-		if ent != "" {
-			tag = keys.Encode(ent)
+		switch {
+		case ent == "":
+			tags[i] = "~g"
+		case i > 0 && r.Keys[i-1] == ent:
+			tags[i] = tags[i-1]
+		default:
+			tags[i] = keys.Encode(ent)
 		}
-		c := s.comp[i]
-		// PREFIX "q:{" TAG "}:" NAME ":" KIND...: the kind (and a window's
-		// length) keeps rules of the same name but other definitions apart.
-		base := l.prefix + "{" + tag + "}:" + rule.Name + ":"
-		ks := []string{base + c.suffix}
-		if c.kind == kindConcurrency {
-			if r.Holder == "" && needHolder {
-				return nil, fmt.Errorf("quotas: rule %q is a concurrency rule: Request.Holder is required", rule.Name)
-			}
-			ks = []string{base + "holders", base + "tokens"}
+		c := &s.comp[i]
+		if c.kind == kindConcurrency && r.Holder == "" && needHolder {
+			return nil, fmt.Errorf("quotas: rule %q is a concurrency rule: Request.Holder is required", s.rules[i].Name)
 		}
-		calls[i] = call{i: i, key: ent, keys: ks, tag: tag, c: c}
+		for _, t := range c.tails {
+			size += len(l.prefix) + len(tags[i]) + 2 + len(t)
+		}
+		calls[i] = call{i: i, key: ent, tag: tags[i], c: c}
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for i := range calls {
+		for _, t := range calls[i].c.tails {
+			b.WriteString(l.prefix)
+			b.WriteByte('{')
+			b.WriteString(calls[i].tag)
+			b.WriteByte('}')
+			b.WriteString(t)
+		}
+	}
+	all, at := b.String(), 0
+	ks := make([]string, 0, len(calls)+1)
+	for i := range calls {
+		start := len(ks)
+		for _, t := range calls[i].c.tails {
+			n := len(l.prefix) + len(calls[i].tag) + 2 + len(t)
+			ks = append(ks, all[at:at+n])
+			at += n
+		}
+		calls[i].keys = ks[start:len(ks):len(ks)]
 	}
 	return calls, nil
 }
@@ -268,9 +311,9 @@ type params struct {
 	undo [][2]int64
 }
 
-// args builds one group's script arguments.
-func (l *Limiter) args(g []call, p params, tm timing) ([]string, []any) {
-	var ks []string
+// args builds one group's script keys and arguments, as a script call of
+// one request. The rules' parameters are argv[specAt:end].
+func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, end int) {
 	at := p.notBefore
 	if p.op == opRefund {
 		at = p.ats[g[0].i]
@@ -279,8 +322,15 @@ func (l *Limiter) args(g []call, p params, tm timing) ([]string, []any) {
 	if tm.now >= 0 {
 		now = tm.now
 	}
-	argv := make([]any, 0, 10+6*len(g))
-	argv = append(argv, p.op, now, tm.floor, p.n, p.horizon.Microseconds(), p.req.Holder, b2i(p.req.Critical), p.nonce, at, len(g))
+	nk, na := 0, 10
+	for _, c := range g {
+		nk += len(c.keys)
+		na += len(c.c.args) + 3
+	}
+	ks = make([]string, 0, nk)
+	argv = make([]any, 0, na+1)
+	// One request: the script's request count, then the request.
+	argv = append(argv, 1, p.op, now, tm.floor, p.n, p.horizon.Microseconds(), p.req.Holder, b2i(p.req.Critical), p.nonce, at, len(g))
 	for _, c := range g {
 		ks = append(ks, c.keys...)
 		if c.c.kind == kindCalendar {
@@ -294,14 +344,19 @@ func (l *Limiter) args(g []call, p params, tm timing) ([]string, []any) {
 		} else {
 			argv = append(argv, c.c.args...)
 		}
-		var u [2]int64
-		if p.undo != nil {
-			u = p.undo[c.i]
-		}
-		argv = append(argv, u[0], u[1])
 	}
-	return ks, argv
+	end = len(argv)
+	if p.op == opRefund {
+		for _, c := range g {
+			argv = append(argv, p.undo[c.i][0], p.undo[c.i][1])
+		}
+	}
+	return ks, argv, end
 }
+
+// specAt is where the rules' parameters start in args' argv: after the
+// request count and nine request arguments.
+const specAt = 10
 
 // minusOne is the boxed "no explicit time" argument.
 var minusOne any = int64(-1)
@@ -314,7 +369,7 @@ type tickCache struct {
 	argv   []any
 }
 
-func (tc *tickCache) args(c compiled, from, to time.Time) []any {
+func (tc *tickCache) args(c *compiled, from, to time.Time) []any {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
 	if tc.argv != nil && !from.Before(tc.lo) && to.Before(tc.hi) {
@@ -348,7 +403,7 @@ func parseReply(v []int64, n int) (reply, error) {
 	if len(v) < 5 || (v[0] != -2 && len(v) != 5+5*n) {
 		return reply{}, fmt.Errorf("quotas: unexpected script reply %v", v)
 	}
-	r := reply{status: v[0], wait: v[1], rule: v[2], now: v[3], at: v[4]}
+	r := reply{status: v[0], wait: v[1], rule: v[2], now: v[3], at: v[4], rules: make([][5]int64, 0, n)}
 	for i := 5; i+4 < len(v); i += 5 {
 		r.rules = append(r.rules, [5]int64{v[i], v[i+1], v[i+2], v[i+3], v[i+4]})
 	}
@@ -363,31 +418,18 @@ func (l *Limiter) run(ctx context.Context, gs [][]call, p params) ([]reply, erro
 		if err != nil {
 			return nil, err
 		}
-		cmds := make([]*redis.Cmd, len(gs))
-		if len(gs) == 1 {
-			ks, argv := l.args(gs[0], p, tm)
-			cmds[0] = setScript.Run(ctx, l.client, ks, argv...)
-		} else {
-			// One parallel round trip: go-redis sends each node its scripts.
-			_, _ = l.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-				for i, g := range gs {
-					ks, argv := l.args(g, p, tm)
-					cmds[i] = setScript.EvalSha(ctx, pipe, ks, argv...)
-				}
-				return nil
-			})
+		vs := make([][]int64, len(gs))
+		if !l.sharded {
+			ks, argv, end := l.args(gs[0], p, tm)
+			if vs[0], err = l.batch.do(ctx, ks, argv, end); err != nil {
+				return nil, err
+			}
+		} else if vs, err = l.pipelined(ctx, gs, p, tm); err != nil {
+			return nil, err
 		}
 		replies := make([]reply, len(gs))
 		retry := false
-		for i, cmd := range cmds {
-			v, err := cmd.Int64Slice()
-			if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-				ks, argv := l.args(gs[i], p, tm)
-				v, err = setScript.Run(ctx, l.client, ks, argv...).Int64Slice()
-			}
-			if err != nil {
-				return nil, fmt.Errorf("quotas: %w", err)
-			}
+		for i, v := range vs {
 			if replies[i], err = parseReply(v, len(gs[i])); err != nil {
 				return nil, err
 			}
@@ -403,6 +445,32 @@ func (l *Limiter) run(ctx context.Context, gs [][]call, p params) ([]reply, erro
 			return nil, errors.New("quotas: calendar ticks do not cover the server's time even after correcting for clock skew")
 		}
 	}
+}
+
+// pipelined sends each group its own script call, all in one parallel round
+// trip: go-redis sends each node its scripts.
+func (l *Limiter) pipelined(ctx context.Context, gs [][]call, p params, tm timing) ([][]int64, error) {
+	cmds := make([]*redis.Cmd, len(gs))
+	kss, argvs := make([][]string, len(gs)), make([][]any, len(gs))
+	_, _ = l.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for i, g := range gs {
+			kss[i], argvs[i], _ = l.args(g, p, tm)
+			cmds[i] = setScript.EvalSha(ctx, pipe, kss[i], argvs[i]...)
+		}
+		return nil
+	})
+	vs := make([][]int64, len(gs))
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			cmd = setScript.Run(ctx, l.client, kss[i], argvs[i]...)
+		}
+		v, err := replies(cmd, 1)
+		if err != nil {
+			return nil, err
+		}
+		vs[i] = v[0]
+	}
+	return vs, nil
 }
 
 func newNonce() string {

@@ -107,7 +107,10 @@ type compiled struct {
 	reserved  int64
 	lease     int64 // µs
 	// args are the rule's script arguments that never change, boxed once.
-	args  []any
+	args []any
+	// tails end the rule's keys: ":" NAME ":" SUFFIX, or for concurrency
+	// the holders set and the tokens hash.
+	tails []string
 	ticks *tickCache // calendar
 }
 
@@ -251,7 +254,13 @@ func NewSet(rules ...Rule) (*Set, error) {
 		if err != nil {
 			return nil, fmt.Errorf("quotas: rule %q: %w", r.Name, err)
 		}
-		s.comp = append(s.comp, c.withArgs())
+		c = c.withArgs()
+		if c.kind == kindConcurrency {
+			c.tails = []string{":" + r.Name + ":holders", ":" + r.Name + ":tokens"}
+		} else {
+			c.tails = []string{":" + r.Name + ":" + c.suffix}
+		}
+		s.comp = append(s.comp, c)
 		s.sliding = s.sliding || c.kind == kindSliding
 	}
 	return s, nil

@@ -31,11 +31,12 @@ func main() {
 	rounds := flag.Int("rounds", 7, "interleaved rounds; each runs every case once")
 	benchtime := flag.Duration("benchtime", 1500*time.Millisecond, "target duration of one case in one round")
 	testing.Init()
+	only := flag.String("only", "", "comma-separated case names (contender/mode) to run instead of all; skips the memory tables")
 	flag.Parse()
 	if err := flag.Set("test.benchtime", benchtime.String()); err != nil {
 		fail(err)
 	}
-	if err := run(*rounds); err != nil {
+	if err := run(*rounds, *only); err != nil {
 		fail(err)
 	}
 }
@@ -53,7 +54,7 @@ type sample struct {
 	clientCPU, serverCPU                                 float64 // CPU µs per call
 }
 
-func run(rounds int) error {
+func run(rounds int, only string) error {
 	start := time.Now()
 	srv, err := bench.StartServer()
 	if err != nil {
@@ -70,6 +71,13 @@ func run(rounds int) error {
 	printMachine(ctx, env.Client)
 
 	cases := env.Cases()
+	if only != "" {
+		names := strings.Split(only, ",")
+		cases = slices.DeleteFunc(cases, func(c bench.Case) bool { return !slices.Contains(names, c.Name()) })
+		if len(cases) == 0 {
+			return fmt.Errorf("-only %q names no case", only)
+		}
+	}
 	samples := make([][]sample, len(cases))
 	for r := range rounds {
 		fmt.Fprintf(os.Stderr, "round %d/%d:", r+1, rounds)
@@ -237,6 +245,9 @@ func run(rounds int) error {
 		fmt.Printf("| %s | %.2f |\n", c.Name(), us/seqCalls)
 	}
 
+	if only != "" {
+		return nil
+	}
 	if err := printMemory(ctx, env); err != nil {
 		return err
 	}

@@ -8,14 +8,14 @@
 --   *_load(r, now)           read (and tidy) the state a decision needs;
 --   *_earliest(r, t, n, now) the earliest time >= t at which a cost-n request
 --                            conforms, or -1 if it never can (n > limit);
---   *_charge(r, t, n, now, floor) record a cost-n request made at t;
+--   *_charge(r, t, n, now, ttl_floor) record a cost-n request made at t;
 --   *_status(r, now)         used, remaining, reset_after.
 
-local function fmt(x) return string.format('%d', x) end
+local function fmt(x) return format('%d', x) end
 
-local function ttl_ms(us, floor)
-  local ttl = math.ceil(us / 1000)
-  if ttl < floor then ttl = floor end
+local function ttl_ms(us, ttl_floor)
+  local ttl = ceil(us / 1000)
+  if ttl < ttl_floor then ttl = ttl_floor end
   return ttl
 end
 
@@ -40,7 +40,7 @@ end
 local function win_count(r, start)
   local c = r.counts[start]
   if c == nil then
-    c = tonumber(redis.call('HGET', r.key, fmt(start))) or 0
+    c = tonumber(call('HGET', r.key, fmt(start))) or 0
     r.counts[start] = c
   end
   return c
@@ -61,42 +61,42 @@ local function win_earliest(r, t, n)
   return t
 end
 
-local function win_charge(r, t, n, now, floor)
+local function win_charge(r, t, n, now, ttl_floor)
   local start, stop = win_at(r, t)
-  local c = redis.call('HINCRBY', r.key, fmt(start), n)
+  local c = call('HINCRBY', r.key, fmt(start), n)
   r.counts[start] = c
   if c ~= n then return end
   -- A new window: forget the ones that have ended, and let the key live
   -- until its last window ends.
   local cur = win_at(r, now)
   local last = stop
-  for _, f in ipairs(redis.call('HKEYS', r.key)) do
+  for _, f in ipairs(call('HKEYS', r.key)) do
     local s = tonumber(f)
     if cur >= 0 and s < cur then
-      redis.call('HDEL', r.key, f)
+      call('HDEL', r.key, f)
     elseif s > start then
       local _, e = win_at(r, s)
       if e > last then last = e end
     end
   end
-  redis.call('PEXPIRE', r.key, ttl_ms(last - now, floor))
+  call('PEXPIRE', r.key, ttl_ms(last - now, ttl_floor))
 end
 
 local function win_status(r, now)
   local start, stop = win_at(r, now)
   if start < 0 then return 0, r.limit, 0 end
   local used = win_count(r, start)
-  return used, math.max(0, r.limit - used), stop - now
+  return used, max(0, r.limit - used), stop - now
 end
 
 local function win_refund(r, t, n)
   local start = win_at(r, t)
   if start < 0 then return end
-  local c = tonumber(redis.call('HGET', r.key, fmt(start))) or 0
+  local c = tonumber(call('HGET', r.key, fmt(start))) or 0
   if c <= n then
-    redis.call('HDEL', r.key, fmt(start))
+    call('HDEL', r.key, fmt(start))
   else
-    redis.call('HINCRBY', r.key, fmt(start), -n)
+    call('HINCRBY', r.key, fmt(start), -n)
   end
 end
 
@@ -107,8 +107,8 @@ end
 -- the future count too, which is conservative and never over-admits).
 
 local function sl_load(r, now)
-  redis.call('ZREMRANGEBYSCORE', r.key, '-inf', fmt(now - r.p[1]))
-  r.total = redis.call('ZCARD', r.key)
+  call('ZREMRANGEBYSCORE', r.key, '-inf', fmt(now - r.p[1]))
+  r.total = call('ZCARD', r.key)
 end
 
 local function sl_earliest(r, t, n, now)
@@ -116,28 +116,28 @@ local function sl_earliest(r, t, n, now)
   local every = r.p[1]
   local newer = r.total
   if t > now then
-    newer = redis.call('ZCOUNT', r.key, '(' .. fmt(t - every), '+inf')
+    newer = call('ZCOUNT', r.key, '(' .. fmt(t - every), '+inf')
   end
   if newer + n <= r.limit then return t end
   -- Wait until all but limit-n of the newer entries have left the window.
   local idx = r.total - (r.limit - n) - 1
-  local e = redis.call('ZRANGE', r.key, idx, idx, 'WITHSCORES')
-  return math.max(t, tonumber(e[2]) + every)
+  local e = call('ZRANGE', r.key, idx, idx, 'WITHSCORES')
+  return max(t, tonumber(e[2]) + every)
 end
 
-local function sl_charge(r, t, n, now, floor, nonce)
+local function sl_charge(r, t, n, now, ttl_floor, nonce)
   local args = {}
   for i = 1, n do
     args[#args + 1] = fmt(t)
     args[#args + 1] = nonce .. i
   end
-  redis.call('ZADD', r.key, unpack(args))
+  call('ZADD', r.key, unpack(args))
   -- The key lives until its newest entry leaves the window.
-  local ttl = ttl_ms(t + r.p[1] - now, floor)
+  local ttl = ttl_ms(t + r.p[1] - now, ttl_floor)
   if r.total == 0 then
-    redis.call('PEXPIRE', r.key, ttl)
+    call('PEXPIRE', r.key, ttl)
   else
-    redis.call('PEXPIRE', r.key, ttl, 'GT')
+    call('PEXPIRE', r.key, ttl, 'GT')
   end
   r.total = r.total + n
 end
@@ -147,16 +147,16 @@ end
 local function sl_status(r, now)
   local reset = 0
   if r.total > 0 then
-    local first = redis.call('ZRANGE', r.key, 0, 0, 'WITHSCORES')
-    reset = math.max(0, tonumber(first[2]) + r.p[1] - now)
+    local first = call('ZRANGE', r.key, 0, 0, 'WITHSCORES')
+    reset = max(0, tonumber(first[2]) + r.p[1] - now)
   end
-  return r.total, math.max(0, r.limit - r.total), reset
+  return r.total, max(0, r.limit - r.total), reset
 end
 
 local function sl_refund(r, n, nonce)
   local members = {}
   for i = 1, n do members[i] = nonce .. i end
-  redis.call('ZREM', r.key, unpack(members))
+  call('ZREM', r.key, unpack(members))
 end
 
 -- Concurrency (kind 5): a sorted set of holders scored by lease expiry
@@ -166,27 +166,28 @@ end
 -- token, so a redelivered task never holds two slots.
 
 local function cc_oldest(r)
-  local first = redis.call('ZRANGE', r.key, 0, 0, 'WITHSCORES')
+  local first = call('ZRANGE', r.key, 0, 0, 'WITHSCORES')
   r.oldest = tonumber(first[2])
 end
 
-local function cc_load(r, now, holder)
+local function cc_load(r, now)
   cc_oldest(r)
   if r.oldest and r.oldest <= now then
-    local gone = redis.call('ZRANGEBYSCORE', r.key, '-inf', fmt(now))
-    redis.call('ZREMRANGEBYSCORE', r.key, '-inf', fmt(now))
-    redis.call('HDEL', r.hkey, unpack(gone))
+    local gone = call('ZRANGEBYSCORE', r.key, '-inf', fmt(now))
+    call('ZREMRANGEBYSCORE', r.key, '-inf', fmt(now))
+    call('HDEL', r.hkey, unpack(gone))
     cc_oldest(r)
   end
   r.count = 0
-  if r.oldest then r.count = redis.call('ZCARD', r.key) end
-  r.mine = holder ~= nil and r.count > 0 and redis.call('ZSCORE', r.key, holder) ~= false
+  if r.oldest then r.count = call('ZCARD', r.key) end
 end
 
-local function cc_earliest(r, t, critical)
+-- cc_earliest asks whether holder already holds a slot only when none is
+-- free: a holder that acquires again replaces its own lease.
+local function cc_earliest(r, t, critical, holder)
   local cap = r.max
   if not critical then cap = r.max - r.reserved end
-  if r.mine or r.count < cap then return t end
+  if r.count < cap or r.count > 0 and call('ZSCORE', r.key, holder) then return t end
   return r.oldest
 end
 
@@ -194,36 +195,38 @@ end
 -- lease left the tokens hash still lives a second, so that the token
 -- sequence survives while tokens issued within one microsecond could still
 -- run ahead of the clock.
-local function cc_expire(zkey, hkey, now, floor)
-  local last = redis.call('ZRANGE', zkey, -1, -1, 'WITHSCORES')
+local function cc_expire(zkey, hkey, now, ttl_floor)
+  local last = call('ZRANGE', zkey, -1, -1, 'WITHSCORES')
   local ttl = 1000000
   if last[2] then ttl = tonumber(last[2]) - now end
-  ttl = ttl_ms(ttl, floor)
-  if last[2] then redis.call('PEXPIRE', zkey, ttl) end
-  redis.call('PEXPIRE', hkey, ttl)
+  ttl = ttl_ms(ttl, ttl_floor)
+  if last[2] then call('PEXPIRE', zkey, ttl) end
+  call('PEXPIRE', hkey, ttl)
 end
 
-local function cc_acquire(r, holder, now, floor)
+local function cc_acquire(r, holder, now, ttl_floor)
   local exp = now + r.lease
-  redis.call('ZADD', r.key, fmt(exp), holder)
+  local added = call('ZADD', r.key, fmt(exp), holder)
   -- Tokens only grow, even across the keys' expiry: at least the time.
-  local seq = tonumber(redis.call('HGET', r.hkey, '~seq'))
-  local token = math.max((seq or 0) + 1, now)
-  redis.call('HSET', r.hkey, '~seq', fmt(token), holder, fmt(token))
+  local seq = tonumber(call('HGET', r.hkey, '~seq'))
+  local token = max((seq or 0) + 1, now)
+  local tf = fmt(token)
+  call('HSET', r.hkey, '~seq', tf, holder, tf)
   -- The keys live until the latest lease ends: extend, never shorten (GT),
   -- except on a key that has no TTL yet because it was just created.
-  local ttl = ttl_ms(r.lease, floor)
+  local ttl = ttl_ms(r.lease, ttl_floor)
   if r.count == 0 then
-    redis.call('PEXPIRE', r.key, ttl)
+    call('PEXPIRE', r.key, ttl)
   else
-    redis.call('PEXPIRE', r.key, ttl, 'GT')
+    call('PEXPIRE', r.key, ttl, 'GT')
   end
   if seq then
-    redis.call('PEXPIRE', r.hkey, ttl, 'GT')
+    call('PEXPIRE', r.hkey, ttl, 'GT')
   else
-    redis.call('PEXPIRE', r.hkey, ttl)
+    call('PEXPIRE', r.hkey, ttl)
   end
-  if r.mine then
+  if added == 0 then
+    -- The holder's previous lease, perhaps the oldest, was replaced.
     cc_oldest(r)
   else
     r.count = r.count + 1
@@ -235,26 +238,26 @@ end
 local function cc_status(r, now)
   local reset = 0
   if r.oldest then reset = r.oldest - now end
-  return r.count, math.max(0, r.max - r.count), reset
+  return r.count, max(0, r.max - r.count), reset
 end
 
 -- cc_release drops holder's lease if token is still its token; it returns 1
 -- if it did.
-local function cc_release(zkey, hkey, holder, token, now, floor)
-  if tonumber(redis.call('HGET', hkey, holder)) ~= token then return 0 end
-  redis.call('ZREM', zkey, holder)
-  redis.call('HDEL', hkey, holder)
-  cc_expire(zkey, hkey, now, floor)
+local function cc_release(zkey, hkey, holder, token, now, ttl_floor)
+  if tonumber(call('HGET', hkey, holder)) ~= token then return 0 end
+  call('ZREM', zkey, holder)
+  call('HDEL', hkey, holder)
+  cc_expire(zkey, hkey, now, ttl_floor)
   return 1
 end
 
 -- cc_renew extends holder's lease to now + lease if token is still its
 -- token and the lease has not expired; it returns 1 if it did.
-local function cc_renew(zkey, hkey, holder, token, lease, now, floor)
-  if tonumber(redis.call('HGET', hkey, holder)) ~= token then return 0 end
-  local exp = redis.call('ZSCORE', zkey, holder)
+local function cc_renew(zkey, hkey, holder, token, lease, now, ttl_floor)
+  if tonumber(call('HGET', hkey, holder)) ~= token then return 0 end
+  local exp = call('ZSCORE', zkey, holder)
   if not exp or tonumber(exp) <= now then return 0 end
-  redis.call('ZADD', zkey, fmt(now + lease), holder)
-  cc_expire(zkey, hkey, now, floor)
+  call('ZADD', zkey, fmt(now + lease), holder)
+  cc_expire(zkey, hkey, now, ttl_floor)
   return 1
 end
