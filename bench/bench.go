@@ -62,10 +62,13 @@ var (
 //     daily calendar window, per-business GCRA); the business is one of
 //     NumKeys (random-keys) or a single one (hot-key).
 //   - quotas-5rule: FiveRules, the four plus a per-business concurrency
-//     rule. One call is Allow and then Release of the lease it took: two
-//     script calls, two round trips.
+//     rule; one call is one Allow taking a slot for one of HolderPool
+//     holders (see Allow5).
+//   - quotas-5rule-single: the same on a Limiter with MaxBatch 1, where
+//     every decision is its own script call. The other quotas cases use the
+//     default, where concurrent decisions share calls.
 var (
-	Contenders = []string{"taskrl", "redis_rate", "incr", "quotas-1rule", "quotas-4rule", "quotas-5rule"}
+	Contenders = []string{"taskrl", "redis_rate", "incr", "quotas-1rule", "quotas-4rule", "quotas-5rule", "quotas-5rule-single"}
 	Modes      = []string{"random-keys", "hot-key"}
 )
 
@@ -139,7 +142,10 @@ type Env struct {
 	Taskrl *gcra.Limiter
 	Rate   *redis_rate.Limiter
 	Quotas *quotas.Limiter
-	holder atomic.Uint64 // numbers the concurrency holders of quotas-5rule
+	// QuotasSingle sends every decision in its own script call
+	// (Config.MaxBatch 1), for the quotas-5rule-single case.
+	QuotasSingle *quotas.Limiter
+	holder       atomic.Uint64 // numbers the concurrency holders of quotas-5rule
 }
 
 // NewEnv connects to addr. The pool has one connection per caller, so the
@@ -160,7 +166,12 @@ func NewEnv(addr string) (*Env, error) {
 		_ = c.Close()
 		return nil, err
 	}
-	return &Env{Client: c, Taskrl: l, Rate: redis_rate.NewLimiter(c), Quotas: q}, nil
+	q1, err := quotas.New(quotas.Config{Client: c, Prefix: QuotasPrefix, MaxBatch: 1})
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &Env{Client: c, Taskrl: l, Rate: redis_rate.NewLimiter(c), Quotas: q, QuotasSingle: q1}, nil
 }
 
 // Allow5 makes one quotas-5rule decision for business biz, one Allow: the
@@ -168,8 +179,12 @@ func NewEnv(addr string) (*Env, error) {
 // again replaces its own lease (as a redelivered task does) and the slots
 // held per business stay bounded without a Release round trip.
 func (e *Env) Allow5(ctx context.Context, biz string) (bool, error) {
+	return e.allow5(ctx, e.Quotas, biz)
+}
+
+func (e *Env) allow5(ctx context.Context, l *quotas.Limiter, biz string) (bool, error) {
 	holder := "task-" + strconv.FormatUint(e.holder.Add(1)%HolderPool, 10)
-	d, err := e.Quotas.Allow(ctx, FiveRules, quotas.Request{Keys: []string{"", "", "", biz, biz}, Holder: holder})
+	d, err := l.Allow(ctx, FiveRules, quotas.Request{Keys: []string{"", "", "", biz, biz}, Holder: holder})
 	if err != nil {
 		return false, err
 	}
@@ -228,6 +243,9 @@ func (e *Env) Cases() []Case {
 			return d.Allowed, err
 		},
 		"quotas-5rule": e.Allow5,
+		"quotas-5rule-single": func(ctx context.Context, biz string) (bool, error) {
+			return e.allow5(ctx, e.QuotasSingle, biz)
+		},
 	}
 	// Key names as each contender is called with them; the contender adds
 	// its own prefix (taskrl) or not (redis_rate always adds "rate:").

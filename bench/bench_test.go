@@ -36,7 +36,7 @@ func run(m *testing.M) int {
 }
 
 // BenchmarkAllow runs BenchmarkAllow/{taskrl,redis_rate,incr,quotas-1rule,
-// quotas-4rule,quotas-5rule}/{random-keys,hot-key},
+// quotas-4rule,quotas-5rule,quotas-5rule-single}/{random-keys,hot-key},
 // each with 50 concurrent callers against the same redis-server.
 func BenchmarkAllow(b *testing.B) {
 	for _, c := range env.Cases() {

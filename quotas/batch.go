@@ -21,7 +21,7 @@ type job struct {
 	ks   []string
 	argv []any // a script call of this request alone: 1, then its arguments
 	end  int   // the rules' parameters are argv[specAt:end]
-	v    []int64
+	v    []any // the request's reply
 	err  error
 	// done is closed once v and err are set; lead receives the batch this
 	// job's goroutine must send for the others.
@@ -44,7 +44,7 @@ type batcher struct {
 }
 
 // do decides one request: it returns the request's reply.
-func (b *batcher) do(ctx context.Context, ks []string, argv []any, end int) ([]int64, error) {
+func (b *batcher) do(ctx context.Context, ks []string, argv []any, end int) ([]any, error) {
 	j := &job{ctx: ctx, ks: ks, argv: argv, end: end}
 	if b.max == 1 {
 		b.call([]*job{j})
@@ -126,70 +126,61 @@ func (b *batcher) send(batch []*job) {
 	b.promote()
 }
 
-// call runs one script call for batch and gives every job its reply.
+// call runs one script call for batch and gives every job its reply. It
+// builds the EVALSHA command itself, in one slice, and falls back to EVAL
+// when Redis does not know the script.
 func (b *batcher) call(batch []*job) {
-	ctx, ks, argv := batch[0].ctx, batch[0].ks, batch[0].argv
+	ctx := batch[0].ctx
 	if len(batch) > 1 {
 		// A shared call outlives any one caller's cancellation.
 		ctx = context.WithoutCancel(ctx)
-		nk, na := 0, 1
-		for _, j := range batch {
-			nk += len(j.ks)
-			na += len(j.argv) - 1
-		}
-		ks = make([]string, 0, nk)
-		argv = make([]any, 0, na)
-		argv = append(argv, len(batch))
-		var prev []any
-		for _, j := range batch {
-			ks = append(ks, j.ks...)
-			spec := j.argv[specAt:j.end]
-			if slices.Equal(spec, prev) {
-				// The same rules as the request before: the script reuses
-				// what it read of them.
-				argv = append(argv, j.argv[1:specAt]...)
-				argv = append(argv, 0)
-				argv = append(argv, j.argv[j.end:]...)
-			} else {
-				argv = append(argv, j.argv[1:]...)
-			}
-			prev = spec
+	}
+	nk, na := 0, 1
+	for _, j := range batch {
+		nk += len(j.ks)
+		na += len(j.argv) - 1
+	}
+	cmd := make([]any, 3, 3+nk+na)
+	cmd[0], cmd[1], cmd[2] = "evalsha", setScript.Hash(), nk
+	for _, j := range batch {
+		for _, k := range j.ks {
+			cmd = append(cmd, k)
 		}
 	}
-	vs, err := replies(setScript.Run(ctx, b.client, ks, argv...), len(batch))
-	for i, j := range batch {
-		if err != nil {
-			j.err = err
+	cmd = append(cmd, len(batch))
+	var prev []any
+	for _, j := range batch {
+		spec := j.argv[specAt:j.end]
+		if slices.Equal(spec, prev) {
+			// The same rules as the request before: the script reuses what
+			// it read of them.
+			cmd = append(cmd, j.argv[1:specAt]...)
+			cmd = append(cmd, 0)
+			cmd = append(cmd, j.argv[j.end:]...)
 		} else {
-			j.v = vs[i]
+			cmd = append(cmd, j.argv[1:]...)
+		}
+		prev = spec
+	}
+	v, err := b.client.Do(ctx, cmd...).Slice()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd[0], cmd[1] = "eval", setText
+		v, err = b.client.Do(ctx, cmd...).Slice()
+	}
+	if err == nil && len(v) != len(batch) {
+		err = fmt.Errorf("%d script replies for %d requests", len(v), len(batch))
+	}
+	for i, j := range batch {
+		if err == nil {
+			var ok bool
+			if j.v, ok = v[i].([]any); !ok {
+				j.err = fmt.Errorf("quotas: unexpected script reply %v", v[i])
+			}
+		} else {
+			j.err = fmt.Errorf("quotas: %w", err)
 		}
 		if j.done != nil {
 			close(j.done)
 		}
 	}
-}
-
-// replies reads a script call's replies, one per request.
-func replies(cmd *redis.Cmd, n int) ([][]int64, error) {
-	v, err := cmd.Slice()
-	if err != nil {
-		return nil, fmt.Errorf("quotas: %w", err)
-	}
-	if len(v) != n {
-		return nil, fmt.Errorf("quotas: %d script replies for %d requests", len(v), n)
-	}
-	out := make([][]int64, n)
-	for i, x := range v {
-		a, ok := x.([]any)
-		if !ok {
-			return nil, fmt.Errorf("quotas: unexpected script reply %v", x)
-		}
-		out[i] = make([]int64, len(a))
-		for k, y := range a {
-			if out[i][k], ok = y.(int64); !ok {
-				return nil, fmt.Errorf("quotas: unexpected script reply %v", x)
-			}
-		}
-	}
-	return out, nil
 }

@@ -22,7 +22,10 @@
 // never decide. Calendar windows are computed in Go around the expected
 // server time and checked by the script against the server's clock.
 //
-// On a single Redis a decision is one script call. On Redis Cluster the
+// On a single Redis a decision is one script call. Concurrent decisions of
+// one Limiter share calls: while a few calls are in flight, the requests
+// that arrive wait and go together in the next one, each still decided
+// atomically and in order (Config.MaxBatch). On Redis Cluster the
 // keys of one entity share a hash tag; rules on different entities (a
 // global vendor key and a per-business key) are decided per slot in one
 // parallel round trip and undone on denial, which never over-admits.

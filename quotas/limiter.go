@@ -22,7 +22,8 @@ import (
 var (
 	//go:embed quotas.lua
 	setLua    string
-	setScript = script.New(setLua, "gcra", "rules")
+	setText   = script.Text(setLua, "gcra", "rules")
+	setScript = redis.NewScript(setText)
 	//go:embed lease.lua
 	leaseLua    string
 	leaseScript = script.New(leaseLua, "gcra", "rules")
@@ -58,9 +59,10 @@ type Config struct {
 	// on a single Redis (a *redis.Client). While a few calls are in
 	// flight, requests wait and go together in the next call, one round
 	// trip for all of them; each request is still decided atomically, in
-	// arrival order. A lone request never waits. 0 means 32; 1 sends every
-	// request in its own call. On Redis Cluster and Ring every request
-	// has its own calls.
+	// arrival order. A lone request never waits. A Redis error (such as
+	// a timeout) fails every request of the call. 0 means 32; 1 sends
+	// every request in its own call. On Redis Cluster and Ring every
+	// request has its own calls.
 	MaxBatch int
 }
 
@@ -399,13 +401,34 @@ type reply struct {
 	rules                       [][5]int64 // used, remaining, reset, u1, u2
 }
 
-func parseReply(v []int64, n int) (reply, error) {
-	if len(v) < 5 || (v[0] != -2 && len(v) != 5+5*n) {
-		return reply{}, fmt.Errorf("quotas: unexpected script reply %v", v)
+// parseReply reads one request's reply: v holds int64s.
+func parseReply(v []any, n int) (reply, error) {
+	bad := func() (reply, error) { return reply{}, fmt.Errorf("quotas: unexpected script reply %v", v) }
+	if len(v) < 5 || len(v) != 5 && len(v) != 5+5*n {
+		return bad()
 	}
-	r := reply{status: v[0], wait: v[1], rule: v[2], now: v[3], at: v[4], rules: make([][5]int64, 0, n)}
-	for i := 5; i+4 < len(v); i += 5 {
-		r.rules = append(r.rules, [5]int64{v[i], v[i+1], v[i+2], v[i+3], v[i+4]})
+	var x [5]int64
+	for i := range 5 {
+		var ok bool
+		if x[i], ok = v[i].(int64); !ok {
+			return bad()
+		}
+	}
+	r := reply{status: x[0], wait: x[1], rule: x[2], now: x[3], at: x[4]}
+	if r.status == -2 {
+		return r, nil
+	}
+	if len(v) != 5+5*n {
+		return bad()
+	}
+	r.rules = make([][5]int64, n)
+	for i := range n {
+		for k := range 5 {
+			var ok bool
+			if r.rules[i][k], ok = v[5+5*i+k].(int64); !ok {
+				return bad()
+			}
+		}
 	}
 	return r, nil
 }
@@ -418,7 +441,7 @@ func (l *Limiter) run(ctx context.Context, gs [][]call, p params) ([]reply, erro
 		if err != nil {
 			return nil, err
 		}
-		vs := make([][]int64, len(gs))
+		vs := make([][]any, len(gs))
 		if !l.sharded {
 			ks, argv, end := l.args(gs[0], p, tm)
 			if vs[0], err = l.batch.do(ctx, ks, argv, end); err != nil {
@@ -449,7 +472,7 @@ func (l *Limiter) run(ctx context.Context, gs [][]call, p params) ([]reply, erro
 
 // pipelined sends each group its own script call, all in one parallel round
 // trip: go-redis sends each node its scripts.
-func (l *Limiter) pipelined(ctx context.Context, gs [][]call, p params, tm timing) ([][]int64, error) {
+func (l *Limiter) pipelined(ctx context.Context, gs [][]call, p params, tm timing) ([][]any, error) {
 	cmds := make([]*redis.Cmd, len(gs))
 	kss, argvs := make([][]string, len(gs)), make([][]any, len(gs))
 	_, _ = l.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
@@ -459,16 +482,21 @@ func (l *Limiter) pipelined(ctx context.Context, gs [][]call, p params, tm timin
 		}
 		return nil
 	})
-	vs := make([][]int64, len(gs))
+	vs := make([][]any, len(gs))
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 			cmd = setScript.Run(ctx, l.client, kss[i], argvs[i]...)
 		}
-		v, err := replies(cmd, 1)
+		v, err := cmd.Slice()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("quotas: %w", err)
 		}
-		vs[i] = v[0]
+		if len(v) == 1 {
+			vs[i], _ = v[0].([]any)
+		}
+		if vs[i] == nil {
+			return nil, fmt.Errorf("quotas: unexpected script reply %v", v)
+		}
 	}
 	return vs, nil
 }

@@ -23,14 +23,20 @@ func Source(name string) string {
 	return string(b)
 }
 
-// New concatenates the named library files and main, in that order, into one
-// script. go-redis runs it with EVALSHA and falls back to EVAL on NOSCRIPT.
-func New(main string, libs ...string) *redis.Script {
+// Text concatenates the named library files and main, in that order, into
+// the text of one script.
+func Text(main string, libs ...string) string {
 	var b strings.Builder
 	for _, l := range libs {
 		b.WriteString(Source(l))
 		b.WriteByte('\n')
 	}
 	b.WriteString(main)
-	return redis.NewScript(b.String())
+	return b.String()
+}
+
+// New returns the script Text(main, libs...). go-redis runs it with EVALSHA
+// and falls back to EVAL on NOSCRIPT.
+func New(main string, libs ...string) *redis.Script {
+	return redis.NewScript(Text(main, libs...))
 }
