@@ -523,7 +523,12 @@ func (l *Limiter) Allow(ctx context.Context, s *Set, req Request) (Decision, err
 // rule except concurrency rules admits the request, charging them for that
 // moment: the caller acts after Decision.Delay. Concurrency is taken when
 // the work starts (Allow), never reserved. If no such moment lies within the
-// horizon, nothing is charged and RetryAfter says when it would be.
+// horizon, nothing is charged and RetryAfter says when it would be. Nor is
+// anything booked beyond the reset of a fixed or calendar window longer than
+// the horizon that is full until then (a daily quota spent an hour before
+// midnight): GCRA rules charged after the reset would hold back every
+// request before it, even once refunds free the window. RetryAfter is then
+// the wait until the moment found, and Rule names the window.
 func (l *Limiter) Reserve(ctx context.Context, s *Set, req Request, horizon time.Duration) (Decision, error) {
 	return l.decide(ctx, s, req, opReserve, max(horizon, 0))
 }

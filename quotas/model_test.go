@@ -199,6 +199,19 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 	if op == opReserve && (!agreed || t-now > horizon) {
 		return out(0, t-now, worst, now, nil)
 	}
+	if op == opReserve {
+		// Never across the reset of a full window longer than the horizon.
+		from := max(now, notBefore)
+		for i, c := range calls {
+			if c.c.kind != kindFixed && c.c.kind != kindCalendar {
+				continue
+			}
+			start, stop := m.window(c, from)
+			if t >= stop && stop-start > horizon && m.earliest(c, from, n, holder, critical) >= stop {
+				return out(0, t-now, int64(i+1), now, nil)
+			}
+		}
+	}
 	undo := map[int][2]int64{}
 	for j, c := range calls {
 		k := c.keys[0]

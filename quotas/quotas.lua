@@ -280,6 +280,20 @@ local function decide(k0, a0)
     if not agreed or not known or t - now > horizon then
       return reply(0, t - now, worst, now)
     end
+    -- Nothing is booked beyond the reset of a window longer than the
+    -- horizon that is full until then: the GCRA rules, charged after the
+    -- reset, would hold back every request before it, even once refunds
+    -- free the window. The caller tries again at the reset.
+    local from = max(now, tonumber(ARGV[a0 + 9]))
+    for i = 1, nrules do
+      local r = rules[i]
+      if r.kind == 2 or r.kind == 3 then
+        local start, stop = win_at(r, from)
+        if t >= stop and stop - start > horizon and win_earliest(r, from, n) >= stop then
+          return reply(0, t - now, i, now)
+        end
+      end
+    end
   end
 
   -- Charge every rule at t; undo holds per rule u1, u2.

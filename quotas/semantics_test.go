@@ -205,3 +205,51 @@ func TestRefundFutureBooking(t *testing.T) {
 		t.Fatalf("booked at %v after the refund: over-credited", next.Delay)
 	}
 }
+
+// TestReserveNotAcrossLongWindowReset: half an hour before a daily quota
+// resets, a request the quota cannot take today is not booked at the reset
+// (which would park the GCRA rule there) but told to come back then; so a
+// refund later today frees a slot that the next request gets today.
+func TestReserveNotAcrossLongWindowReset(t *testing.T) {
+	la, _ := time.LoadLocation("America/Los_Angeles")
+	l := newClocked(t, redistest.Client(t), redistest.Prefix(t), time.Date(2026, 11, 21, 23, 30, 0, 0, la))
+	s := mustSet(
+		Rule{Name: "peak", Limit: GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 1})},
+		Rule{Name: "daily", Limit: CalendarWindow{Limit: 3, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
+	)
+	ctx := context.Background()
+	var today []Decision
+	for range 3 {
+		d, err := l.Reserve(ctx, s, Request{}, time.Hour)
+		if err != nil || !d.Allowed || d.Delay > time.Second {
+			t.Fatalf("booking today: %+v %v", d, err)
+		}
+		today = append(today, d)
+	}
+	d, err := l.Reserve(ctx, s, Request{}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Rule != "daily" || d.RetryAfter != 30*time.Minute {
+		t.Fatalf("quota spent for today: %+v, want not booked, daily, come back in 30m", d)
+	}
+	if err := l.Refund(ctx, s, Request{}, today[2]); err != nil {
+		t.Fatal(err)
+	}
+	d, err = l.Reserve(ctx, s, Request{}, time.Hour)
+	if err != nil || !d.Allowed || d.Delay > time.Second {
+		t.Fatalf("after a refund today: %+v %v, want booked today", d, err)
+	}
+	// A window no longer than the horizon is booked across its reset.
+	l.now = l.now.Add(time.Hour)
+	s = mustSet(
+		Rule{Name: "peak", Limit: GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 1})},
+		Rule{Name: "minute", Limit: FixedWindow{Limit: 1, Every: time.Minute}},
+	)
+	if d, err = l.Reserve(ctx, s, Request{}, time.Hour); err != nil || !d.Allowed {
+		t.Fatalf("first in the minute: %+v %v", d, err)
+	}
+	if d, err = l.Reserve(ctx, s, Request{}, time.Hour); err != nil || !d.Allowed || d.Delay <= 0 || d.Delay > time.Minute {
+		t.Fatalf("second: %+v %v, want booked in the next minute", d, err)
+	}
+}
