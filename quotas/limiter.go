@@ -200,29 +200,26 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	// window's length) keeps rules of the same name but other definitions
 	// apart. They are cut from one string, one allocation for them all.
 	calls := make([]call, len(s.rules))
-	tags := make([]string, len(s.rules))
 	size := 0
 	for i := range s.rules {
-		var ent string
+		c := call{i: i, tag: "~g", c: &s.comp[i]}
 		if r.Keys != nil {
-			ent = r.Keys[i]
+			c.key = r.Keys[i]
 		}
 		switch {
-		case ent == "":
-			tags[i] = "~g"
-		case i > 0 && r.Keys[i-1] == ent:
-			tags[i] = tags[i-1]
+		case c.key == "":
+		case i > 0 && r.Keys[i-1] == c.key:
+			c.tag = calls[i-1].tag
 		default:
-			tags[i] = keys.Encode(ent)
+			c.tag = keys.Encode(c.key)
 		}
-		c := &s.comp[i]
-		if c.kind == kindConcurrency && r.Holder == "" && needHolder {
+		if c.c.kind == kindConcurrency && r.Holder == "" && needHolder {
 			return nil, fmt.Errorf("quotas: rule %q is a concurrency rule: Request.Holder is required", s.rules[i].Name)
 		}
-		for _, t := range c.tails {
-			size += len(l.prefix) + len(tags[i]) + 2 + len(t)
+		for _, t := range c.c.tails {
+			size += len(l.prefix) + len(c.tag) + 2 + len(t)
 		}
-		calls[i] = call{i: i, key: ent, tag: tags[i], c: c}
+		calls[i] = c
 	}
 	var b strings.Builder
 	b.Grow(size)
