@@ -154,7 +154,11 @@ func TestCalendarOnServerClock(t *testing.T) {
 	if err := setScript.Load(ctx, c).Err(); err != nil {
 		t.Fatal(err)
 	}
-	l.skew.Store(int64(-3 * 24 * time.Hour / time.Microsecond)) // worker clock 3 days behind
+	// Worker clock 10 days behind. The ticks sent reach at most about three
+	// days past the worker's time (a margin, two days more, and the window
+	// holding the end), so they miss the server's time at any hour. With 3
+	// days they covered it in the last 10 minutes before midnight in LA.
+	l.skew.Store(int64(-10 * 24 * time.Hour / time.Microsecond))
 	h.Take()
 	d, err := l.Allow(ctx, set, Request{})
 	if err != nil || !d.Allowed {
