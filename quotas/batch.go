@@ -12,8 +12,9 @@ import (
 // maxInFlight is how many script calls a Limiter keeps in flight on a single
 // Redis before requests queue: few enough that concurrent requests share
 // calls, enough that Redis works on one call while the client prepares the
-// next.
-const maxInFlight = 4
+// next. With 50 callers on 2 cores, 4 left Redis idle about a fifth of the
+// time and 8 made calls too small to share much (BENCHMARKS.md).
+const maxInFlight = 6
 
 // job is one request waiting for its script reply.
 type job struct {

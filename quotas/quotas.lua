@@ -1,7 +1,8 @@
 -- Decides groups of rules atomically: for each request, all its rules
 -- admit and all are charged, or none is. One call may carry several
 -- independent requests, decided one after the other (each atomically), so
--- that concurrent callers share a round trip. Composed after
+-- that concurrent callers share a round trip. GCRA and window state is read
+-- at most once per call and written back at its end. Composed after
 -- internal/script/lua/gcra.lua and rules.lua.
 --
 -- KEYS     per request, its rules' keys in rule order: one per rule, two
@@ -43,6 +44,109 @@
 
 local last_rules = {}
 
+-- GCRA TATs are cached for the whole call, like window counts (see
+-- rules.lua): read at most once, and written back by flush at the end.
+local tats, tat_ttl, tat_changed = {}, {}, {}  -- key -> TAT or false (no key); TTL in ms, 0 deletes
+
+local function tat_get(key)
+  local v = tats[key]
+  if v == nil then
+    v = tonumber(call('GET', key)) or false
+    tats[key] = v
+  end
+  return v or nil
+end
+
+-- tat_put stores tat, with a TTL until the bucket is full again, or deletes
+-- the key when tat is not after now.
+local function tat_put(key, tat, now, ttl_floor)
+  if tat_ttl[key] == nil then tat_changed[#tat_changed + 1] = key end
+  if tat > now then
+    tats[key], tat_ttl[key] = tat, max(ceil((tat - now) / 1000), ttl_floor)
+  else
+    tats[key], tat_ttl[key] = false, 0
+  end
+end
+
+local function flush()
+  for _, key in ipairs(tat_changed) do
+    local tat = tats[key]
+    if tat then
+      call('SET', key, format('%d', tat), 'PX', format('%d', tat_ttl[key]))
+    else
+      call('DEL', key)
+    end
+  end
+  win_flush()
+end
+
+-- load reads each rule's state once; later steps use and update the cache.
+local function load(r, now)
+  local kind = r.kind
+  if kind == 1 then
+    r.stored = tat_get(r.key)
+  elseif kind == 2 or kind == 3 then
+    win_load(r)
+  elseif kind == 4 then
+    sl_load(r, now)
+  else
+    cc_load(r, now)
+  end
+end
+
+-- earliest time >= t at which rule r admits a request of cost n made at
+-- now; -1 never. A GCRA rule keeps the TAT admitting at t would leave
+-- (r.at, r.tat), which the charge then stores.
+local function earliest(r, t, n, now, critical, holder)
+  local kind = r.kind
+  if kind == 1 then
+    local allowed, tat, _, _, retry = gcra_decide(r.stored, t, r.em, r.burst, n, 0, 0)
+    if allowed == 1 then
+      r.at, r.tat = t, tat
+      return t
+    end
+    if retry < 0 then return -1 end
+    return t + retry
+  elseif kind == 2 or kind == 3 then
+    return win_earliest(r, t, n)
+  elseif kind == 4 then
+    return sl_earliest(r, t, n, now)
+  end
+  return cc_earliest(r, t, critical, holder)
+end
+
+-- status returns rule r's used, remaining and reset_after at now.
+local function status(r, now)
+  local kind = r.kind
+  if kind == 1 then
+    -- gcra_decide's peek (n = 0), inline.
+    local tat = r.stored
+    if not tat or tat < now then tat = now end
+    local rem = floor((r.em * r.burst - (tat - now)) / r.em)
+    if rem < 0 then rem = 0 end
+    return r.burst - rem, rem, tat - now
+  elseif kind == 2 or kind == 3 then
+    return win_status(r, now)
+  elseif kind == 4 then
+    return sl_status(r, now)
+  end
+  return cc_status(r, now)
+end
+
+-- reply is a request's reply: st, wait, rule, now, t, then per rule its
+-- status and the undo values (0 without undo).
+local function reply(rules, nrules, now, st, wait, rule, t, undo)
+  local out, j = {st, wait, rule, now, t}, 5
+  for i = 1, nrules do
+    local used, rem, reset = status(rules[i], now)
+    local u1, u2 = 0, 0
+    if undo then u1, u2 = undo[2 * i - 1], undo[2 * i] end
+    out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = used, rem, reset, u1, u2
+    j = j + 5
+  end
+  return out
+end
+
 -- decide decides the request whose arguments follow ARGV[a0] and whose keys
 -- start at KEYS[k0]. It returns the request's reply and the k0 and a0 of
 -- the next request.
@@ -78,7 +182,7 @@ local function decide(k0, a0)
     for i = 1, nrules do
       local r = {kind = tonumber(ARGV[a]), key = KEYS[k], em = 0, burst = 0, limit = 0, p = false,
         max = 0, reserved = 0, lease = 0, hkey = false, u1 = 0, u2 = 0, stored = false, at = false,
-        tat = 0, counts = false, total = 0, count = 0, oldest = false}
+        tat = 0, w = false, total = 0, count = 0, oldest = false}
       k = k + 1
       local kind = r.kind
       if kind == 1 then
@@ -110,66 +214,6 @@ local function decide(k0, a0)
     end
   end
 
-  -- load reads each rule's state once; later steps use and update the cache.
-  local function load(r)
-    local kind = r.kind
-    if kind == 1 then
-      r.stored = tonumber(call('GET', r.key))
-    elseif kind == 2 or kind == 3 then
-      win_load(r)
-    elseif kind == 4 then
-      sl_load(r, now)
-    else
-      cc_load(r, now)
-    end
-  end
-
-  -- earliest time >= t at which rule r admits the request; -1 never. A GCRA
-  -- rule keeps the TAT admitting at t would leave (r.at, r.tat), which the
-  -- charge then stores.
-  local function earliest(r, t)
-    local kind = r.kind
-    if kind == 1 then
-      local allowed, tat, _, _, retry = gcra_decide(r.stored, t, r.em, r.burst, n, 0, 0)
-      if allowed == 1 then
-        r.at, r.tat = t, tat
-        return t
-      end
-      if retry < 0 then return -1 end
-      return t + retry
-    elseif kind == 2 or kind == 3 then
-      return win_earliest(r, t, n)
-    elseif kind == 4 then
-      return sl_earliest(r, t, n, now)
-    end
-    return cc_earliest(r, t, critical, holder)
-  end
-
-  local function status(r)
-    local kind = r.kind
-    if kind == 1 then
-      local _, _, _, rem, _, reset = gcra_decide(r.stored, now, r.em, r.burst, 0, 0, 0)
-      return r.burst - rem, rem, reset
-    elseif kind == 2 or kind == 3 then
-      return win_status(r, now)
-    elseif kind == 4 then
-      return sl_status(r, now)
-    end
-    return cc_status(r, now)
-  end
-
-  local function reply(st, wait, rule, t, undo)
-    local out, j = {st, wait, rule, now, t}, 5
-    for i = 1, nrules do
-      local used, rem, reset = status(rules[i])
-      local u1, u2 = 0, 0
-      if undo then u1, u2 = undo[2 * i - 1], undo[2 * i] end
-      out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = used, rem, reset, u1, u2
-      j = j + 5
-    end
-    return out, k, a - 1
-  end
-
   if op ~= 2 then
     for i = 1, nrules do
       local r = rules[i]
@@ -193,7 +237,7 @@ local function decide(k0, a0)
         -- the time since this charge without it, so give back n emissions
         -- less that time: never more than this charge still holds, however
         -- refunds interleave.
-        local cur = tonumber(call('GET', r.key))
+        local cur = tat_get(r.key)
         local tat = r.u2
         if cur ~= r.u1 then
           tat = max(cur or now, now)
@@ -201,11 +245,7 @@ local function decide(k0, a0)
             tat = tat - max(0, n * r.em - (now - t))
           end
         end
-        if tat > now then
-          gcra_store(r.key, tat, 1, now, ttl_floor)
-        else
-          call('DEL', r.key)
-        end
+        tat_put(r.key, tat, now, ttl_floor)
       elseif kind == 2 or kind == 3 then
         win_refund(r, t, n)
       elseif kind == 4 then
@@ -214,8 +254,8 @@ local function decide(k0, a0)
         cc_release(r.key, r.hkey, holder, r.u1, now, ttl_floor)
       end
     end
-    for i = 1, nrules do load(rules[i]) end
-    return reply(1, 0, 0, t)
+    for i = 1, nrules do load(rules[i], now) end
+    return reply(rules, nrules, now, 1, 0, 0, t), k, a - 1
   end
 
   if op == 4 then
@@ -225,19 +265,18 @@ local function decide(k0, a0)
     for i = 1, nrules do
       local r = rules[i]
       if r.kind == 1 then
-        local cur = tonumber(call('GET', r.key)) or now
-        local tat = max(cur, till + r.em * (r.burst - 1))
-        if tat > now then gcra_store(r.key, tat, 1, now, ttl_floor) end
+        local tat = max(tat_get(r.key) or now, till + r.em * (r.burst - 1))
+        if tat > now then tat_put(r.key, tat, now, ttl_floor) end
       end
     end
-    for i = 1, nrules do load(rules[i]) end
-    return reply(1, 0, 0, now)
+    for i = 1, nrules do load(rules[i], now) end
+    return reply(rules, nrules, now, 1, 0, 0, now), k, a - 1
   end
 
-  for i = 1, nrules do load(rules[i]) end
+  for i = 1, nrules do load(rules[i], now) end
 
   if op == 3 then
-    return reply(1, 0, 0, now)
+    return reply(rules, nrules, now, 1, 0, 0, now), k, a - 1
   end
 
   -- Find the time t at which every rule admits: now for an allow; for a
@@ -251,9 +290,9 @@ local function decide(k0, a0)
     for i = 1, nrules do
       local r = rules[i]
       if not (op == 1 and r.kind == 5) then
-        local e = earliest(r, t)
+        local e = earliest(r, t, n, now, critical, holder)
         if e < 0 then
-          return reply(0, -1, i, now)
+          return reply(rules, nrules, now, 0, -1, i, now), k, a - 1
         end
         if op == 0 then
           if e - now > wait then wait, worst = e - now, i end
@@ -269,7 +308,7 @@ local function decide(k0, a0)
     t = nt
   end
   if op == 0 and worst > 0 then
-    return reply(0, wait, worst, now)
+    return reply(rules, nrules, now, 0, wait, worst, now), k, a - 1
   end
   if op == 1 then
     local known = true
@@ -278,7 +317,7 @@ local function decide(k0, a0)
       if r.kind == 3 and win_at(r, t) < 0 then known = false end
     end
     if not agreed or not known or t - now > horizon then
-      return reply(0, t - now, worst, now)
+      return reply(rules, nrules, now, 0, t - now, worst, now), k, a - 1
     end
     -- Nothing is booked beyond the reset of a window longer than the
     -- horizon that is full until then: the GCRA rules, charged after the
@@ -290,7 +329,7 @@ local function decide(k0, a0)
       if r.kind == 2 or r.kind == 3 then
         local start, stop = win_at(r, from)
         if t >= stop and stop - start > horizon and win_earliest(r, from, n) >= stop then
-          return reply(0, t - now, i, now)
+          return reply(rules, nrules, now, 0, t - now, i, now), k, a - 1
         end
       end
     end
@@ -303,8 +342,8 @@ local function decide(k0, a0)
     local kind = r.kind
     local u1, u2 = 0, 0
     if kind == 1 then
-      if r.at ~= t then earliest(r, t) end
-      gcra_store(r.key, r.tat, 1, now, ttl_floor)
+      if r.at ~= t then earliest(r, t, n, now, critical, holder) end
+      tat_put(r.key, r.tat, now, ttl_floor)
       u1, u2 = r.tat, r.stored or 0
       r.stored = r.tat
     elseif kind == 2 or kind == 3 then
@@ -316,11 +355,12 @@ local function decide(k0, a0)
     end
     undo[2 * i - 1], undo[2 * i] = u1, u2
   end
-  return reply(1, t - now, 0, t, undo)
+  return reply(rules, nrules, now, 1, t - now, 0, t, undo), k, a - 1
 end
 
 local out, k, a = {}, 1, 1
 for i = 1, tonumber(ARGV[1]) do
   out[i], k, a = decide(k, a)
 end
+flush()
 return out

@@ -66,7 +66,9 @@ type SlidingWindow struct {
 // until it releases it or its lease runs out (a crashed holder is reclaimed
 // after Lease); Renew extends a lease. Reserved slots are kept for requests
 // marked Critical: ordinary requests may use only Max-Reserved slots (a load
-// shedder that always leaves room for critical work).
+// shedder that always leaves room for critical work). Its two keys (holders
+// and fencing tokens) live until the last lease ends, at most a quarter Lease
+// longer, so that most acquires leave their TTLs alone.
 type Concurrency struct {
 	// Max is the number of slots, at least 1.
 	Max int

@@ -2,6 +2,7 @@ package quotas
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -256,4 +257,77 @@ func TestReserveNotAcrossLongWindowReset(t *testing.T) {
 	if d, err = l.Reserve(ctx, s, Request{}, time.Hour); err != nil || !d.Allowed || d.Delay <= 0 || d.Delay > time.Minute {
 		t.Fatalf("second: %+v %v, want booked in the next minute", d, err)
 	}
+}
+
+// TestConcurrencyKeysOutliveLeases: on the server's clock, after every
+// acquire, renew and release both keys of a concurrency rule live at least
+// until the latest lease ends and at most a quarter lease longer, although
+// most acquires set no TTL; with no lease left the tokens hash lives a
+// second.
+func TestConcurrencyKeysOutliveLeases(t *testing.T) {
+	c := redistest.Client(t)
+	l, err := New(Config{Client: c, Prefix: redistest.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const lease = 2 * time.Second
+	set := mustSet(Rule{Name: "slots", Limit: Concurrency{Max: 100, Lease: lease}})
+	check := func(what string, ls Lease) {
+		t.Helper()
+		// The TTLs are read before the time, so a correct TTL is never
+		// below the remaining lease however long the reads take.
+		zttl, httl := c.PTTL(ctx, ls.zkey).Val(), c.PTTL(ctx, ls.hkey).Val()
+		last := c.ZRangeWithScores(ctx, ls.zkey, -1, -1).Val()
+		now := c.Time(ctx).Val()
+		if len(last) == 0 {
+			if zttl != -2*time.Nanosecond && zttl != -2*time.Millisecond {
+				t.Fatalf("%s: holders set without holders, PTTL %v", what, zttl)
+			}
+			if httl <= 0 || httl > time.Second {
+				t.Fatalf("%s: tokens hash PTTL %v with no lease, want (0, 1s]", what, httl)
+			}
+			return
+		}
+		// PTTL counts whole milliseconds of Redis's millisecond clock: allow
+		// 2ms below the lease's exact end.
+		left := time.UnixMicro(int64(last[0].Score)).Sub(now) - 2*time.Millisecond
+		for _, ttl := range []time.Duration{zttl, httl} {
+			if ttl < left || ttl > lease+lease/4 {
+				t.Fatalf("%s: PTTL %v, latest lease ends in %v, want between that and %v", what, ttl, left, lease+lease/4)
+			}
+		}
+	}
+	// An acquire sets TTLs only when it moves the keys' end ("~exp"), by a
+	// quarter lease past its own lease: at most once per quarter lease
+	// after the first.
+	var leases []Lease
+	extended, exp, start := 0, "", c.Time(ctx).Val()
+	for i := range 12 {
+		d, err := l.Allow(ctx, set, Request{Holder: fmt.Sprintf("task-%d", i%5)})
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+		leases = append(leases, d.Leases[0])
+		check(fmt.Sprintf("acquire %d", i), d.Leases[0])
+		if e := c.HGet(ctx, d.Leases[0].hkey, "~exp").Val(); e != exp {
+			extended, exp = extended+1, e
+		}
+		time.Sleep(time.Duration(i%4) * 100 * time.Millisecond)
+	}
+	elapsed := c.Time(ctx).Val().Sub(start)
+	if most := 1 + int(elapsed/(lease/4)); extended > most {
+		t.Fatalf("12 acquires in %v set TTLs %d times, want at most %d", elapsed, extended, most)
+	}
+	if ok, err := l.Renew(ctx, leases[len(leases)-1]); !ok || err != nil {
+		t.Fatalf("renew: %v %v", ok, err)
+	}
+	check("renew", leases[len(leases)-1])
+	for _, ls := range leases[len(leases)-5:] {
+		if ok, err := l.Release(ctx, ls); !ok || err != nil {
+			t.Fatalf("release %+v: %v %v", ls, ok, err)
+		}
+		check("release "+ls.Holder, ls)
+	}
+	t.Logf("12 acquires in %v set TTLs %d times", elapsed, extended)
 }

@@ -10,6 +10,7 @@
 --                            conforms, or -1 if it never can (n > limit);
 --   *_charge(r, t, n, now, ttl_floor) record a cost-n request made at t;
 --   *_status(r, now)         used, remaining, reset_after.
+-- Windows also need win_flush() once at the end of the call.
 
 local function fmt(x) return format('%d', x) end
 
@@ -22,9 +23,16 @@ end
 -- Fixed (kind 2, p = {every}) and calendar (kind 3, p = ticks) windows: a
 -- hash of window start -> count, so that reservations can charge future
 -- windows without losing the current one.
+--
+-- Counts are cached for the whole script call (r.w is the key's cache):
+-- the requests of one call read a field at most once between them, and
+-- win_flush writes the changes back at the end of the call, with the same
+-- result as if each request had written its own.
+
+local win_cache, win_changed = {}, {}  -- key -> cache; caches with changes
 
 -- win_at returns the window [start, stop) containing t, or -2 when a
--- calendar window's ticks do not cover t.
+-- calendar window's ticks do not cover t. r needs only kind and p.
 local function win_at(r, t)
   if r.kind == 2 then
     local start = t - (t % r.p[1])
@@ -38,16 +46,26 @@ local function win_at(r, t)
 end
 
 local function win_count(r, start)
-  local c = r.counts[start]
+  local counts = r.w.counts
+  local c = counts[start]
   if c == nil then
     c = tonumber(call('HGET', r.key, fmt(start))) or 0
-    r.counts[start] = c
+    counts[start] = c
   end
   return c
 end
 
 local function win_load(r)
-  r.counts = {}
+  local w = win_cache[r.key]
+  if w == nil then
+    -- fields: the changed window starts, in order; tidy: a window was
+    -- started, so the ended ones go and the TTL is set, as of the window
+    -- (kind, p, start, stop) started last at now.
+    w = {key = r.key, counts = {}, fields = {}, changed = {}, tidy = false,
+      kind = 0, p = false, start = 0, stop = 0, now = 0, floor = 0}
+    win_cache[r.key] = w
+  end
+  r.w = w
 end
 
 -- A window beyond a calendar rule's ticks is taken to be empty.
@@ -61,25 +79,25 @@ local function win_earliest(r, t, n)
   return t
 end
 
+-- win_set sets the count of the window starting at start; 0 deletes it.
+local function win_set(r, start, c)
+  local w = r.w
+  w.counts[start] = c
+  if not w.changed[start] then
+    if #w.fields == 0 then win_changed[#win_changed + 1] = w end
+    w.changed[start] = true
+    w.fields[#w.fields + 1] = start
+  end
+end
+
 local function win_charge(r, t, n, now, ttl_floor)
   local start, stop = win_at(r, t)
-  local c = call('HINCRBY', r.key, fmt(start), n)
-  r.counts[start] = c
-  if c ~= n then return end
-  -- A new window: forget the ones that have ended, and let the key live
-  -- until its last window ends.
-  local cur = win_at(r, now)
-  local last = stop
-  for _, f in ipairs(call('HKEYS', r.key)) do
-    local s = tonumber(f)
-    if cur >= 0 and s < cur then
-      call('HDEL', r.key, f)
-    elseif s > start then
-      local _, e = win_at(r, s)
-      if e > last then last = e end
-    end
+  local c = win_count(r, start) + n
+  win_set(r, start, c)
+  if c == n then
+    local w = r.w
+    w.tidy, w.kind, w.p, w.start, w.stop, w.now, w.floor = true, r.kind, r.p, start, stop, now, ttl_floor
   end
-  call('PEXPIRE', r.key, ttl_ms(last - now, ttl_floor))
 end
 
 local function win_status(r, now)
@@ -90,13 +108,42 @@ local function win_status(r, now)
 end
 
 local function win_refund(r, t, n)
+  win_load(r)
   local start = win_at(r, t)
   if start < 0 then return end
-  local c = tonumber(call('HGET', r.key, fmt(start))) or 0
-  if c <= n then
-    call('HDEL', r.key, fmt(start))
-  else
-    call('HINCRBY', r.key, fmt(start), -n)
+  win_set(r, start, max(0, win_count(r, start) - n))
+end
+
+-- win_flush writes the call's changed counts back. When a window was
+-- started it forgets the windows that had ended by then, and lets the key
+-- live until its last window ends.
+local function win_flush()
+  for _, w in ipairs(win_changed) do
+    local set, del = {}, {}
+    for _, s in ipairs(w.fields) do
+      local c = w.counts[s]
+      if c > 0 then
+        set[#set + 1], set[#set + 2] = fmt(s), fmt(c)
+      else
+        del[#del + 1] = fmt(s)
+      end
+    end
+    if #set > 0 then call('HSET', w.key, unpack(set)) end
+    if #del > 0 then call('HDEL', w.key, unpack(del)) end
+    if w.tidy then
+      local cur = win_at(w, w.now)
+      local last = w.stop
+      for _, f in ipairs(call('HKEYS', w.key)) do
+        local s = tonumber(f)
+        if cur >= 0 and s < cur then
+          call('HDEL', w.key, f)
+        elseif s > w.start then
+          local _, e = win_at(w, s)
+          if e > last then last = e end
+        end
+      end
+      call('PEXPIRE', w.key, fmt(ttl_ms(last - w.now, w.floor)))
+    end
   end
 end
 
@@ -121,7 +168,7 @@ local function sl_earliest(r, t, n, now)
   if newer + n <= r.limit then return t end
   -- Wait until all but limit-n of the newer entries have left the window.
   local idx = r.total - (r.limit - n) - 1
-  local e = call('ZRANGE', r.key, idx, idx, 'WITHSCORES')
+  local e = call('ZRANGE', r.key, fmt(idx), fmt(idx), 'WITHSCORES')
   return max(t, tonumber(e[2]) + every)
 end
 
@@ -133,7 +180,7 @@ local function sl_charge(r, t, n, now, ttl_floor, nonce)
   end
   call('ZADD', r.key, unpack(args))
   -- The key lives until its newest entry leaves the window.
-  local ttl = ttl_ms(t + r.p[1] - now, ttl_floor)
+  local ttl = fmt(ttl_ms(t + r.p[1] - now, ttl_floor))
   if r.total == 0 then
     call('PEXPIRE', r.key, ttl)
   else
@@ -147,7 +194,7 @@ end
 local function sl_status(r, now)
   local reset = 0
   if r.total > 0 then
-    local first = call('ZRANGE', r.key, 0, 0, 'WITHSCORES')
+    local first = call('ZRANGE', r.key, '0', '0', 'WITHSCORES')
     reset = max(0, tonumber(first[2]) + r.p[1] - now)
   end
   return r.total, max(0, r.limit - r.total), reset
@@ -161,12 +208,17 @@ end
 
 -- Concurrency (kind 5): a sorted set of holders scored by lease expiry
 -- (r.key), and a hash of holder -> fencing token whose field "~seq" holds
--- the last token issued (r.hkey). Expired leases are reclaimed on every
--- look. A holder that acquires again replaces its own lease with a new
--- token, so a redelivered task never holds two slots.
+-- the last token issued and "~exp" the time both keys live until (r.hkey).
+-- Expired leases are reclaimed on every look. A holder that acquires again
+-- replaces its own lease with a new token, so a redelivered task never
+-- holds two slots.
+--
+-- An acquire whose lease would outlive the keys makes them live a quarter
+-- lease longer than that lease, so that most acquires set no TTL; keys
+-- live at most a quarter lease after the last lease ends.
 
 local function cc_oldest(r)
-  local first = call('ZRANGE', r.key, 0, 0, 'WITHSCORES')
+  local first = call('ZRANGE', r.key, '0', '0', 'WITHSCORES')
   r.oldest = tonumber(first[2])
 end
 
@@ -196,11 +248,12 @@ end
 -- sequence survives while tokens issued within one microsecond could still
 -- run ahead of the clock.
 local function cc_expire(zkey, hkey, now, ttl_floor)
-  local last = call('ZRANGE', zkey, -1, -1, 'WITHSCORES')
-  local ttl = 1000000
-  if last[2] then ttl = tonumber(last[2]) - now end
-  ttl = ttl_ms(ttl, ttl_floor)
+  local last = call('ZRANGE', zkey, '-1', '-1', 'WITHSCORES')
+  local live = now + 1000000
+  if last[2] then live = tonumber(last[2]) end
+  local ttl = fmt(ttl_ms(live - now, ttl_floor))
   if last[2] then call('PEXPIRE', zkey, ttl) end
+  call('HSET', hkey, '~exp', fmt(live))
   call('PEXPIRE', hkey, ttl)
 end
 
@@ -208,22 +261,20 @@ local function cc_acquire(r, holder, now, ttl_floor)
   local exp = now + r.lease
   local added = call('ZADD', r.key, fmt(exp), holder)
   -- Tokens only grow, even across the keys' expiry: at least the time.
-  local seq = tonumber(call('HGET', r.hkey, '~seq'))
+  local st = call('HMGET', r.hkey, '~seq', '~exp')
+  local seq, live = tonumber(st[1]), tonumber(st[2]) or 0
   local token = max((seq or 0) + 1, now)
   local tf = fmt(token)
-  call('HSET', r.hkey, '~seq', tf, holder, tf)
-  -- The keys live until the latest lease ends: extend, never shorten (GT),
-  -- except on a key that has no TTL yet because it was just created.
-  local ttl = ttl_ms(r.lease, ttl_floor)
-  if r.count == 0 then
+  if live < exp then
+    live = exp + floor(r.lease / 4)
+    call('HSET', r.hkey, '~seq', tf, holder, tf, '~exp', fmt(live))
+    local ttl = fmt(ttl_ms(live - now, ttl_floor))
     call('PEXPIRE', r.key, ttl)
-  else
-    call('PEXPIRE', r.key, ttl, 'GT')
-  end
-  if seq then
-    call('PEXPIRE', r.hkey, ttl, 'GT')
-  else
     call('PEXPIRE', r.hkey, ttl)
+  else
+    call('HSET', r.hkey, '~seq', tf, holder, tf)
+    -- A holders set created by this acquire has no TTL yet.
+    if r.count == 0 then call('PEXPIRE', r.key, fmt(ttl_ms(live - now, ttl_floor))) end
   end
   if added == 0 then
     -- The holder's previous lease, perhaps the oldest, was replaced.
