@@ -331,3 +331,31 @@ func TestConcurrencyKeysOutliveLeases(t *testing.T) {
 	}
 	t.Logf("12 acquires in %v set TTLs %d times", elapsed, extended)
 }
+
+// TestConcurrencyKeysOnExplicitClock: on an explicit clock the keys' TTLs
+// run in real time while the clock may stand still, so every acquire
+// renews them to at least an hour, even when its lease ends before the
+// keys' recorded end.
+func TestConcurrencyKeysOnExplicitClock(t *testing.T) {
+	c := redistest.Client(t)
+	l := newClocked(t, c, redistest.Prefix(t), time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	set := mustSet(Rule{Name: "slots", Limit: Concurrency{Max: 10, Lease: time.Minute}})
+	d, err := l.Allow(ctx, set, Request{Holder: "a"})
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v %v", d, err)
+	}
+	ls := d.Leases[0]
+	// An hour of real time has nearly passed.
+	for _, k := range []string{ls.zkey, ls.hkey} {
+		c.PExpire(ctx, k, time.Second)
+	}
+	if d, err := l.Allow(ctx, set, Request{Holder: "b"}); err != nil || !d.Allowed {
+		t.Fatalf("%+v %v", d, err)
+	}
+	for _, k := range []string{ls.zkey, ls.hkey} {
+		if ttl := c.PTTL(ctx, k).Val(); ttl < 59*time.Minute {
+			t.Fatalf("%s: PTTL %v after an acquire on an explicit clock, want about an hour", k, ttl)
+		}
+	}
+}

@@ -265,8 +265,10 @@ local function cc_acquire(r, holder, now, ttl_floor)
   local seq, live = tonumber(st[1]), tonumber(st[2]) or 0
   local token = max((seq or 0) + 1, now)
   local tf = fmt(token)
-  if live < exp then
-    live = exp + floor(r.lease / 4)
+  -- On an explicit clock (ttl_floor > 0) the TTLs are in real time, not
+  -- the clock's: every acquire renews them.
+  if live < exp or ttl_floor > 0 then
+    live = max(live, exp + floor(r.lease / 4))
     call('HSET', r.hkey, '~seq', tf, holder, tf, '~exp', fmt(live))
     local ttl = fmt(ttl_ms(live - now, ttl_floor))
     call('PEXPIRE', r.key, ttl)
