@@ -62,7 +62,7 @@ end
 local function tat_put(key, tat, now, ttl_floor)
   if tat_ttl[key] == nil then tat_changed[#tat_changed + 1] = key end
   if tat > now then
-    tats[key], tat_ttl[key] = tat, max(ceil((tat - now) / 1000), ttl_floor)
+    tats[key], tat_ttl[key] = tat, ttl_ms(tat - now, ttl_floor)
   else
     tats[key], tat_ttl[key] = false, 0
   end
@@ -72,7 +72,7 @@ local function flush()
   for _, key in ipairs(tat_changed) do
     local tat = tats[key]
     if tat then
-      call('SET', key, format('%d', tat), 'PX', format('%d', tat_ttl[key]))
+      call('SET', key, fmt(tat), 'PX', fmt(tat_ttl[key]))
     else
       call('DEL', key)
     end

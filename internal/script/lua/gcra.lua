@@ -1,5 +1,6 @@
--- GCRA arithmetic shared by every script that decides a GCRA rule.
--- A library, not a script: it defines functions and touches no key.
+-- GCRA arithmetic shared by every script that decides a GCRA rule, and the
+-- helpers every such script uses. A library, not a script: it defines
+-- functions; only gcra_store writes a key.
 --
 -- All times are integer microseconds; all values stay below 2^53 (checked in
 -- Go before the call), so double arithmetic here is exact.
@@ -8,6 +9,18 @@
 -- global is a table lookup on each use, which costs measurably in scripts
 -- that run on every decision.
 local call, tonumber, floor, ceil, max, format = redis.call, tonumber, math.floor, math.ceil, math.max, string.format
+
+-- fmt formats an integer for redis.call: Redis would format a Lua number
+-- with %.17g, which costs more.
+local function fmt(x) return format('%d', x) end
+
+-- ttl_ms is a TTL in milliseconds covering us microseconds, at least
+-- ttl_floor.
+local function ttl_ms(us, ttl_floor)
+  local ttl = ceil(us / 1000)
+  if ttl < ttl_floor then ttl = ttl_floor end
+  return ttl
+end
 
 -- gcra_decide(stored, now, em, burst, n, op, max_wait)
 --   stored    theoretical arrival time (TAT) read from the key, or nil
@@ -66,9 +79,7 @@ end
 -- ttl_floor_ms), or deletes it.
 local function gcra_store(key, tat, write, now, ttl_floor_ms)
   if write == 1 then
-    local ttl = ceil((tat - now) / 1000)
-    if ttl < ttl_floor_ms then ttl = ttl_floor_ms end
-    call('SET', key, format('%d', tat), 'PX', ttl)
+    call('SET', key, fmt(tat), 'PX', fmt(ttl_ms(tat - now, ttl_floor_ms)))
   elseif write == 2 then
     call('DEL', key)
   end

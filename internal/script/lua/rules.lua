@@ -1,6 +1,7 @@
 -- Rule kinds other than GCRA, shared by the scripts that decide rule sets.
 -- A library, not a script: it defines functions and touches only the keys of
 -- the rule tables passed to them. Times are integer microseconds below 2^53.
+-- Composed after gcra.lua, whose locals and helpers (fmt, ttl_ms) it uses.
 --
 -- A rule table r holds the rule's parameters (kind, key, limit, p, ...) and
 -- caches what has been read of its key, so that a decision reads each value
@@ -11,14 +12,6 @@
 --   *_charge(r, t, n, now, ttl_floor) record a cost-n request made at t;
 --   *_status(r, now)         used, remaining, reset_after.
 -- Windows also need win_flush() once at the end of the call.
-
-local function fmt(x) return format('%d', x) end
-
-local function ttl_ms(us, ttl_floor)
-  local ttl = ceil(us / 1000)
-  if ttl < ttl_floor then ttl = ttl_floor end
-  return ttl
-end
 
 -- Fixed (kind 2, p = {every}) and calendar (kind 3, p = ticks) windows: a
 -- hash of window start -> count, so that reservations can charge future
