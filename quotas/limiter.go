@@ -113,7 +113,7 @@ type Request struct {
 	// Holder identifies who takes concurrency slots (an asynq task id). A
 	// holder that acquires again replaces its own lease, so a redelivered
 	// task never holds two slots. Required when the set has a concurrency
-	// rule.
+	// rule. Any bytes are allowed.
 	Holder string
 	// Critical lets the request use the slots concurrency rules reserve
 	// for critical work.
@@ -329,7 +329,7 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 	ks = make([]string, 0, nk)
 	argv = make([]any, 0, na+1)
 	// One request: the script's request count, then the request.
-	argv = append(argv, 1, p.op, now, tm.floor, p.n, p.horizon.Microseconds(), p.req.Holder, b2i(p.req.Critical), p.nonce, at, len(g))
+	argv = append(argv, 1, p.op, now, tm.floor, p.n, p.horizon.Microseconds(), holderField(p.req.Holder), b2i(p.req.Critical), p.nonce, at, len(g))
 	for _, c := range g {
 		ks = append(ks, c.keys...)
 		if c.c.kind == kindCalendar {
@@ -723,6 +723,17 @@ func (l *Limiter) Release(ctx context.Context, lease Lease) (bool, error) {
 	return l.lease(ctx, lease, 1)
 }
 
+// holderField is how holder h is named in a concurrency rule's keys. The
+// tokens hash keeps its bookkeeping in fields that start with '~' ("~seq",
+// "~exp"); a holder that starts with '~' gets one more, so that no holder
+// names a bookkeeping field and distinct holders stay distinct.
+func holderField(h string) string {
+	if strings.HasPrefix(h, "~") {
+		return "~" + h
+	}
+	return h
+}
+
 func (l *Limiter) lease(ctx context.Context, ls Lease, op int) (bool, error) {
 	if ls.zkey == "" {
 		return false, errors.New("quotas: not a lease from a Decision")
@@ -731,7 +742,7 @@ func (l *Limiter) lease(ctx context.Context, ls Lease, op int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	v, err := leaseScript.Run(ctx, l.client, []string{ls.zkey, ls.hkey}, op, tm.now, tm.floor, ls.Holder, ls.Token, ls.Duration.Microseconds()).Int64()
+	v, err := leaseScript.Run(ctx, l.client, []string{ls.zkey, ls.hkey}, op, tm.now, tm.floor, holderField(ls.Holder), ls.Token, ls.Duration.Microseconds()).Int64()
 	if err != nil {
 		return false, fmt.Errorf("quotas: %w", err)
 	}

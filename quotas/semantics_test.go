@@ -359,3 +359,39 @@ func TestConcurrencyKeysOnExplicitClock(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldersNamedLikeBookkeeping: holders named like the tokens hash's
+// bookkeeping fields ("~seq", "~exp") take their own slots, get increasing
+// tokens and can release them, like any holder.
+func TestHoldersNamedLikeBookkeeping(t *testing.T) {
+	c := redistest.Client(t)
+	l := newClocked(t, c, redistest.Prefix(t), time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	set := mustSet(Rule{Name: "slots", Limit: Concurrency{Max: 10, Lease: time.Minute}})
+	var leases []Lease
+	for i, h := range []string{"~seq", "~exp", "~~seq", "seq", "~"} {
+		d, err := l.Allow(ctx, set, Request{Holder: h})
+		if err != nil || !d.Allowed {
+			t.Fatalf("%q: %+v %v", h, d, err)
+		}
+		if d.Rules[0].Used != i+1 {
+			t.Fatalf("%q: %d slots used, want %d", h, d.Rules[0].Used, i+1)
+		}
+		if i > 0 && d.Leases[0].Token <= leases[i-1].Token {
+			t.Fatalf("%q: token %d after %d", h, d.Leases[0].Token, leases[i-1].Token)
+		}
+		leases = append(leases, d.Leases[0])
+	}
+	for _, ls := range leases {
+		if ok, err := l.Renew(ctx, ls); !ok || err != nil {
+			t.Fatalf("renew %q: %v %v", ls.Holder, ok, err)
+		}
+		if ok, err := l.Release(ctx, ls); !ok || err != nil {
+			t.Fatalf("release %q: %v %v", ls.Holder, ok, err)
+		}
+	}
+	d, err := l.Allow(ctx, set, Request{Holder: "after"})
+	if err != nil || !d.Allowed || d.Rules[0].Used != 1 || d.Leases[0].Token <= leases[len(leases)-1].Token {
+		t.Fatalf("after: %+v %v, want the only slot, with a later token", d, err)
+	}
+}

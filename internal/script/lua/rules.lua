@@ -201,7 +201,9 @@ end
 
 -- Concurrency (kind 5): a sorted set of holders scored by lease expiry
 -- (r.key), and a hash of holder -> fencing token whose field "~seq" holds
--- the last token issued and "~exp" the time both keys live until (r.hkey).
+-- the last token issued and "~exp" the time both keys live until (r.hkey);
+-- a holder id that starts with '~' arrives with one more (holderField in
+-- Go), so no holder names these fields.
 -- Expired leases are reclaimed on every look. A holder that acquires again
 -- replaces its own lease with a new token, so a redelivered task never
 -- holds two slots.
