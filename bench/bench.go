@@ -67,9 +67,19 @@ var (
 //   - quotas-5rule-single: the same on a Limiter with MaxBatch 1, where
 //     every decision is its own script call. The other quotas cases use the
 //     default, where concurrent decisions share calls.
+//   - quotas-reserve: Reserve (horizon 1h) of TwoRules, a global GCRA and a
+//     per-business GCRA of 1/s burst 1, which binds after a business's
+//     first call: every later call books its business's next second, ahead
+//     of the global rule's other bookings (in random-keys mode each of
+//     NumKeys businesses books about one a second; in hot-key mode the one
+//     business books up to the horizon, then is refused).
+//
+// fair.go adds the cases of fair rules.
 var (
-	Contenders = []string{"taskrl", "redis_rate", "incr", "quotas-1rule", "quotas-4rule", "quotas-5rule", "quotas-5rule-single"}
+	Contenders = []string{"taskrl", "redis_rate", "incr", "quotas-1rule", "quotas-4rule", "quotas-5rule", "quotas-5rule-single", "quotas-reserve"}
 	Modes      = []string{"random-keys", "hot-key"}
+	// moreOps holds the operations of contenders added by other files.
+	moreOps = map[string]func(e *Env) op{}
 )
 
 // Rule sets of the quotas cases. Every limit is far above what the machine
@@ -84,6 +94,15 @@ var (
 	// FiveRules is FourRules plus a per-business concurrency rule.
 	FiveRules = mustSet(append(fourRules(),
 		quotas.Rule{Name: "slots", Limit: quotas.Concurrency{Max: 1000000, Lease: 30 * time.Second}})...)
+	// TwoRules: a global GCRA of TaskrlLimit's rate with a burst of 100 (a
+	// burst of 100,000 would make each decision's status count the free
+	// intervals among a second's worth of bookings), named apart so that
+	// its bookings never reach the other cases, and a per-business GCRA of
+	// 1/s.
+	TwoRules = mustSet(
+		quotas.Rule{Name: "peak2", Limit: quotas.GCRA(gcra.Limit{Rate: TaskrlLimit.Rate, Period: TaskrlLimit.Period, Burst: 100})},
+		quotas.Rule{Name: "slow", Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Second, Burst: 1})},
+	)
 )
 
 func fourRules() []quotas.Rule {
@@ -183,12 +202,16 @@ func (e *Env) Allow5(ctx context.Context, biz string) (bool, error) {
 }
 
 func (e *Env) allow5(ctx context.Context, l *quotas.Limiter, biz string) (bool, error) {
-	holder := "task-" + strconv.FormatUint(e.holder.Add(1)%HolderPool, 10)
-	d, err := l.Allow(ctx, FiveRules, quotas.Request{Keys: []string{"", "", "", biz, biz}, Holder: holder})
+	d, err := l.Allow(ctx, FiveRules, quotas.Request{Keys: []string{"", "", "", biz, biz}, Holder: e.nextHolder()})
 	if err != nil {
 		return false, err
 	}
 	return d.Allowed, nil
+}
+
+// nextHolder returns the next of HolderPool concurrency holders.
+func (e *Env) nextHolder() string {
+	return "task-" + strconv.FormatUint(e.holder.Add(1)%HolderPool, 10)
 }
 
 // HolderPool is how many distinct concurrency holders quotas-5rule uses.
@@ -246,6 +269,13 @@ func (e *Env) Cases() []Case {
 		"quotas-5rule-single": func(ctx context.Context, biz string) (bool, error) {
 			return e.allow5(ctx, e.QuotasSingle, biz)
 		},
+		"quotas-reserve": func(ctx context.Context, key string) (bool, error) {
+			d, err := e.Quotas.Reserve(ctx, TwoRules, quotas.Request{Keys: []string{"", key}}, time.Hour)
+			return d.Allowed, err
+		},
+	}
+	for name, mk := range moreOps {
+		ops[name] = mk(e)
 	}
 	// Key names as each contender is called with them; the contender adds
 	// its own prefix (taskrl) or not (redis_rate always adds "rate:").

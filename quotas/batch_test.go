@@ -54,12 +54,16 @@ func TestBatchMatchesOneByOne(t *testing.T) {
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
 	ctx := context.Background()
-	for seed := uint64(1); seed <= 6; seed++ {
+	for seed := uint64(1); seed <= 10; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 11))
 		start := starts[rng.IntN(len(starts))]
 		batched := newClocked(t, c, fmt.Sprintf("%sb%d:", prefix, seed), start)
 		single := newClocked(t, c, fmt.Sprintf("%ss%d:", prefix, seed), start)
 		d := newDiffer(t, c, "unused:", seed)
+		if seed > 6 {
+			// GCRA-heavy sets whose requests book ahead of each other.
+			d = newBookingDiffer(t, c, "unused:", seed)
+		}
 		type heldPair struct {
 			s            *Set
 			req          Request
@@ -116,7 +120,7 @@ func TestBatchMatchesOneByOne(t *testing.T) {
 				if it.p.op != opRefund {
 					it.p.n = max(it.req.Cost, 1)
 				}
-				if it.s.sliding && it.p.op != opRefund {
+				if it.s.named && it.p.op != opRefund {
 					it.p.nonce = newNonce()
 				}
 				it.job, it.call = batchJob(t, batched.Limiter, it.s, it.req, it.p)

@@ -12,6 +12,15 @@
 //   - Concurrency: at most Max holders, with leases, renewal, fencing tokens
 //     and a reserve for critical work.
 //
+// Reserve books the earliest moment every rule admits a request, for work
+// that will run then (a rescheduled task). A booking takes each rule's
+// capacity at its own moment only: a GCRA rule places it in its own
+// interval of the rule's virtual time (see GCRA), a window counts it in the
+// window of its moment, a sliding window in the windows around it; so a
+// request booked far ahead, because another rule (its entity's own rate)
+// held it back until then, leaves the capacity before it to other
+// requests, and no rule admits more than its limit in any span of time.
+//
 // Every rule applies to one key per entity: Request.Keys gives, per rule,
 // the entity ("" for the rule's global key). Keys are built as
 // PREFIX "q:{" ENTITY "}:" RULE ":" KIND, where ENTITY is the entity id

@@ -196,3 +196,46 @@ func ExampleParseReceipt() {
 	// booked; left today: 9999
 	// refunded; left today: 10000
 }
+
+// A vendor allows 10 calls/s, shared fairly among businesses (Rule.Fair).
+// Business "big", alone, books the next half second. "small" arrives 50 ms
+// later and takes over the first of big's bookings not about to start: a
+// business with less than its share comes first. Big's task learns it
+// before it runs (Held), gives back its own charges (Refund) and books
+// again, behind.
+func ExampleLimiter_Held() {
+	now := monday9
+	limiter := exampleLimiter(&now)
+	set, _ := quotas.NewSet(
+		quotas.Rule{Name: "vendor", Limit: quotas.GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 1}), Fair: true},
+		quotas.Rule{Name: "business", Limit: quotas.GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 1})},
+	)
+	ctx := context.Background()
+	req := func(business string) quotas.Request {
+		return quotas.Request{Keys: []string{"", business}, Fair: []string{business, ""}}
+	}
+	var big []quotas.Decision
+	for i := 0; i < 5; i++ {
+		d, _ := limiter.Reserve(ctx, set, req("big"), time.Minute)
+		big = append(big, d)
+		fmt.Printf("big %d: booked in %v\n", i, d.Delay)
+	}
+	now = now.Add(50 * time.Millisecond)
+	d, _ := limiter.Reserve(ctx, set, req("small"), time.Minute)
+	fmt.Printf("small: booked in %v\n", d.Delay)
+	for i, b := range big {
+		if held, _ := limiter.Held(ctx, set, req("big"), b); !held {
+			_ = limiter.Refund(ctx, set, req("big"), b)
+			d, _ := limiter.Reserve(ctx, set, req("big"), time.Minute)
+			fmt.Printf("big %d: taken over; booked again in %v\n", i, d.Delay)
+		}
+	}
+	// Output:
+	// big 0: booked in 0s
+	// big 1: booked in 100ms
+	// big 2: booked in 200ms
+	// big 3: booked in 300ms
+	// big 4: booked in 400ms
+	// small: booked in 250ms
+	// big 3: taken over; booked again in 450ms
+}

@@ -3,10 +3,14 @@ package quotas
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,7 +26,7 @@ import (
 var (
 	//go:embed quotas.lua
 	setLua    string
-	setText   = script.Text(setLua, "gcra", "rules")
+	setText   = script.Text(setLua, "gcra", "booked", "rules")
 	setScript = redis.NewScript(setText)
 	//go:embed lease.lua
 	leaseLua    string
@@ -116,8 +120,14 @@ type Request struct {
 	// rule. Any bytes are allowed.
 	Holder string
 	// Critical lets the request use the slots concurrency rules reserve
-	// for critical work.
+	// for critical work, and puts it first in line at fair rules: it may
+	// take over the booking of any request that is not critical.
 	Critical bool
+	// Fair holds, per rule of the set in order, the flow a fair rule
+	// (Rule.Fair) shares its capacity among: a business id, a customer.
+	// Other rules ignore it. Nil means every fair rule's flow is "". Any
+	// bytes are allowed.
+	Fair []string
 }
 
 // RuleStatus is the state of one rule's key after a decision.
@@ -171,7 +181,7 @@ type Decision struct {
 	// Leases are the concurrency slots an Allow took.
 	Leases []Lease
 
-	nonce string     // names this request's sliding-window entries
+	nonce string     // names this request's GCRA bookings and sliding-window entries
 	cost  int        // units charged
 	ats   []int64    // per rule, µs its group charged at
 	undo  [][2]int64 // per rule, what a refund needs to undo the charge
@@ -183,7 +193,11 @@ type call struct {
 	key  string // entity
 	keys []string
 	tag  string
-	c    *compiled
+	flow string // a fair rule's flow, encoded
+	// digest names the request's global rules when the set has a fair
+	// rule (see digest); the same in every call of a request.
+	digest string
+	c      *compiled
 }
 
 func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
@@ -195,6 +209,9 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	}
 	if r.Cost < 0 {
 		return nil, fmt.Errorf("quotas: Request.Cost must not be negative, got %d", r.Cost)
+	}
+	if r.Fair != nil && len(r.Fair) != len(s.rules) {
+		return nil, fmt.Errorf("quotas: Request.Fair has %d flows for %d rules", len(r.Fair), len(s.rules))
 	}
 	// Every key is PREFIX "q:{" TAG "}:" NAME ":" KIND...: the kind (and a
 	// window's length) keeps rules of the same name but other definitions
@@ -212,6 +229,9 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 			c.tag = calls[i-1].tag
 		default:
 			c.tag = keys.Encode(c.key)
+		}
+		if c.c.fair && r.Fair != nil {
+			c.flow = keys.Encode(r.Fair[i])
 		}
 		if c.c.kind == kindConcurrency && r.Holder == "" && needHolder {
 			return nil, fmt.Errorf("quotas: rule %q is a concurrency rule: Request.Holder is required", s.rules[i].Name)
@@ -243,6 +263,12 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 		}
 		calls[i].keys = ks[start:len(ks):len(ks)]
 	}
+	if s.fair {
+		d := digest(s, calls)
+		for i := range calls {
+			calls[i].digest = d
+		}
+	}
 	return calls, nil
 }
 
@@ -272,6 +298,7 @@ const (
 	opRefund
 	opStatus
 	opBlock
+	opHeld
 )
 
 // timing is what every script call of one request shares.
@@ -314,7 +341,7 @@ type params struct {
 // one request. The rules' parameters are argv[specAt:end].
 func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, end int) {
 	at := p.notBefore
-	if p.op == opRefund {
+	if p.op == opRefund || p.op == opHeld {
 		at = p.ats[g[0].i]
 	}
 	var now any = minusOne
@@ -345,12 +372,44 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 		}
 	}
 	end = len(argv)
-	if p.op == opRefund {
+	if p.op == opRefund || p.op == opHeld {
 		for _, c := range g {
 			argv = append(argv, p.undo[c.i][0], p.undo[c.i][1])
 		}
 	}
+	fair := false
+	for _, c := range g {
+		if c.c.fair {
+			argv = append(argv, c.flow)
+			fair = true
+		}
+	}
+	if fair {
+		own := make([]byte, len(g))
+		for i, c := range g {
+			own[i] = '0'
+			if c.key != "" && !c.c.fair {
+				own[i] = '1'
+			}
+		}
+		argv = append(argv, g[0].digest, string(own))
+	}
 	return ks, argv, end
+}
+
+// digest names the rules a request of a set with a fair rule shares with
+// every other request whose booking of that rule it may take over: the
+// fair rule and the rules on their global key, with their limits. A
+// request takes over only the bookings of requests with the same digest,
+// and inherits their charges on exactly those rules.
+func digest(s *Set, calls []call) string {
+	h := sha256.New()
+	for _, c := range calls {
+		if c.key == "" || c.c.fair {
+			fmt.Fprintf(h, "%q %q %v %q;", s.rules[c.i].Name, s.rules[c.i].Limit, c.c.fair, c.key)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // specAt is where the rules' parameters start in args' argv: after the
@@ -412,7 +471,8 @@ func parseReply(v []any, n int) (reply, error) {
 		}
 	}
 	r := reply{status: x[0], wait: x[1], rule: x[2], now: x[3], at: x[4]}
-	if r.status == -2 {
+	if len(v) == 5 {
+		// A calendar miss (status -2) or a held reply: no rule states.
 		return r, nil
 	}
 	if len(v) != 5+5*n {
@@ -498,10 +558,20 @@ func (l *Limiter) pipelined(ctx context.Context, gs [][]call, p params, tm timin
 	return vs, nil
 }
 
+// nonceBase starts this process's nonces: random, so that processes never
+// share one; a counter makes them unique within the process.
+var (
+	nonceBase = func() string {
+		var b [9]byte
+		_, _ = rand.Read(b[:])
+		return base64.RawURLEncoding.EncodeToString(b[:])
+	}()
+	nonceSeq atomic.Uint64
+)
+
+// newNonce names one request's GCRA bookings and sliding-window entries.
 func newNonce() string {
-	var b [9]byte
-	_, _ = rand.Read(b[:])
-	return base64.RawURLEncoding.EncodeToString(b[:]) + ":"
+	return nonceBase + strconv.FormatUint(nonceSeq.Add(1), 36) + ":"
 }
 
 // Allow admits the request if every rule of the set admits it now, and then
@@ -518,14 +588,16 @@ func (l *Limiter) Allow(ctx context.Context, s *Set, req Request) (Decision, err
 
 // Reserve books the earliest moment, at most horizon away, at which every
 // rule except concurrency rules admits the request, charging them for that
-// moment: the caller acts after Decision.Delay. Concurrency is taken when
-// the work starts (Allow), never reserved. If no such moment lies within the
-// horizon, nothing is charged and RetryAfter says when it would be. Nor is
-// anything booked beyond the reset of a fixed or calendar window longer than
-// the horizon that is full until then (a daily quota spent an hour before
-// midnight): GCRA rules charged after the reset would hold back every
-// request before it, even once refunds free the window. RetryAfter is then
-// the wait until the moment found, and Rule names the window.
+// moment only: the caller acts after Decision.Delay, and the capacity
+// before the moment stays free for other requests (see GCRA). Concurrency
+// is taken when the work starts (Allow), never reserved. If no such moment
+// lies within the horizon, nothing is charged and RetryAfter says when it
+// would be. Nor is anything booked beyond the reset of a fixed or calendar
+// window longer than the horizon that is full until then (a daily quota
+// spent an hour before midnight): the request would keep its slot after the
+// reset even if refunds freed quota before it, so it is told to come back
+// at the reset instead. RetryAfter is then the wait until the moment found,
+// and Rule names the window.
 func (l *Limiter) Reserve(ctx context.Context, s *Set, req Request, horizon time.Duration) (Decision, error) {
 	return l.decide(ctx, s, req, opReserve, max(horizon, 0))
 }
@@ -561,7 +633,7 @@ func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horiz
 	}
 	var d Decision
 	for round := 0; round < rounds; round++ {
-		if s.sliding {
+		if s.named {
 			p.nonce = newNonce()
 		}
 		rs, err := l.run(ctx, gs, p)
@@ -690,6 +762,42 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 	}
 	_, err = l.run(ctx, l.groups(calls), params{op: opRefund, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo})
 	return err
+}
+
+// Held reports whether the booking an admitted or booked Decision d made
+// for req on the set's first fair rule (Rule.Fair) is still its own: false
+// once a request of a flow with less than its share took it over. A
+// booking's owner asks before it runs; on false it has no slot and should
+// refund d (which then gives back only its own, keyed rules: the taker
+// inherited the rest) and decide again. With no fair rule in the set it
+// reports true without a call.
+func (l *Limiter) Held(ctx context.Context, s *Set, req Request, d Decision) (bool, error) {
+	if !d.Allowed || !s.fair {
+		return true, nil
+	}
+	calls, err := l.bind(s, req, false)
+	if err != nil {
+		return false, err
+	}
+	if len(d.ats) != len(calls) {
+		return false, errors.New("quotas: the Decision is not from this Set")
+	}
+	var gs [][]call
+	for _, g := range l.groups(calls) {
+		if slices.ContainsFunc(g, func(c call) bool { return c.c.fair }) {
+			gs = append(gs, g)
+		}
+	}
+	rs, err := l.run(ctx, gs, params{op: opHeld, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo})
+	if err != nil {
+		return false, err
+	}
+	for _, r := range rs {
+		if r.status != 1 {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // Block makes the set's GCRA rules admit nothing for the request's keys

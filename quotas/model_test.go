@@ -1,6 +1,7 @@
 package quotas
 
 import (
+	"slices"
 	"sort"
 	"time"
 )
@@ -9,12 +10,41 @@ import (
 // decisions, computed in Go over in-memory state, on explicit times. Calendar
 // windows come straight from the schedule, not from ticks.
 type model struct {
+	// GCRA: per TAT key, the TAT (absent: none), the latest booking end
+	// ever added (0: none), the bookings in end order, and the keys whose
+	// TAT was set in this operation, with the time it was set at (booked.lua
+	// writes them back at the end of a call).
 	tats    map[string]int64
+	lasts   map[string]int64
+	books   map[string][]booking
+	changed map[string]int64
+	// Fair GCRA rules: blocks per TAT key, virtual finishes per flows key
+	// and flow, and the current request's tag per TAT key (gc_load).
+	blocks  map[string]int64
+	flows   map[string]map[string]int64
+	tags    map[string]fairTag
+	steals  int    // bookings taken over
+	victim  string // the owner of the last booking taken over
 	wins    map[string]map[int64]int64
 	logs    map[string][]logEntry
 	holders map[string]map[string]int64 // key -> holder -> lease expiry
 	tokens  map[string]map[string]int64
 	seq     map[string]int64
+}
+
+// booking is an interval [x, e) of a GCRA rule's virtual time booked by a
+// request named owner for real time t, with its fair-share tag and the
+// digest g of its global rules.
+type booking struct {
+	x, e, tag, t int64
+	g, owner     string
+}
+
+// fairTag is what a request brings to a fair rule: its tag, the number of
+// flows waiting, and whether it is critical.
+type fairTag struct {
+	tag, nact int64
+	critical  bool
 }
 
 type logEntry struct {
@@ -23,7 +53,8 @@ type logEntry struct {
 }
 
 func newModel() *model {
-	return &model{tats: map[string]int64{}, wins: map[string]map[int64]int64{}, logs: map[string][]logEntry{},
+	return &model{tats: map[string]int64{}, lasts: map[string]int64{}, books: map[string][]booking{}, changed: map[string]int64{},
+		blocks: map[string]int64{}, flows: map[string]map[string]int64{}, tags: map[string]fairTag{}, wins: map[string]map[int64]int64{}, logs: map[string][]logEntry{},
 		holders: map[string]map[string]int64{}, tokens: map[string]map[string]int64{}, seq: map[string]int64{}}
 }
 
@@ -44,15 +75,12 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-func (m *model) earliest(c call, t, n int64, holder string, critical bool) int64 {
+func (m *model) earliest(c call, t, n, now int64, holder string, critical bool) int64 {
 	k := c.keys[0]
 	switch c.c.kind {
 	case kindGCRA:
-		if n > c.c.burst {
-			return -1
-		}
-		tat := max(m.tats[k], t)
-		return max(t, tat+n*c.c.em-c.c.burst*c.c.em)
+		a, _, _ := m.fit(c, t, n, now)
+		return a
 	case kindFixed, kindCalendar:
 		if n > c.c.limit {
 			return -1
@@ -66,21 +94,7 @@ func (m *model) earliest(c call, t, n int64, holder string, critical bool) int64
 		}
 		return t
 	case kindSliding:
-		if n > c.c.limit {
-			return -1
-		}
-		log := m.logs[k]
-		var newer int64
-		for _, e := range log {
-			if e.at > t-c.c.every {
-				newer++
-			}
-		}
-		if newer+n <= c.c.limit {
-			return t
-		}
-		idx := int64(len(log)) - (c.c.limit - n) - 1
-		return max(t, log[idx].at+c.c.every)
+		return m.slidingEarliest(c, t, n)
 	}
 	capacity := c.c.max
 	if !critical {
@@ -97,13 +111,98 @@ func (m *model) earliest(c call, t, n int64, holder string, critical bool) int64
 	return first
 }
 
+// slidingEarliest mirrors rules.lua's sl_earliest: the earliest t' >= t at
+// which every window a request at t' counts in keeps n units of room.
+func (m *model) slidingEarliest(c call, t, n int64) int64 {
+	limit, every := c.c.limit, c.c.every
+	if n > limit {
+		return -1
+	}
+	room := limit - n
+	if int64(len(m.logs[c.keys[0]])) <= room {
+		return t
+	}
+	for range 64 {
+		var ts []int64
+		for _, e := range m.logs[c.keys[0]] {
+			if e.at > t-every && e.at < t+every {
+				ts = append(ts, e.at)
+			}
+		}
+		if int64(len(ts)) <= room {
+			return t
+		}
+		// The count of the window ending at x, from t on, and where the
+		// last stretch of windows without room ends.
+		var count, last int64
+		full, found := false, false
+		j, k := 0, 0
+		for j < len(ts) && ts[j] <= t {
+			count, j = count+1, j+1
+		}
+		full = count > room
+		for k < j || j < len(ts) {
+			x := int64(-1)
+			if k < j {
+				x = ts[k] + every
+			}
+			if j < len(ts) && (x < 0 || ts[j] < x) {
+				x = ts[j]
+			}
+			for k < j && ts[k]+every <= x {
+				count, k = count-1, k+1
+			}
+			for j < len(ts) && ts[j] <= x {
+				count, j = count+1, j+1
+			}
+			if full && count <= room {
+				full, last, found = false, x, true
+			} else if count > room {
+				full = true
+			}
+		}
+		if !found {
+			return t
+		}
+		t = last
+	}
+	return t
+}
+
 func (m *model) status(c call, now int64) (used, rem, reset int64) {
 	k := c.keys[0]
 	switch c.c.kind {
 	case kindGCRA:
-		tat := max(m.tats[k], now)
-		left := max(0, floorDiv(c.c.burst*c.c.em-(tat-now), c.c.em))
-		return c.c.burst - left, left, tat - now
+		em := c.c.em
+		g1, till, rem := now, now+em*c.c.burst, int64(0)
+		if tat, ok := m.tats[k]; ok && tat > now {
+			g1 = tat
+		}
+		// As booked.lua's walk: at most 64 bookings from the first gap on,
+		// the time beyond them counted as taken.
+		from, seen := g1, 0
+		for _, b := range m.books[k] {
+			if b.e < from {
+				continue
+			}
+			if b.x >= till {
+				break
+			}
+			if b.x > g1 {
+				rem += (b.x - g1) / em
+			}
+			g1 = max(g1, b.e)
+			if seen++; seen == 64 {
+				if m.lasts[k] > from {
+					g1 = till
+				}
+				break
+			}
+		}
+		if g1 < till {
+			rem += (till - g1) / em
+		}
+		return c.c.burst - rem, rem, max(g1, m.lasts[k], now) - now
 	case kindFixed, kindCalendar:
 		s, e := m.window(c, now)
 		used = m.wins[k][s]
@@ -154,6 +253,7 @@ func (m *model) housekeep(calls []call, now int64) {
 // status. It returns the reply the script would give.
 func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, holder string, critical bool, nonce string) reply {
 	m.housekeep(calls, now)
+	m.load(calls, now, critical)
 	out := func(st, wait, rule, t int64, undo map[int][2]int64) reply {
 		r := reply{status: st, wait: wait, rule: rule, now: now, at: t}
 		for j, c := range calls {
@@ -175,7 +275,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			if op == opReserve && c.c.kind == kindConcurrency {
 				continue
 			}
-			e := m.earliest(c, t, n, holder, critical)
+			e := m.earliest(c, t, n, now, holder, critical)
 			if e < 0 {
 				return out(0, -1, int64(i+1), now, nil)
 			}
@@ -196,10 +296,12 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 	if op == opAllow && worst > 0 {
 		return out(0, wait, worst, now, nil)
 	}
+	// A reserve books t unless denied (deny: the wait and rule); a set with
+	// a fair rule may take a booking over instead.
+	var deny *[2]int64
 	if op == opReserve && (!agreed || t-now > horizon) {
-		return out(0, t-now, worst, now, nil)
-	}
-	if op == opReserve {
+		deny = &[2]int64{t - now, worst}
+	} else if op == opReserve {
 		// Never across the reset of a full window longer than the horizon.
 		from := max(now, notBefore)
 		for i, c := range calls {
@@ -207,19 +309,120 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				continue
 			}
 			start, stop := m.window(c, from)
-			if t >= stop && stop-start > horizon && m.earliest(c, from, n, holder, critical) >= stop {
-				return out(0, t-now, int64(i+1), now, nil)
+			if t >= stop && stop-start > horizon && m.earliest(c, from, n, now, holder, critical) >= stop {
+				deny = &[2]int64{t - now, int64(i + 1)}
+				break
 			}
 		}
+	}
+	fair := slices.IndexFunc(calls, func(c call) bool { return c.c.fair })
+	victim := -1 // the index of the booking taken over
+	if op == opReserve && fair >= 0 {
+		limit := now + horizon + 1
+		if deny == nil {
+			limit = t
+		}
+		m.takeable(calls[fair], max(now, notBefore), n, now, func(bt, x int64, i int) bool {
+			if bt >= limit {
+				return true
+			}
+			for _, c := range calls {
+				if own(c) && c.c.kind != kindConcurrency && m.earliest(c, bt, n, now, holder, critical) != bt {
+					return false
+				}
+			}
+			t, deny, victim = bt, nil, i
+			return true
+		})
+	}
+	if deny != nil {
+		return out(0, deny[0], deny[1], now, nil)
+	}
+	owner := ""
+	if victim >= 0 {
+		owner = m.books[calls[fair].keys[0]][victim].owner
+		m.victim = owner
+		m.steals++
 	}
 	undo := map[int][2]int64{}
 	for j, c := range calls {
 		k := c.keys[0]
+		if victim >= 0 && j != fair && !own(c) {
+			// Inherited from the booking's owner.
+			switch c.c.kind {
+			case kindGCRA:
+				till := t + c.c.burst*c.c.em
+				for i, b := range m.books[k] {
+					if b.e <= t {
+						continue
+					}
+					if b.x >= till {
+						break
+					}
+					if b.t == t && b.owner == owner {
+						m.books[k][i].owner, m.books[k][i].g = nonce, c.digest
+						undo[j] = [2]int64{-b.x, b.tag}
+						break
+					}
+				}
+			case kindSliding:
+				for i := range m.logs[k] {
+					if m.logs[k][i].id == owner {
+						m.logs[k][i].id = nonce
+					}
+				}
+			}
+			continue
+		}
 		switch c.c.kind {
 		case kindGCRA:
-			prev := m.tats[k]
-			m.tats[k] = max(prev, t) + n*c.c.em
-			undo[j] = [2]int64{m.tats[k], prev}
+			var x int64
+			var front bool
+			if j == fair && victim >= 0 {
+				x = m.books[k][victim].x
+				m.books[k] = append(m.books[k][:victim:victim], m.books[k][victim+1:]...)
+			} else {
+				_, x, front = m.fit(c, t, n, now)
+			}
+			e := x + n*c.c.em
+			if front && !c.c.fair {
+				undo[j] = [2]int64{e, m.tats[k]}
+				m.setTAT(k, e, now)
+				continue
+			}
+			ft := m.tags[k]
+			bs := append(m.books[k], booking{x: x, e: e, tag: ft.tag, t: t, g: c.digest, owner: nonce})
+			sort.Slice(bs, func(a, b int) bool { return bs[a].e < bs[b].e })
+			if m.lasts[k] > now {
+				// Bookings that ended more than keep ago are dropped.
+				bs = slices.DeleteFunc(bs, func(b booking) bool { return b.e <= now-keep })
+			}
+			m.books[k] = bs
+			if front {
+				m.setTAT(k, e, now)
+			}
+			if e > m.lasts[k] {
+				m.lasts[k] = e
+				tat, ok := m.tats[k]
+				if !ok {
+					tat = now
+				}
+				m.setTAT(k, tat, now)
+			}
+			if c.c.fair && !ft.critical {
+				fs := m.flows[c.keys[2]]
+				if fs == nil {
+					fs = map[string]int64{}
+					m.flows[c.keys[2]] = fs
+				}
+				fs[c.flow] = ft.tag + n*c.c.em*ft.nact
+				for f, v := range fs {
+					if v <= now {
+						delete(fs, f)
+					}
+				}
+			}
+			undo[j] = [2]int64{-x, ft.tag}
 		case kindFixed, kindCalendar:
 			s, _ := m.window(c, t)
 			if m.wins[k] == nil {
@@ -252,27 +455,181 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			undo[j] = [2]int64{m.seq[k], 0}
 		}
 	}
+	m.flush()
 	return out(1, t-now, 0, t, undo)
+}
+
+// load mirrors booked.lua's gc_load for fair rules: the request's tag and
+// the number of flows waiting.
+func (m *model) load(calls []call, now int64, critical bool) {
+	clear(m.tags)
+	for _, c := range calls {
+		if !c.c.fair {
+			continue
+		}
+		if critical {
+			m.tags[c.keys[0]] = fairTag{tag: 0, nact: 1, critical: true}
+			continue
+		}
+		fs := m.flows[c.keys[2]]
+		var n int64
+		for _, f := range fs {
+			if f > now {
+				n++
+			}
+		}
+		f := fs[c.flow]
+		if f <= now {
+			f, n = now, n+1
+		}
+		m.tags[c.keys[0]] = fairTag{tag: f, nact: n}
+	}
+}
+
+// freeze and keep are booked.lua's: how far ahead a booking must start to
+// be taken over, and how long it is kept after it ended.
+const freeze, keep = 250000, 10000000
+
+// takeable mirrors booked.lua's gc_takeable: it calls visit with the
+// moment, start and index of each booking of fair rule c that a reserve of
+// cost n and digest g may take over, in order, until visit returns true.
+func (m *model) takeable(c call, t0, n, now int64, visit func(t, x int64, i int) bool) {
+	k := c.keys[0]
+	need, ft := n*c.c.em, m.tags[k]
+	low, over := max(t0, now+freeze), ft.tag+need*ft.nact
+	seen := 0
+	for i, b := range m.books[k] {
+		if b.e < low+need {
+			continue
+		}
+		if seen++; seen > 256 {
+			return
+		}
+		if b.e-b.x == need && b.t >= low && b.g == c.digest && b.tag > over && visit(b.t, b.x, i) {
+			return
+		}
+	}
+}
+
+// fit mirrors booked.lua's gc_fit (gc_gap): the earliest time a >= t0 at
+// which a GCRA request of cost n fits in free virtual time, its start x,
+// and whether it extends the TAT.
+func (m *model) fit(c call, t0, n, now int64) (a, x int64, front bool) {
+	em, burst := c.c.em, c.c.burst
+	if n > burst {
+		return -1, 0, false
+	}
+	need, slack := n*em, (burst-n)*em
+	k := c.keys[0]
+	g1, first := now, true
+	if tat, ok := m.tats[k]; ok && tat > now {
+		g1 = tat
+	}
+	try := func(g2 int64, bounded bool) bool {
+		a = max(t0, g1+need-burst*em)
+		x = g1
+		if a > g1 {
+			x = a
+			if slack > 0 {
+				x = (a + em - 1) / em * em
+			}
+		}
+		if bounded && x+need > g2 {
+			return false
+		}
+		front = first && x-g1 < em
+		return true
+	}
+	from := max(t0, g1)
+	for _, b := range m.books[k] {
+		if b.e < from {
+			continue
+		}
+		if b.x > g1 {
+			if try(b.x, true) {
+				return a, x, front
+			}
+			first = false
+		}
+		g1 = max(g1, b.e)
+	}
+	try(0, false)
+	return a, x, front
+}
+
+// own reports whether a request is charged rule c on its own, not sharing
+// it with a request whose booking it takes over: a keyed rule, not fair.
+func own(c call) bool { return c.key != "" && !c.c.fair }
+
+// setTAT records key's new TAT, as booked.lua's tat_set.
+func (m *model) setTAT(k string, tat, now int64) {
+	m.tats[k] = tat
+	m.changed[k] = now
+	m.flush()
+}
+
+// flush mirrors booked.lua's gc_flush: a key lives while its TAT or latest
+// booking end is ahead, and forgets its latest booking end once passed.
+func (m *model) flush() {
+	for k, now := range m.changed {
+		if m.blocks[k] <= now {
+			delete(m.blocks, k)
+		}
+		if max(m.tats[k], m.lasts[k]) <= now {
+			delete(m.tats, k)
+			delete(m.lasts, k)
+			delete(m.blocks, k)
+			continue
+		}
+		if m.lasts[k] <= now {
+			delete(m.lasts, k)
+		}
+	}
+	clear(m.changed)
 }
 
 // refund mirrors quotas.lua's refund of a charge made at ats[rule].
 func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64, holder, nonce string) {
 	m.housekeep(calls, now)
+	// A booking taken over gives back only the rules not shared.
+	taken := !m.held(calls, ats, undo, nonce)
 	for _, c := range calls {
 		k, t, u := c.keys[0], ats[c.i], undo[c.i]
+		if taken && !own(c) {
+			continue
+		}
 		switch c.c.kind {
 		case kindGCRA:
+			if u[0] < 0 {
+				x := -u[0]
+				bs := m.books[k]
+				for i, b := range bs {
+					if b.x == x && b.tag == u[1] && b.t == t && b.g == c.digest && b.owner == nonce {
+						m.books[k] = append(bs[:i:i], bs[i+1:]...)
+						if tat, ok := m.tats[k]; ok && c.c.fair && x < tat {
+							m.setTAT(k, max(x, m.blocks[k]), now)
+						}
+						break
+					}
+				}
+				continue
+			}
 			tat := u[1]
-			if m.tats[k] != u[0] {
-				if tat = max(m.tats[k], now); tat <= now+c.c.em*c.c.burst {
-					tat -= max(0, n*c.c.em-(now-t))
+			if cur, ok := m.tats[k]; !ok || cur != u[0] {
+				if !ok {
+					cur = now
+				}
+				if tat = max(cur, now); tat <= now+c.c.em*c.c.burst {
+					low := tat - max(0, n*c.c.em-(now-t))
+					for _, b := range m.books[k] {
+						if b.e > low && b.x < tat {
+							low = max(low, b.e)
+						}
+					}
+					tat = min(tat, low)
 				}
 			}
-			if tat <= now {
-				delete(m.tats, k)
-			} else {
-				m.tats[k] = tat
-			}
+			m.setTAT(k, tat, now)
 		case kindFixed, kindCalendar:
 			s, _ := m.window(c, t)
 			if m.wins[k][s] <= n {
@@ -295,6 +652,7 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 			m.release(k, holder, u[0])
 		}
 	}
+	m.flush()
 }
 
 // block mirrors quotas.lua's block op.
@@ -303,15 +661,34 @@ func (m *model) block(calls []call, now, until int64) {
 	for _, c := range calls {
 		if c.c.kind == kindGCRA {
 			k := c.keys[0]
-			cur := m.tats[k]
-			if cur == 0 {
+			cur, ok := m.tats[k]
+			if !ok {
 				cur = now
 			}
 			if tat := max(cur, until+c.c.em*(c.c.burst-1)); tat > now {
-				m.tats[k] = tat
+				if c.c.fair {
+					m.blocks[k] = max(m.blocks[k], tat)
+				}
+				m.setTAT(k, tat, now)
 			}
 		}
 	}
+	m.flush()
+}
+
+// held mirrors quotas.lua's held op: whether the booking of the set's first
+// fair rule that a charge made is still its own.
+func (m *model) held(calls []call, ats []int64, undo [][2]int64, nonce string) bool {
+	for _, c := range calls {
+		if !c.c.fair {
+			continue
+		}
+		u, t := undo[c.i], ats[c.i]
+		return u[0] >= 0 || slices.ContainsFunc(m.books[c.keys[0]], func(b booking) bool {
+			return b.x == -u[0] && b.tag == u[1] && b.t == t && b.g == c.digest && b.owner == nonce
+		})
+	}
+	return true
 }
 
 func (m *model) release(k, holder string, token int64) bool {

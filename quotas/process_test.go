@@ -51,6 +51,8 @@ type hammerEnv struct {
 	// Patient callers wait RetryAfter (at most 100ms) after a denial, as the
 	// middleware holds a task; impatient ones retry at once.
 	Patient bool
+	// Fair: the booking hammer's set shares its peak fairly.
+	Fair bool
 }
 
 // runHammer starts 3 processes × 20 goroutines deciding hammerSet for 3 s.

@@ -1,14 +1,16 @@
 -- Decides groups of rules atomically: for each request, all its rules
 -- admit and all are charged, or none is. One call may carry several
 -- independent requests, decided one after the other (each atomically), so
--- that concurrent callers share a round trip. GCRA and window state is read
--- at most once per call and written back at its end. Composed after
--- internal/script/lua/gcra.lua and rules.lua.
+-- that concurrent callers share a round trip. GCRA TATs and window state
+-- are read at most once per call and written back at its end. Composed
+-- after internal/script/lua/gcra.lua, booked.lua and rules.lua.
 --
 -- KEYS     per request, its rules' keys in rule order: one per rule, two
---          for concurrency (holders sorted set, tokens hash)
+--          for GCRA (TAT, bookings sorted set; see booked.lua; three for a
+--          fair one: and the flows' finishes) and for concurrency (holders
+--          sorted set, tokens hash)
 -- ARGV[1]  number of requests; then per request, from its first argument:
---   +1     op: 0 allow, 1 reserve, 2 refund, 3 status, 4 block
+--   +1     op: 0 allow, 1 reserve, 2 refund, 3 status, 4 block, 5 held
 --   +2     explicit now in microseconds, or -1 for the server's TIME (read
 --          for each request: each is decided at its own time)
 --   +3     TTL floor in milliseconds (0 in production)
@@ -16,75 +18,59 @@
 --   +5     reserve horizon, microseconds
 --   +6     holder id (concurrency)
 --   +7     1 if the request may use a concurrency rule's critical reserve
---   +8     nonce naming this request's sliding-window entries
---   +9     refund: the time the charge was made at (reply field t);
+--   +8     nonce naming this request's GCRA bookings and sliding-window
+--          entries
+--   +9     refund, held: the time the charge was made at (reply field t);
 --          reserve: book no earlier than this time (0: now);
 --          block: until when GCRA rules admit nothing
 --   +10    number of rules, then per rule its kind and its parameters, or
 --          0: the previous request's rules and parameters, unchanged;
---            1 GCRA         em, burst
+--            1 GCRA         em, burst, fair (1 shared fairly by flows)
 --            2 fixed        limit, every
 --            3 calendar     limit, k, tick_1 .. tick_k
 --            4 sliding      limit, every
 --            5 concurrency  max, reserved, lease
---          and, for a refund only, per rule the two undo values u1, u2 the
---          charge replied
+--          and, for a refund or held only, per rule the two undo values
+--          u1, u2 the charge replied; then, per fair GCRA rule, the
+--          request's flow, and, if there is one, the digest g of the
+--          request's global rules and a string of one '1' per rule the
+--          request is charged on its own (keyed, not fair), else '0'
+--          (booked.lua)
 --
 -- Reply: per request {status, wait, rule, now, t, then per rule: used,
---   remaining, reset_after, u1, u2}
---   status  1 admitted / booked / refunded, 0 denied or not booked,
+--   remaining, reset_after, u1, u2}; held replies only the first five
+--   status  1 admitted / booked / refunded / held, 0 denied, not booked or
+--           not held (rule: the fair rule whose booking was taken over),
 --           -2 a calendar rule has no tick range around now (retry with ticks
 --           around the returned now); a refund's ticks surround t instead
 --   wait    denied: the longest rule wait (-1 never); reserve: t - now
 --   rule    1-based index of the rule that set wait, 0 if none
---   t       the time the charge is made at (now, or the booked time)
+--   t       the time the charge is made at (now, the booked time, or the
+--           moment of a booking taken over)
 --   u1, u2  what a refund needs to undo this charge exactly: a GCRA rule's
---           TAT after and before the charge (0: none); a concurrency rule's
+--           TAT after and before the charge (0: none), or for a booking of
+--           its own -x and its tag (booked.lua); a concurrency rule's
 --           fencing token; else 0
+--
+-- A reserve of a set with a fair rule may take over another request's
+-- booking of the set's first fair rule instead of booking free time, when
+-- that comes sooner (booked.lua, Fair): it then runs at that booking's
+-- moment, inherits its owner's charges on the rules the two share (the
+-- global ones) and is charged its own. A refund of a booking taken over
+-- gives back only the owner's own rules.
 
 local last_rules = {}
 
--- GCRA TATs are cached for the whole call, like window counts (see
--- rules.lua): read at most once, and written back by flush at the end.
-local tats, tat_ttl, tat_changed = {}, {}, {}  -- key -> TAT or false (no key); TTL in ms, 0 deletes
-
-local function tat_get(key)
-  local v = tats[key]
-  if v == nil then
-    v = tonumber(call('GET', key)) or false
-    tats[key] = v
-  end
-  return v or nil
-end
-
--- tat_put stores tat, with a TTL until the bucket is full again, or deletes
--- the key when tat is not after now.
-local function tat_put(key, tat, now, ttl_floor)
-  if tat_ttl[key] == nil then tat_changed[#tat_changed + 1] = key end
-  if tat > now then
-    tats[key], tat_ttl[key] = tat, ttl_ms(tat - now, ttl_floor)
-  else
-    tats[key], tat_ttl[key] = false, 0
-  end
-end
-
 local function flush()
-  for _, key in ipairs(tat_changed) do
-    local tat = tats[key]
-    if tat then
-      call('SET', key, fmt(tat), 'PX', fmt(tat_ttl[key]))
-    else
-      call('DEL', key)
-    end
-  end
+  gc_flush()
   win_flush()
 end
 
 -- load reads each rule's state once; later steps use and update the cache.
-local function load(r, now)
+local function load(r, now, critical)
   local kind = r.kind
   if kind == 1 then
-    r.stored = tat_get(r.key)
+    gc_load(r, now, critical)
   elseif kind == 2 or kind == 3 then
     win_load(r)
   elseif kind == 4 then
@@ -95,18 +81,12 @@ local function load(r, now)
 end
 
 -- earliest time >= t at which rule r admits a request of cost n made at
--- now; -1 never. A GCRA rule keeps the TAT admitting at t would leave
--- (r.at, r.tat), which the charge then stores.
+-- now; -1 never. A GCRA rule keeps where it would place the request
+-- (gc_fit), which the charge then takes.
 local function earliest(r, t, n, now, critical, holder)
   local kind = r.kind
   if kind == 1 then
-    local allowed, tat, _, _, retry = gcra_decide(r.stored, t, r.em, r.burst, n, 0, 0)
-    if allowed == 1 then
-      r.at, r.tat = t, tat
-      return t
-    end
-    if retry < 0 then return -1 end
-    return t + retry
+    return gc_fit(r, t, n, now)
   elseif kind == 2 or kind == 3 then
     return win_earliest(r, t, n)
   elseif kind == 4 then
@@ -119,12 +99,7 @@ end
 local function status(r, now)
   local kind = r.kind
   if kind == 1 then
-    -- gcra_decide's peek (n = 0), inline.
-    local tat = r.stored
-    if not tat or tat < now then tat = now end
-    local rem = floor((r.em * r.burst - (tat - now)) / r.em)
-    if rem < 0 then rem = 0 end
-    return r.burst - rem, rem, tat - now
+    return gc_status(r, now)
   elseif kind == 2 or kind == 3 then
     return win_status(r, now)
   elseif kind == 4 then
@@ -147,6 +122,47 @@ local function reply(rules, nrules, now, st, wait, rule, t, undo)
   return out
 end
 
+-- take_keys gives rule r its keys from KEYS[k] on and returns the index
+-- after them.
+local function take_keys(r, k)
+  r.key = KEYS[k]
+  k = k + 1
+  if r.kind == 1 then
+    r.bkey = KEYS[k]
+    k = k + 1
+    if r.fair then
+      r.fkey = KEYS[k]
+      k = k + 1
+    end
+  elseif r.kind == 5 then
+    r.hkey = KEYS[k]
+    k = k + 1
+  end
+  return k
+end
+
+-- take_over looks, for a reserve of a set whose first fair rule is
+-- rules[fair], for the earliest booking of that rule it may take over
+-- (gc_takeable) at whose moment, before limit, the request's own rules
+-- admit it; it returns that moment, with the booking in the fair rule's
+-- table (victim, vowner: its member and owner), or false.
+local function take_over(rules, nrules, fair, t0, n, now, limit, critical, holder, g)
+  local rf, took = rules[fair], false
+  gc_takeable(rf, t0, n, now, g, function(t, x, m, owner)
+    if t >= limit then return true end
+    for i = 1, nrules do
+      local r = rules[i]
+      if r.own and r.kind ~= 5 and (earliest(r, t, n, now, critical, holder) ~= t or r.kind == 3 and win_at(r, t) < 0) then
+        return false
+      end
+    end
+    took = t
+    rf.at, rf.x, rf.front, rf.victim, rf.vowner = t, x, false, m, owner
+    return true
+  end)
+  return took
+end
+
 -- decide decides the request whose arguments follow ARGV[a0] and whose keys
 -- start at KEYS[k0]. It returns the request's reply and the k0 and a0 of
 -- the next request.
@@ -166,28 +182,20 @@ local function decide(k0, a0)
     -- The previous request's rules with this request's keys; load reads
     -- their state afresh.
     nrules = #rules
-    for i = 1, nrules do
-      local r = rules[i]
-      r.key = KEYS[k]
-      k = k + 1
-      if r.kind == 5 then
-        r.hkey = KEYS[k]
-        k = k + 1
-      end
-    end
+    for i = 1, nrules do k = take_keys(rules[i], k) end
   else
     -- Every field a rule table gets is in its constructor: a field added
     -- later makes Lua grow and rehash the table.
     rules = {}
     for i = 1, nrules do
-      local r = {kind = tonumber(ARGV[a]), key = KEYS[k], em = 0, burst = 0, limit = 0, p = false,
-        max = 0, reserved = 0, lease = 0, hkey = false, u1 = 0, u2 = 0, stored = false, at = false,
-        tat = 0, w = false, total = 0, count = 0, oldest = false}
-      k = k + 1
+      local r = {kind = tonumber(ARGV[a]), key = false, em = 0, burst = 0, limit = 0, p = false,
+        max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, fair = false,
+        flow = false, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
+        stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false}
       local kind = r.kind
       if kind == 1 then
-        r.em, r.burst = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-        a = a + 3
+        r.em, r.burst, r.fair = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'
+        a = a + 4
       elseif kind == 2 or kind == 4 then
         r.limit, r.p = tonumber(ARGV[a + 1]), {tonumber(ARGV[a + 2])}
         a = a + 3
@@ -199,19 +207,41 @@ local function decide(k0, a0)
         a = a + 3 + cnt
       else
         r.max, r.reserved, r.lease = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-        r.hkey = KEYS[k]
-        k = k + 1
         a = a + 4
       end
+      k = take_keys(r, k)
       rules[i] = r
     end
     last_rules = rules
   end
-  if op == 2 then
+  if op == 2 or op == 5 then
     for i = 1, nrules do
       rules[i].u1, rules[i].u2 = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
       a = a + 2
     end
+  end
+  local fair, g = 0, '-'
+  for i = 1, nrules do
+    local r = rules[i]
+    if r.fair then
+      r.flow = ARGV[a]
+      a = a + 1
+      if fair == 0 then fair = i end
+    end
+  end
+  if fair > 0 then
+    g = ARGV[a]
+    local own = ARGV[a + 1]
+    for i = 1, nrules do rules[i].own = string.byte(own, i) == 49 end
+    a = a + 2
+  end
+
+  if op == 5 then
+    -- Bookings are taken over by way of the set's first fair rule.
+    if fair > 0 and not gc_held(rules[fair], nonce, tonumber(ARGV[a0 + 9]), g) then
+      return {0, 0, fair, now, now}, k, a - 1
+    end
+    return {1, 0, 0, now, now}, k, a - 1
   end
 
   if op ~= 2 then
@@ -224,28 +254,16 @@ local function decide(k0, a0)
   end
 
   if op == 2 then
+    -- A booking another request took over gives back only its own rules:
+    -- the taker inherited the rest.
     local t = tonumber(ARGV[a0 + 9])
+    local taken = fair > 0 and not gc_held(rules[fair], nonce, t, g)
     for i = 1, nrules do
       local r = rules[i]
       local kind = r.kind
-      if kind == 1 then
-        -- Untouched since the charge: restore the TAT before it. Otherwise
-        -- later charges were stacked on this one. While any of them is a
-        -- booking still in the future (the TAT is beyond now + burst), its
-        -- slot is fixed and nothing can be given back. Once every stacked
-        -- charge is in the past, the bucket could have refilled for at most
-        -- the time since this charge without it, so give back n emissions
-        -- less that time: never more than this charge still holds, however
-        -- refunds interleave.
-        local cur = tat_get(r.key)
-        local tat = r.u2
-        if cur ~= r.u1 then
-          tat = max(cur or now, now)
-          if tat <= now + r.em * r.burst then
-            tat = tat - max(0, n * r.em - (now - t))
-          end
-        end
-        tat_put(r.key, tat, now, ttl_floor)
+      if taken and not r.own then
+      elseif kind == 1 then
+        gc_refund(r, t, n, now, ttl_floor, nonce, g)
       elseif kind == 2 or kind == 3 then
         win_refund(r, t, n)
       elseif kind == 4 then
@@ -254,7 +272,7 @@ local function decide(k0, a0)
         cc_release(r.key, r.hkey, holder, r.u1, now, ttl_floor)
       end
     end
-    for i = 1, nrules do load(rules[i], now) end
+    for i = 1, nrules do load(rules[i], now, critical) end
     return reply(rules, nrules, now, 1, 0, 0, t), k, a - 1
   end
 
@@ -264,16 +282,13 @@ local function decide(k0, a0)
     local till = tonumber(ARGV[a0 + 9])
     for i = 1, nrules do
       local r = rules[i]
-      if r.kind == 1 then
-        local tat = max(tat_get(r.key) or now, till + r.em * (r.burst - 1))
-        if tat > now then tat_put(r.key, tat, now, ttl_floor) end
-      end
+      if r.kind == 1 then gc_block(r, till, now, ttl_floor) end
     end
-    for i = 1, nrules do load(rules[i], now) end
+    for i = 1, nrules do load(rules[i], now, critical) end
     return reply(rules, nrules, now, 1, 0, 0, now), k, a - 1
   end
 
-  for i = 1, nrules do load(rules[i], now) end
+  for i = 1, nrules do load(rules[i], now, critical) end
 
   if op == 3 then
     return reply(rules, nrules, now, 1, 0, 0, now), k, a - 1
@@ -310,6 +325,8 @@ local function decide(k0, a0)
   if op == 0 and worst > 0 then
     return reply(rules, nrules, now, 0, wait, worst, now), k, a - 1
   end
+  -- A reserve books t unless denied: then deny holds the wait and rule.
+  local deny = false
   if op == 1 then
     local known = true
     for i = 1, nrules do
@@ -317,35 +334,51 @@ local function decide(k0, a0)
       if r.kind == 3 and win_at(r, t) < 0 then known = false end
     end
     if not agreed or not known or t - now > horizon then
-      return reply(rules, nrules, now, 0, t - now, worst, now), k, a - 1
-    end
-    -- Nothing is booked beyond the reset of a window longer than the
-    -- horizon that is full until then: the GCRA rules, charged after the
-    -- reset, would hold back every request before it, even once refunds
-    -- free the window. The caller tries again at the reset.
-    local from = max(now, tonumber(ARGV[a0 + 9]))
-    for i = 1, nrules do
-      local r = rules[i]
-      if r.kind == 2 or r.kind == 3 then
-        local start, stop = win_at(r, from)
-        if t >= stop and stop - start > horizon and win_earliest(r, from, n) >= stop then
-          return reply(rules, nrules, now, 0, t - now, i, now), k, a - 1
+      deny = {t - now, worst}
+    else
+      -- Nothing is booked beyond the reset of a window longer than the
+      -- horizon that is full until then: the request would keep its slot
+      -- after the reset even if refunds freed the window before it. The
+      -- caller tries again at the reset.
+      local from = max(now, tonumber(ARGV[a0 + 9]))
+      for i = 1, nrules do
+        local r = rules[i]
+        if r.kind == 2 or r.kind == 3 then
+          local start, stop = win_at(r, from)
+          if t >= stop and stop - start > horizon and win_earliest(r, from, n) >= stop then
+            deny = {t - now, i}
+            break
+          end
         end
       end
     end
+    if fair > 0 then
+      local limit = now + horizon + 1
+      if not deny then limit = t end
+      local took = take_over(rules, nrules, fair, max(now, tonumber(ARGV[a0 + 9])), n, now, limit, critical, holder, g)
+      if took then t, deny = took, false end
+    end
+    if deny then
+      return reply(rules, nrules, now, 0, deny[1], deny[2], now), k, a - 1
+    end
   end
 
-  -- Charge every rule at t; undo holds per rule u1, u2.
-  local undo = {}
+  -- Charge every rule at t; undo holds per rule u1, u2. Taking over a
+  -- booking, the rules the request shares with its owner are inherited.
+  local undo, victim = {}, false
+  if fair > 0 and rules[fair].victim then victim = rules[fair].vowner end
   for i = 1, nrules do
     local r = rules[i]
     local kind = r.kind
     local u1, u2 = 0, 0
-    if kind == 1 then
-      if r.at ~= t then earliest(r, t, n, now, critical, holder) end
-      tat_put(r.key, r.tat, now, ttl_floor)
-      u1, u2 = r.tat, r.stored or 0
-      r.stored = r.tat
+    if victim and not r.own and i ~= fair then
+      if kind == 1 then
+        u1, u2 = gc_inherit(r, t, victim, nonce, g)
+      elseif kind == 4 then
+        sl_inherit(r, n, victim, nonce)
+      end
+    elseif kind == 1 then
+      u1, u2 = gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
     elseif kind == 2 or kind == 3 then
       win_charge(r, t, n, now, ttl_floor)
     elseif kind == 4 then

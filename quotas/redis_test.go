@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,6 +98,11 @@ type differ struct {
 	held  []held
 	ops   int
 	scale time.Duration
+	// booking: GCRA-heavy sets, some fair, small steps of time and mostly
+	// far reservations, so that requests book ahead of each other and take
+	// each other's bookings over; taken counts Held answering false.
+	booking bool
+	taken   int
 }
 
 func newDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64) *differ {
@@ -118,13 +124,50 @@ func newDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64
 	return d
 }
 
+// newBookingDiffer is a differ whose sets are mostly GCRA rules (with a
+// fixed or sliding window now and then) and whose steps mostly reserve far ahead with
+// little time passing: requests book slots ahead of each other, out of
+// order, and refund them.
+func newBookingDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64) *differ {
+	d := newDiffer(t, c, prefix, seed)
+	d.booking = true
+	d.sets = d.sets[:0]
+	for i := 0; i < 4; i++ {
+		var rules []Rule
+		for j := 0; j < 2+d.rng.IntN(3); j++ {
+			name := fmt.Sprintf("r%d", j)
+			switch d.rng.IntN(8) {
+			case 0:
+				rules = append(rules, Rule{Name: name, Limit: FixedWindow{Limit: 2 + d.rng.IntN(6), Every: time.Duration(1+d.rng.IntN(10)) * d.scale}})
+				continue
+			case 1:
+				rules = append(rules, Rule{Name: name + "s", Limit: SlidingWindow{Limit: 2 + d.rng.IntN(6), Every: time.Duration(1+d.rng.IntN(10)) * d.scale}})
+				continue
+			}
+			rate := 1 + d.rng.IntN(6)
+			fair := d.rng.IntN(3) == 0
+			if fair {
+				name += "f"
+			}
+			rules = append(rules, Rule{Name: name, Fair: fair, Limit: GCRA(gcra.Limit{Rate: float64(rate), Period: time.Duration(1+d.rng.IntN(5)) * d.scale, Burst: 1 + d.rng.IntN(4)})})
+		}
+		d.sets = append(d.sets, mustSet(rules...))
+	}
+	return d
+}
+
 var entities = []string{"", "b1", "b2", "tenant:{7}\n", strings.Repeat("é", 40)}
+
+// flows are the values fair rules share among in the tests.
+var flows = []string{"", "f1", "f2", "f3", "f4", strings.Repeat("ü", 300)}
 
 func (d *differ) step(t testing.TB) {
 	t.Helper()
 	d.ops++
 	switch x := d.rng.IntN(10); {
 	case x < 4:
+	case d.booking:
+		d.l.now = d.l.now.Add(time.Duration(d.rng.Int64N(int64(d.scale) / 4)))
 	case x < 8:
 		d.l.now = d.l.now.Add(time.Duration(d.rng.Int64N(int64(d.scale) * 2)))
 	default:
@@ -140,6 +183,13 @@ func (d *differ) step(t testing.TB) {
 			req.Keys[i] = entities[d.rng.IntN(len(entities))]
 		}
 	}
+	if d.booking {
+		req.Fair = make([]string, len(s.rules))
+		f := flows[d.rng.IntN(len(flows))]
+		for i := range req.Fair {
+			req.Fair[i] = f
+		}
+	}
 	calls, err := d.l.bind(s, req, true)
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +203,13 @@ func (d *differ) step(t testing.TB) {
 				d.l.now.Format(time.RFC3339Nano), s.rules, req.Keys, req.Cost, req.Holder, got, w)
 		}
 	}
-	switch x := d.rng.IntN(20); {
+	x := d.rng.IntN(20)
+	if d.booking {
+		// Reserve far ahead (x 12-14) more than half the time, refund
+		// (x 16-17) a fifth of it.
+		x = []int{0, 0, 0, 12, 12, 12, 12, 12, 12, 12, 12, 12, 12, 12, 15, 16, 17, 17, 17, 17}[x]
+	}
+	switch {
 	case x < 12:
 		got, err := d.l.Allow(d.ctx, s, req)
 		if err != nil {
@@ -165,13 +221,25 @@ func (d *differ) step(t testing.TB) {
 		}
 	case x < 15:
 		horizon := time.Duration(d.rng.Int64N(int64(d.scale) * 10))
+		if d.booking {
+			horizon *= 2
+		}
 		got, err := d.l.Reserve(d.ctx, s, req, horizon)
 		if err != nil {
 			t.Fatal(err)
 		}
+		d.m.victim = ""
 		compare("Reserve", got, d.m.decide(calls, opReserve, now, n, horizon.Microseconds(), 0, req.Holder, req.Critical, got.nonce), n)
 		if got.Allowed {
 			d.held = append(d.held, held{s, req, got})
+		}
+		if d.m.victim != "" {
+			// The owner of the booking taken over learns it.
+			for _, h := range d.held {
+				if h.d.nonce == d.m.victim {
+					d.checkHeld(t, h, now)
+				}
+			}
 		}
 	case x < 15 || d.rng.IntN(3) > 0:
 		got, err := d.l.Status(d.ctx, s, req)
@@ -188,6 +256,8 @@ func (d *differ) step(t testing.TB) {
 		d.m.block(calls, now, until.UnixMicro())
 		compare("Block", got, d.m.decide(calls, opStatus, now, 0, 0, 0, req.Holder, req.Critical, ""), 0)
 	case len(d.held) == 0:
+	case x < 18 && d.booking && d.rng.IntN(3) == 0:
+		d.checkHeld(t, d.held[d.rng.IntN(len(d.held))], now)
 	case x < 18:
 		i := d.rng.IntN(len(d.held))
 		h := d.held[i]
@@ -219,6 +289,23 @@ func (d *differ) step(t testing.TB) {
 	}
 }
 
+// checkHeld asks the script and the model whether h's bookings are still
+// its own.
+func (d *differ) checkHeld(t testing.TB, h held, now int64) {
+	t.Helper()
+	got, err := d.l.Held(d.ctx, h.set, h.req, h.d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc, _ := d.l.bind(h.set, h.req, true)
+	if want := d.m.held(hc, h.d.ats, h.d.undo, h.d.nonce); got != want {
+		t.Fatalf("op %d Held %+v: redis %v, model %v", d.ops, h.d, got, want)
+	}
+	if !got {
+		d.taken++
+	}
+}
+
 // TestDifferential runs random rule sets of every kind through the Lua
 // script and the Go model on explicit clocks around DST changes, a leap day
 // and a year end, and requires identical decisions.
@@ -231,6 +318,36 @@ func TestDifferential(t *testing.T) {
 			d.step(t)
 		}
 	})
+	assertAllExpire(t, c, prefix)
+}
+
+// TestDifferentialBookings runs GCRA-heavy rule sets through the Lua script
+// and the Go model with requests reserving far ahead of each other, out of
+// order, and refunding: bookings of their own beside the TATs.
+func TestDifferentialBookings(t *testing.T) {
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	var booked, taken, steals atomic.Int64
+	redistest.Parallel(t, 8, func(t testing.TB, w int) {
+		d := newBookingDiffer(t, c, fmt.Sprintf("%sw%d:", prefix, w), uint64(w+100))
+		for i := 0; i < 3000; i++ {
+			d.step(t)
+		}
+		for _, bs := range d.m.books {
+			booked.Add(int64(len(bs)))
+		}
+		taken.Add(int64(d.taken))
+		steals.Add(int64(d.m.steals))
+	})
+	// The test means something only if requests booked ahead of others and
+	// took over each other's bookings.
+	t.Logf("%d bookings of their own alive at the end, %d taken over; Held false %d times", booked.Load(), steals.Load(), taken.Load())
+	if n := booked.Load(); n < 500 {
+		t.Errorf("only %d bookings of their own were made", n)
+	}
+	if taken.Load() < 10 {
+		t.Errorf("Held answered false only %d times", taken.Load())
+	}
 	assertAllExpire(t, c, prefix)
 }
 

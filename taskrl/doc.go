@@ -20,7 +20,13 @@
 // without a Redis call. Otherwise its rate and window rules book the
 // earliest slot (quotas.Limiter.Reserve, one round trip): a slot within
 // Config.MaxHold is waited for in the worker; a later one is booked and the
-// task rescheduled to it, which frees the worker at once. Rescheduling
+// task rescheduled to it, which frees the worker at once. A booking takes
+// each rule's capacity at its slot only, so one entity's backlog booked far
+// ahead leaves the time before it to the others; a fair rule (Rule.Fair)
+// also shares its rate evenly among the entities waiting, taking over the
+// bookings of one ahead of its share, whose task then decides again before
+// it runs. Tasks the policy's critical list selects may use reserved
+// concurrency slots and come first at fair rules. Rescheduling
 // enqueues a copy (same payload, headers, queue, timeout, deadline,
 // retention and the retries it had left, with an ID derived from the
 // original's so a redelivery cannot copy it twice) and lets the original

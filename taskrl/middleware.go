@@ -209,19 +209,22 @@ func (m *Middleware) Close() error {
 type split struct {
 	rates, slots     *quotas.Set
 	rateIdx, slotIdx []int // positions in the binding's set
+	critical         bool  // the binding's tasks may use reserved slots
+	fair             bool  // a rate rule is fair
 }
 
 func (m *Middleware) split(b *Binding) (*split, error) {
 	if v, ok := m.splits.Load(b); ok {
 		return v.(*split), nil
 	}
-	sp := &split{}
+	sp := &split{critical: b.Critical()}
 	var rates, slots []quotas.Rule
 	for i, r := range b.Set().Rules() {
 		if _, ok := r.Limit.(quotas.Concurrency); ok {
 			slots, sp.slotIdx = append(slots, r), append(sp.slotIdx, i)
 		} else {
 			rates, sp.rateIdx = append(rates, r), append(sp.rateIdx, i)
+			sp.fair = sp.fair || r.Fair
 		}
 	}
 	var err error
@@ -289,7 +292,8 @@ func (m *Middleware) ServerConfig(cfg asynq.Config) asynq.Config {
 }
 
 func (m *Middleware) process(ctx context.Context, t *asynq.Task, queue string, b *Binding, next asynq.Handler) error {
-	keys, err := b.Keys(t.Payload())
+	rq, err := b.Request(t.Payload())
+	keys := rq.Keys
 	if err != nil {
 		// No key, no limit to apply: archived with the reason.
 		var mf *MissingFieldError
@@ -307,7 +311,7 @@ func (m *Middleware) process(ctx context.Context, t *asynq.Task, queue string, b
 	var admit Event            // reported when the task is sure to run
 	if sp.rates != nil {
 		var done bool
-		if done, charge, err = m.admitRates(ctx, t, queue, id, sp, keys, &admit); done {
+		if done, charge, err = m.admitRates(ctx, t, queue, id, sp, keys, rq.Fair, &admit); done {
 			return err
 		}
 	}
@@ -446,9 +450,10 @@ func (e *ThrottledError) Unwrap() error { return e.Err }
 // the task was rescheduled (or failed) and must not run now; otherwise
 // charge is the decision (or booking) the task runs under, for a refund if
 // the remote side throttles it, and *admit the Admitted event to report
-// once the task is sure to run.
-func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, admit *Event) (done bool, charge quotas.Decision, err error) {
-	req := quotas.Request{Keys: pick(keys, sp.rateIdx)}
+// once the task is sure to run. A slot a fair rule's booking held, taken
+// over meanwhile by a task with less than its share, is decided again.
+func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys, fair []string, admit *Event) (done bool, charge quotas.Decision, err error) {
+	req := quotas.Request{Keys: pick(keys, sp.rateIdx), Critical: sp.critical, Fair: pick(fair, sp.rateIdx)}
 	// A booking pays for the copy's first attempt only, at its slot: a retry
 	// after a failure is charged again, and so is a copy that comes back
 	// well after its slot (the worker or Redis stalled), so that late copies
@@ -468,6 +473,9 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 			if err := hold(ctx, wait); err != nil {
 				return true, charge, err
 			}
+			if !m.held(ctx, sp, keys, req, charge) {
+				break // decided again below
+			}
 			if done, err := m.unlessBlocked(ctx, t, queue, id, sp, keys, charge); done {
 				return true, charge, err
 			}
@@ -478,6 +486,20 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 	reserve := func() (quotas.Decision, error) {
 		return guard(m, func() (quotas.Decision, error) { return m.limiter.Reserve(ctx, sp.rates, req, m.cfg.MaxReserve) })
 	}
+	for taken := 0; ; taken++ {
+		done, d, again, err := m.decideRates(ctx, t, queue, id, sp, keys, req, reserve, admit, taken < 3)
+		if !again {
+			return done, d, err
+		}
+	}
+}
+
+// decideRates books the task's turn (reserve) and acts on the decision:
+// admits it, holds it or reschedules it (see admitRates). When retry is
+// set, a slot within MaxHold that a fair rule's booking lost while the task
+// was held is given back and again reported: the task is to be decided
+// again.
+func (m *Middleware) decideRates(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, req quotas.Request, reserve func() (quotas.Decision, error), admit *Event, retry bool) (done bool, charge quotas.Decision, again bool, err error) {
 	d, err := reserve()
 	for backoff := 50 * time.Millisecond; err != nil; backoff = min(2*backoff, 2*time.Second) {
 		if !errors.Is(err, errRedisDown) {
@@ -487,16 +509,16 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 		case FailOpen:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; running the task without limits (fail open)", "task", id, "err", err)
 			m.observe(t, queue, Event{Outcome: Unlimited})
-			return false, quotas.Decision{}, nil
+			return false, quotas.Decision{}, false, nil
 		case FailLocal:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; limiting in this process (fail local)", "task", id, "err", err)
 			m.observe(t, queue, Event{Outcome: Local})
-			return false, quotas.Decision{}, m.localTurn(ctx, sp, keys)
+			return false, quotas.Decision{}, false, m.localTurn(ctx, sp, keys)
 		}
 		// Fail closed: the task waits for Redis, which asynq needs too.
 		m.cfg.Logger.Warn("taskrl: Redis unavailable; the task waits for it (fail closed)", "task", id, "err", err)
 		if herr := hold(ctx, backoff); herr != nil {
-			return true, quotas.Decision{}, herr
+			return true, quotas.Decision{}, false, herr
 		}
 		d, err = reserve()
 	}
@@ -504,36 +526,61 @@ func (m *Middleware) admitRates(ctx context.Context, t *asynq.Task, queue, id st
 	if wait := max(d.Delay, d.RetryAfter); m.cfg.ThrottleBudget > 0 && waited(t)+wait > m.cfg.ThrottleBudget {
 		m.refund(ctx, sp, keys, d)
 		m.observe(t, queue, Event{Outcome: Refused, Rule: d.Rule, Wait: wait, Rules: d.Rules})
-		return true, d, fmt.Errorf("taskrl: throttle budget %v spent (waited %v, would wait %v more): %w", m.cfg.ThrottleBudget, waited(t), wait, asynq.SkipRetry)
+		return true, d, false, fmt.Errorf("taskrl: throttle budget %v spent (waited %v, would wait %v more): %w", m.cfg.ThrottleBudget, waited(t), wait, asynq.SkipRetry)
 	}
 	switch {
 	case d.Allowed && d.Delay == 0:
 		*admit = Event{Outcome: Admitted, Rules: d.Rules}
-		return false, d, nil
+		return false, d, false, nil
 	case d.Allowed && d.Delay <= m.cfg.MaxHold && fitsDeadline(ctx, d.Delay):
 		if err := hold(ctx, d.Delay); err != nil {
 			m.refund(ctx, sp, keys, d)
-			return true, d, err
+			return true, d, false, err
+		}
+		if retry && !m.held(ctx, sp, keys, req, d) {
+			return false, quotas.Decision{}, true, nil
 		}
 		done, err := m.unlessBlocked(ctx, t, queue, id, sp, keys, d)
 		if !done {
 			*admit = Event{Outcome: Admitted, Wait: d.Delay, Rules: d.Rules}
 		}
-		return done, d, err
+		return done, d, false, err
 	case d.Allowed:
 		m.observe(t, queue, Event{Outcome: Rescheduled, Wait: d.Delay, Rules: d.Rules})
 		if err := m.reschedule(ctx, t, queue, id, d.Delay, d.Now.Add(d.Delay), d.Receipt()); err != nil {
 			m.refund(ctx, sp, keys, d)
-			return true, d, err
+			return true, d, false, err
 		}
-		return true, d, nil
+		return true, d, false, nil
 	case d.RetryAfter == quotas.Never:
 		m.observe(t, queue, Event{Outcome: Refused, Rule: d.Rule, Rules: d.Rules})
-		return true, d, fmt.Errorf("taskrl: task can never pass rule %q: %w", d.Rule, asynq.SkipRetry)
+		return true, d, false, fmt.Errorf("taskrl: task can never pass rule %q: %w", d.Rule, asynq.SkipRetry)
 	default:
 		m.observe(t, queue, Event{Outcome: Rescheduled, Rule: d.Rule, Wait: d.RetryAfter, Rules: d.Rules})
-		return true, d, m.reschedule(ctx, t, queue, id, d.RetryAfter, time.Time{}, "")
+		return true, d, false, m.reschedule(ctx, t, queue, id, d.RetryAfter, time.Time{}, "")
 	}
+}
+
+// held reports whether the slot a fair rule booked for the task (d) is
+// still the task's: a task with less than its share may have taken it over
+// since (quotas.Limiter.Held). If it was, or Redis cannot tell, d is given
+// back (only the task's own rules: the taker inherited the rest) and the
+// task must be decided again. Without a fair rule it is true at no cost.
+func (m *Middleware) held(ctx context.Context, sp *split, keys []string, req quotas.Request, d quotas.Decision) bool {
+	if !sp.fair {
+		return true
+	}
+	ok, err := m.limiter.Held(ctx, sp.rates, req, d)
+	if err == nil && ok {
+		return true
+	}
+	if err != nil {
+		m.cfg.Logger.Warn("taskrl: checking a fair booking failed; deciding again", "err", err)
+	} else {
+		m.cfg.Logger.Debug("taskrl: a task with less than its share took this task's slot; deciding again")
+	}
+	m.refund(ctx, sp, keys, d)
+	return false
 }
 
 // errRedisDown is the error of a decision not tried because Redis failed a
@@ -598,7 +645,7 @@ func (m *Middleware) unlessBlocked(ctx context.Context, t *asynq.Task, queue, id
 // renewed while next runs, and releases them when it returns, panics or is
 // cancelled.
 func (m *Middleware) runHolding(ctx context.Context, t *asynq.Task, queue, id string, sp *split, keys []string, charge quotas.Decision, admit Event, next asynq.Handler) (err error) {
-	req := quotas.Request{Keys: pick(keys, sp.slotIdx), Holder: origin(t, id)}
+	req := quotas.Request{Keys: pick(keys, sp.slotIdx), Holder: origin(t, id), Critical: sp.critical}
 	deadline := time.Now().Add(m.cfg.MaxHold)
 	var held time.Duration // waiting for a slot in the worker
 	var d quotas.Decision

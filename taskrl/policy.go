@@ -45,6 +45,14 @@ type Rule struct {
 	// Key references. "" (the default) means such a task is refused with a
 	// *MissingFieldError. It requires a Key that references a field.
 	DefaultKey string
+	// Fair, a template like Key (e.g. "{{.business_id}}"), shares a GCRA
+	// rule's capacity fairly among its values with work waiting
+	// (quotas.Rule.Fair): a value alone gets all of it, and of N values
+	// waiting each gets an equal share, however many tasks one of them
+	// enqueued first. A payload without the field counts as the value "".
+	// "" (the default) means first come, first served. Only a GCRA rule
+	// can be fair.
+	Fair string
 	// Limit is the rule's limit, exactly one of quotas.GCRA,
 	// quotas.FixedWindow, quotas.CalendarWindow, quotas.SlidingWindow or
 	// quotas.Concurrency (a pointer to one is accepted and copied). Required.
@@ -101,8 +109,9 @@ const maxBindings = 4096
 // *Policy) has no rules: Bind returns nil for every task, and
 // RedisUnavailable returns FailClosed.
 type Policy struct {
-	rules []*crule
-	mode  FailureMode
+	rules    []*crule
+	mode     FailureMode
+	critical []Match
 
 	mu      sync.RWMutex
 	bound   map[bindKey]*Binding // nil values: no rule matches
@@ -111,10 +120,11 @@ type Policy struct {
 
 type bindKey struct{ taskType, queue string }
 
-// crule is a validated rule with its compiled key template.
+// crule is a validated rule with its compiled key and fair templates.
 type crule struct {
 	Rule
-	tmpl *keyTemplate // nil when Key == ""
+	tmpl  *keyTemplate // nil when Key == ""
+	ftmpl *keyTemplate // nil when Fair == ""
 }
 
 // NewPolicy validates rules and returns a Policy that fails closed when
@@ -133,6 +143,14 @@ func NewPolicy(rules ...Rule) (*Policy, error) {
 	return p, nil
 }
 
+// with returns a copy of p (which may be nil) with an empty binding cache.
+func (p *Policy) with() *Policy {
+	if p == nil {
+		return &Policy{}
+	}
+	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical}
+}
+
 // WithRedisUnavailable returns a copy of p that uses mode when Redis is
 // unavailable. It fails for a mode other than FailOpen, FailClosed and
 // FailLocal.
@@ -142,11 +160,44 @@ func (p *Policy) WithRedisUnavailable(mode FailureMode) (*Policy, error) {
 	default:
 		return nil, &PolicyError{Field: "redis_unavailable", Msg: fmt.Sprintf("must be open, closed or local, got %q", mode)}
 	}
-	q := &Policy{mode: mode}
-	if p != nil {
-		q.rules = p.rules
-	}
+	q := p.with()
+	q.mode = mode
 	return q, nil
+}
+
+// WithCritical returns a copy of p under which the tasks any of ms selects
+// are critical (the policy file's critical list): they may use the slots a
+// concurrency rule reserves (quotas.Concurrency.Reserved), which other
+// tasks never take. Each Match needs a type pattern or a queue, as a
+// rule's; the error names the entry (critical[1].type, ...) and what is
+// wrong. No Match (the default) makes no task critical.
+func (p *Policy) WithCritical(ms ...Match) (*Policy, error) {
+	var errs errList
+	for i, m := range ms {
+		if field, msg := checkMatch(m); msg != "" {
+			errs.add(&PolicyError{Field: criticalField(i, field), Msg: msg})
+		}
+	}
+	if err := errs.err(); err != nil {
+		return nil, err
+	}
+	q := p.with()
+	q.critical = slices.Clone(ms)
+	return q, nil
+}
+
+// Critical returns a copy of the matchers that make a task critical.
+func (p *Policy) Critical() []Match {
+	if p == nil {
+		return nil
+	}
+	return slices.Clone(p.critical)
+}
+
+// criticalField names field ("match", "match.type", ...) of the i-th
+// (0-based) critical entry as the policy file does: critical[1].type.
+func criticalField(i int, field string) string {
+	return fmt.Sprintf("critical[%d]", i+1) + strings.TrimPrefix(field, "match")
 }
 
 // RedisUnavailable returns the policy's failure mode: FailClosed unless
@@ -197,10 +248,14 @@ func (p *Policy) bindSlow(k bindKey) *Binding {
 			idx = append(idx, i)
 		}
 	}
+	critical := slices.ContainsFunc(p.critical, func(m Match) bool { return m.matches(k.taskType, k.queue) })
 	var id strings.Builder
 	for _, i := range idx {
 		id.WriteString(strconv.Itoa(i))
 		id.WriteByte(',')
+	}
+	if critical {
+		id.WriteByte('c')
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -212,6 +267,7 @@ func (p *Policy) bindSlow(k bindKey) *Binding {
 		b = p.subsets[id.String()]
 		if b == nil {
 			b = newBinding(p.rules, idx)
+			b.critical = critical
 			if len(p.subsets) < maxBindings {
 				if p.subsets == nil {
 					p.subsets = map[string]*Binding{}
@@ -235,7 +291,7 @@ func newBinding(all []*crule, idx []int) *Binding {
 	for j, i := range idx {
 		r := all[i]
 		b.rules[j] = r
-		qs[j] = quotas.Rule{Name: r.Name, Limit: r.Limit}
+		qs[j] = quotas.Rule{Name: r.Name, Limit: r.Limit, Fair: r.ftmpl != nil}
 		b.payload = b.payload || (r.tmpl != nil && r.tmpl.fields)
 	}
 	s, err := quotas.NewSet(qs...)
@@ -253,9 +309,17 @@ func newBinding(all []*crule, idx []int) *Binding {
 // from a task's payload. Get it from Policy.Bind. A Binding is immutable
 // and safe for concurrent use.
 type Binding struct {
-	set     *quotas.Set
-	rules   []*crule
-	payload bool // some template references a payload field
+	set      *quotas.Set
+	rules    []*crule
+	payload  bool // some key template references a payload field
+	critical bool
+}
+
+// Critical reports whether the policy's critical list selects the bound
+// (task type, queue): such tasks may use reserved concurrency slots
+// (quotas.Request.Critical). A nil *Binding is not critical.
+func (b *Binding) Critical() bool {
+	return b != nil && b.critical
 }
 
 // Set returns the bound rules, in policy order, as one quotas.Set to decide
@@ -283,37 +347,62 @@ func (b *Binding) Keys(payload []byte) ([]string, error) {
 	if b == nil {
 		return nil, nil
 	}
-	keys := make([]string, len(b.rules))
+	r, err := b.Request(payload)
+	return r.Keys, err
+}
+
+// Request returns the quotas.Request a task with payload makes of Set():
+// its Keys (see Keys), its Fair flows, rendered from the fair rules'
+// templates like keys (a flow that cannot be rendered, for want of a field
+// or an object, is ""), and Critical (see Critical). A nil *Binding
+// returns the zero Request.
+func (b *Binding) Request(payload []byte) (quotas.Request, error) {
+	if b == nil {
+		return quotas.Request{}, nil
+	}
+	req := quotas.Request{Keys: make([]string, len(b.rules)), Fair: make([]string, len(b.rules)), Critical: b.critical}
 	var obj map[string]json.RawMessage
+	var objErr error
 	decoded := false
+	object := func() (map[string]json.RawMessage, error) {
+		if !decoded {
+			obj, objErr = decodeObject(payload)
+			decoded = true
+		}
+		return obj, objErr
+	}
 	for i, r := range b.rules {
+		if t := r.ftmpl; t != nil {
+			if !t.fields {
+				req.Fair[i] = r.Fair
+			} else if o, err := object(); err == nil {
+				req.Fair[i], _ = t.render(o)
+			}
+		}
 		switch {
 		case r.tmpl == nil:
 		case !r.tmpl.fields:
-			keys[i] = r.Key
+			req.Keys[i] = r.Key
 		default:
-			if !decoded {
-				var err error
-				if obj, err = decodeObject(payload); err != nil {
-					return nil, fmt.Errorf("taskrl: rule %q: payload is not a JSON object: %v", r.Name, err)
-				}
-				decoded = true
+			o, err := object()
+			if err != nil {
+				return quotas.Request{}, fmt.Errorf("taskrl: rule %q: payload is not a JSON object: %v", r.Name, err)
 			}
-			k, err := r.tmpl.render(obj)
+			k, err := r.tmpl.render(o)
 			var missing *MissingFieldError
 			switch {
 			case errors.As(err, &missing) && r.DefaultKey != "":
 				k = r.DefaultKey
 			case errors.As(err, &missing):
 				missing.Rule = r.Name
-				return nil, missing
+				return quotas.Request{}, missing
 			case err != nil:
-				return nil, fmt.Errorf("taskrl: rule %q: %w", r.Name, err)
+				return quotas.Request{}, fmt.Errorf("taskrl: rule %q: %w", r.Name, err)
 			}
-			keys[i] = k
+			req.Keys[i] = k
 		}
 	}
-	return keys, nil
+	return req, nil
 }
 
 // MissingFieldError reports that a task's payload lacks a field a rule's
@@ -665,13 +754,8 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 	if err := checkName(r.Name); err != nil {
 		return nil, "name", err.Error()
 	}
-	if r.Match.Type == "" && r.Match.Queue == "" {
-		return nil, "match", "needs a task type (type: ...) or a queue (queue: ...) or both"
-	}
-	if r.Match.Type != "" {
-		if _, err := path.Match(r.Match.Type, ""); err != nil {
-			return nil, "match.type", fmt.Sprintf("bad pattern %q: %v (see path.Match)", r.Match.Type, err)
-		}
+	if field, msg := checkMatch(r.Match); msg != "" {
+		return nil, field, msg
 	}
 	c = &crule{Rule: r}
 	if r.Key != "" {
@@ -689,7 +773,31 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		return nil, field, msg
 	}
 	c.Limit = lim
+	if r.Fair != "" {
+		t, err := parseKeyTemplate(r.Fair)
+		if err != nil {
+			return nil, "fair", "bad template " + err.Error()
+		}
+		if _, ok := lim.(quotas.GCRA); !ok {
+			return nil, "fair", "only a gcra rate can be shared fairly; this rule's limit is " + lim.String()
+		}
+		c.ftmpl = t
+	}
 	return c, "", ""
+}
+
+// checkMatch validates m; on failure it returns the field at fault
+// ("match" or "match.type") and what is wrong.
+func checkMatch(m Match) (field, msg string) {
+	if m.Type == "" && m.Queue == "" {
+		return "match", "needs a task type (type: ...) or a queue (queue: ...) or both"
+	}
+	if m.Type != "" {
+		if _, err := path.Match(m.Type, ""); err != nil {
+			return "match.type", fmt.Sprintf("bad pattern %q: %v (see path.Match)", m.Type, err)
+		}
+	}
+	return "", ""
 }
 
 // checkName applies quotas' rule-name rules.
@@ -831,9 +939,12 @@ func setErr(l quotas.Limit) error {
 // ParsePolicy parses a policy document in YAML:
 //
 //	redis_unavailable: closed            # optional: open | closed (default) | local
+//	critical:                            # optional: see Policy.WithCritical
+//	  - {queue: critical}                # matchers like a rule's match
 //	rules:
 //	  - name: vendor-peak                # required, unique
 //	    match: {type: "http:*"}          # type (path.Match glob) and/or queue (exact)
+//	    fair: "{{.business_id}}"         # optional, gcra only; see Rule.Fair
 //	    gcra: {rate: 18, per: 1s, burst: 3}
 //	  - name: vendor-window
 //	    match: {type: "http:call"}
@@ -1239,13 +1350,18 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	if fe != nil {
 		return top(fe)
 	}
-	if fe := known(es, "", "rules", "redis_unavailable"); fe != nil {
+	if fe := known(es, "", "rules", "redis_unavailable", "critical"); fe != nil {
 		return top(fe)
 	}
 	mode := FailClosed
 	var rulesNode ast.Node
+	var critical []Match
 	for _, e := range es {
 		switch e.key {
+		case "critical":
+			var more errList
+			critical, more = d.critical(e.val)
+			errs = append(errs, more...)
 		case "redis_unavailable":
 			s, ok, fe := d.str(e.val, e.key)
 			if fe == nil && ok {
@@ -1298,6 +1414,9 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	}
 	p, more := buildPolicy(rules, pos, skip, mode)
 	errs = append(errs, more...)
+	if p != nil {
+		p.critical = critical
+	}
 	slices.SortStableFunc(errs, func(a, b *PolicyError) int {
 		return cmp.Or(cmp.Compare(a.Index, b.Index), cmp.Compare(a.Line, b.Line))
 	})
@@ -1308,6 +1427,41 @@ func parsePolicy(data []byte) (*Policy, errList) {
 		return nil, errs
 	}
 	return p, nil
+}
+
+// critical reads the top-level critical list: matchers like a rule's.
+func (d *yamlDoc) critical(n ast.Node) ([]Match, errList) {
+	var errs errList
+	cn, fe := d.resolve(n, "critical")
+	if fe == nil {
+		if _, ok := cn.(*ast.NullNode); ok {
+			return nil, nil
+		}
+		if _, ok := cn.(*ast.SequenceNode); !ok {
+			fe = fail(cn, "critical", "must be a list of matchers such as - {queue: critical}, got %s", kindOf(cn))
+		}
+	}
+	if fe != nil {
+		errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
+		return nil, errs
+	}
+	var out []Match
+	for i, en := range cn.(*ast.SequenceNode).Values {
+		field := criticalField(i, "")
+		ls := lines{field: lineOf(en)}
+		var m Match
+		if fe := d.match(en, field, &m, ls); fe != nil {
+			errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
+			continue
+		}
+		if f, msg := checkMatch(m); msg != "" {
+			f = criticalField(i, f)
+			errs.add(&PolicyError{Line: ls.of(f), Field: f, Msg: msg})
+			continue
+		}
+		out = append(out, m)
+	}
+	return out, errs
 }
 
 // parseYAML parses data, turning the parser's errors (and, defensively,
@@ -1355,7 +1509,7 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.Name = s
 		}
 	}
-	if fe := known(es, "", "name", "match", "key", "default_key", "gcra", "quota", "sliding", "concurrency"); fe != nil {
+	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "gcra", "quota", "sliding", "concurrency"); fe != nil {
 		return r, ls, fe
 	}
 	var limitKey string
@@ -1364,11 +1518,13 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 		var fe *ferr
 		switch e.key {
 		case "match":
-			fe = d.match(e.val, &r, ls)
+			fe = d.match(e.val, "match", &r.Match, ls)
 		case "key":
 			r.Key, _, fe = d.str(e.val, "key")
 		case "default_key":
 			r.DefaultKey, _, fe = d.str(e.val, "default_key")
+		case "fair":
+			r.Fair, _, fe = d.str(e.val, "fair")
 		case "gcra", "quota", "sliding", "concurrency":
 			if limitKey != "" {
 				return r, ls, fail(e.knode, "", "has both %s and %s; a rule has exactly one limit", limitKey, e.key)
@@ -1383,28 +1539,29 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 	return r, ls, nil
 }
 
-func (d *yamlDoc) match(n ast.Node, r *Rule, ls lines) *ferr {
-	if v, fe := d.resolve(n, "match"); fe == nil {
+// match reads a matcher at field ("match", or "critical[1]") into m.
+func (d *yamlDoc) match(n ast.Node, field string, m *Match, ls lines) *ferr {
+	if v, fe := d.resolve(n, field); fe == nil {
 		if _, ok := v.(*ast.NullNode); ok {
-			return nil // empty match: refused by compileRule
+			return nil // empty match: refused by checkMatch
 		}
 	}
-	es, fe := d.mapping(n, "match", 0)
+	es, fe := d.mapping(n, field, 0)
 	if fe != nil {
 		return fe
 	}
-	if fe := known(es, "match", "type", "queue"); fe != nil {
+	if fe := known(es, field, "type", "queue"); fe != nil {
 		return fe
 	}
 	for _, e := range es {
-		f := "match." + e.key
+		f := field + "." + e.key
 		ls[f] = lineOf(e.val)
 		var fe *ferr
 		switch e.key {
 		case "type":
-			r.Match.Type, _, fe = d.str(e.val, f)
+			m.Type, _, fe = d.str(e.val, f)
 		case "queue":
-			r.Match.Queue, _, fe = d.str(e.val, f)
+			m.Queue, _, fe = d.str(e.val, f)
 		}
 		if fe != nil {
 			return fe

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -28,14 +29,22 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"empty document", "# nothing\n", `policy: the document is empty`},
 		{"two documents", "rules: []\n---\nrules: []\n", `policy: line 3: more than one YAML document`},
 		{"top level not a mapping", "- a\n- b\n", `policy: line 1: must be a mapping, got a list`},
-		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules or redis_unavailable`},
+		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules, redis_unavailable or critical`},
+		{"critical not a list", "critical: {queue: c}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: critical: must be a list of matchers such as - {queue: critical}, got a mapping`},
+		{"critical empty matcher", "critical:\n  - {queue: c}\n  - {}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 3: critical[2]: needs a task type (type: ...) or a queue`},
+		{"critical bad glob", "critical:\n  - {type: \"pay:[\"}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 2: critical[1].type: bad pattern "pay:[": syntax error in pattern`},
+		{"critical unknown field", "critical:\n  - {queue: c, color: red}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 2: critical[1].color: unknown field; expected type or queue`},
+		{"critical numeric queue", "critical:\n  - queue: 5\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 2: critical[1].queue: must be a string, got the integer 5 (quote it)`},
 		{"rules missing", "redis_unavailable: open\n", `policy: rules: missing; a policy needs a list of rules`},
 		{"rules empty", "rules: []\n", `policy: line 1: rules: empty; a policy needs at least one rule`},
 		{"rules null", "rules:\n", `rules: empty; a policy needs at least one rule`},
 		{"rules not a list", "rules: {a: 1}\n", `policy: line 1: rules: must be a list of rules, got a mapping`},
 		{"bad redis_unavailable", "redis_unavailable: maybe\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: redis_unavailable: must be open, closed or local, got "maybe"`},
 		{"rule not a mapping", "rules: [5]\n", `policy: line 1: rule 1: must be a mapping, got the integer 5`},
-		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, gcra, quota, sliding or concurrency`},
+		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, fair, gcra, quota, sliding or concurrency`},
+		{"fair window", doc("quota: {limit: 5, every: 1s}\n    fair: \"{{.b}}\""), `policy: line 5: rule "a": fair: only a gcra rate can be shared fairly; this rule's limit is 5 per 1s (fixed window)`},
+		{"fair bad template", doc("gcra: {rate: 1, per: 1s}\n    fair: \"{{.b | x}}\""), `policy: line 5: rule "a": fair: bad template "{{.b | x}}": only field references such as {{.business_id}}`},
+		{"fair not a string", doc("gcra: {rate: 1, per: 1s}\n    fair: [b]"), `policy: line 5: rule "a": fair: must be a string, got a list`},
 		{"unknown limit field", doc("gcra: {rate: 1, per: 1s, brust: 2}"), `policy: line 4: rule "a": gcra.brust: unknown field; expected rate, per or burst`},
 		{"unknown match field", "rules:\n  - name: a\n    match: {tpye: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match.tpye: unknown field; expected type or queue`},
 		{"two limits", doc("gcra: {rate: 1, per: 1s}\n    quota: {limit: 5, every: 1s}"), `policy: line 5: rule "a": has both gcra and quota; a rule has exactly one limit`},
@@ -553,4 +562,100 @@ func FuzzParsePolicy(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestCritical(t *testing.T) {
+	p, err := ParsePolicy([]byte(`
+critical:
+  - {queue: critical}
+  - {type: "payments:*"}
+rules:
+  - name: slots
+    match: {type: "*:*"}
+    concurrency: {max: 4, lease: 30s, reserved: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		typ, queue string
+		want       bool
+	}{
+		{"http:call", "critical", true},
+		{"http:call", "default", false},
+		{"payments:charge", "default", true},
+		{"payments:charge", "critical", true},
+	} {
+		b := p.Bind(c.typ, c.queue)
+		if b == nil || b.Critical() != c.want || names(b) != "slots" {
+			t.Errorf("Bind(%q, %q): critical %v, want %v", c.typ, c.queue, b.Critical(), c.want)
+		}
+	}
+	if p.Bind("email", "critical") != nil || p.Bind("email", "critical").Critical() {
+		t.Error("a task no rule matches has a binding")
+	}
+	// The failure mode and the critical list survive each other.
+	q, err := p.WithRedisUnavailable(FailOpen)
+	if err != nil || !q.Bind("x:y", "critical").Critical() || len(q.Critical()) != 2 {
+		t.Fatalf("WithRedisUnavailable lost the critical list: %v", err)
+	}
+	q, err = q.WithCritical(Match{Queue: "vip"})
+	if err != nil || q.RedisUnavailable() != FailOpen || q.Bind("x:y", "critical").Critical() || !q.Bind("x:y", "vip").Critical() {
+		t.Fatalf("WithCritical: %v", err)
+	}
+	for m, want := range map[Match]string{
+		{}:              `policy: critical[1]: needs a task type (type: ...) or a queue`,
+		{Type: "pay:["}: `policy: critical[1].type: bad pattern "pay:[": syntax error in pattern`,
+	} {
+		if _, err := p.WithCritical(m); err == nil || err.Error() != want && !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("WithCritical(%+v) = %v, want %s", m, err, want)
+		}
+	}
+}
+
+func TestFairRequest(t *testing.T) {
+	p, err := ParsePolicy([]byte(`
+critical:
+  - {queue: vip}
+rules:
+  - name: peak
+    match: {type: "http:call"}
+    fair: "{{.business_id}}"
+    gcra: {rate: 18, per: 1s, burst: 3}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 2, per: 1s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.Bind("http:call", "default")
+	if rs := b.Set().Rules(); !rs[0].Fair || rs[1].Fair {
+		t.Fatalf("fair flags: %+v", rs)
+	}
+	for payload, want := range map[string][2]string{
+		`{"business_id": "b7"}`:   {"b7", "b7"},
+		`{"business_id": 12}`:     {"12", "12"},
+		`{"business_id": "b{1}"}`: {"b{1}", "b{1}"},
+	} {
+		req, err := b.Request([]byte(payload))
+		if err != nil || req.Fair[0] != want[0] || req.Keys[1] != want[1] || req.Fair[1] != "" || req.Keys[0] != "" || req.Critical {
+			t.Errorf("Request(%s) = %+v, %v", payload, req, err)
+		}
+	}
+	// A flow that cannot be rendered is "": fairness is no reason to refuse
+	// a task; the key's missing field still is.
+	only := mustPolicy(t, Rule{Name: "peak", Match: Match{Type: "x"}, Fair: "{{.b}}", Limit: quotas.GCRA(gcra.PerSecond(1))}).Bind("x", "q")
+	for _, payload := range []string{`{}`, `{"b": null}`, `not json`} {
+		if req, err := only.Request([]byte(payload)); err != nil || req.Fair[0] != "" {
+			t.Errorf("Request(%s) = %+v, %v", payload, req, err)
+		}
+	}
+	if _, err := b.Request([]byte(`{}`)); err == nil {
+		t.Error("a missing key field was accepted")
+	}
+	if req, _ := p.Bind("http:call", "vip").Request([]byte(`{"business_id": "b1"}`)); !req.Critical {
+		t.Error("a critical task's request is not critical")
+	}
 }

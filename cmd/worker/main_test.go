@@ -280,6 +280,9 @@ func TestBadPolicy(t *testing.T) {
 		{"unknown top-level field", "rulez: []\n", []string{"rulez", "unknown field"}},
 		{"bad failure mode", "redis_unavailable: maybe\nrules:\n  - name: a\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 1s}\n", []string{"redis_unavailable", "open, closed or local"}},
 		{"not YAML", "rules: [\n", []string{"line 1", "YAML"}},
+		{"fair window", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    fair: \"{{.business_id}}\"\n    quota: {limit: 10, every: 10s}\n", []string{"line 4", `rule "a"`, "fair", "only a gcra rate"}},
+		{"bad fair template", "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    fair: \"{{.business_id\"\n    gcra: {rate: 1, per: 1s}\n", []string{"line 4", "fair", "bad template"}},
+		{"bad critical matcher", "critical:\n  - {queue: critical}\n  - {type: \"pay:[\"}\nrules:\n  - name: a\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 1s}\n", []string{"line 3", "critical[2].type", "bad pattern"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -58,6 +58,7 @@ import (
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/examplekit"
 	"github.com/taskrl/taskrl/internal/fakeapi"
+	"github.com/taskrl/taskrl/internal/ideal"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -439,35 +440,15 @@ func report(out io.Writer, cfg config, env *examplekit.Env, queue string, ids []
 }
 
 // idealSpan is how long tasks tasks over businesses businesses take from the
-// first call to the last when each runs at the earliest moment every rule
-// of the policy allows, in enqueue order: the standard to measure the run
-// against. (The concurrency rule does not bind at the vendor's latency.)
+// first call to the last when each runs at the earliest moment the policy's
+// limits allow (package ideal, computed from the limits alone): the
+// standard to measure the run against. (The concurrency rule does not bind
+// at the vendor's latency.)
 func idealSpan(first time.Time, tasks, businesses int) time.Duration {
-	var g, b gcra.Model
-	used := map[int64]int{}
-	t := first
-	last := first
-	for i := 0; i < tasks; i++ {
-		biz := strconv.Itoa(i % businesses)
-		for {
-			// The earliest moment both rates admit, at or after t...
-			rg, _ := g.Reserve(t, "", peak, 1, time.Hour)
-			rb, _ := b.Reserve(t, biz, perBiz, 1, time.Hour)
-			at := t.Add(max(rg.Delay, rb.Delay))
-			_, _ = g.Refund(t, "", peak, 1)
-			_, _ = b.Refund(t, biz, perBiz, 1)
-			// ...and the window has room; otherwise try its next window.
-			w := windowStart(at)
-			if used[w] >= window {
-				t = time.Unix(w, 0).Add(windowLen)
-				continue
-			}
-			_, _ = g.Reserve(at, "", peak, 1, 0)
-			_, _ = b.Reserve(at, biz, perBiz, 1, 0)
-			used[w]++
-			last = at
-			break
-		}
+	calls := make([]ideal.Call, tasks)
+	for i := range calls {
+		calls[i] = ideal.Call{At: first, Key: strconv.Itoa(i % businesses)}
 	}
-	return last.Sub(first)
+	rules := []ideal.Rule{{GCRA: peak}, {GCRA: perBiz, Keyed: true}, {Limit: window, Every: windowLen}}
+	return ideal.Last(ideal.Schedule(rules, calls)).Sub(first)
 }

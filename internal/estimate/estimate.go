@@ -9,7 +9,9 @@
 // raise the candidate time to each rule's earliest admissible time until all
 // agree). Rules are modelled after the quotas scripts:
 //
-//   - GCRA: gcra.Model, the in-process copy of the limiter's arithmetic;
+//   - GCRA: a calendar of virtual time per key, placed as the script does:
+//     a task held back by another rule takes its slot there and leaves the
+//     capacity before it to the tasks after it;
 //   - fixed windows: Limit per window aligned to the Unix epoch;
 //   - calendar windows: Limit per window between two ticks of the rule's cron
 //     spec in its zone (package internal/calendar);
@@ -18,9 +20,10 @@
 //   - concurrency: at most Max-Reserved tasks of a key run at once, each for
 //     Options.TaskDuration.
 //
-// Not modelled: the worker's own concurrency and the tasks' failures,
-// retries and upstream 429s; the estimate is the time the limits alone
-// impose.
+// Not modelled: the worker's own concurrency, the tasks' failures, retries
+// and upstream 429s, and fair sharing (a fair rule is taken as a plain one:
+// the campaign's tasks are booked in enqueue order); the estimate is the
+// time the limits alone impose.
 package estimate
 
 import (
@@ -132,6 +135,9 @@ func Run(p *taskrl.Policy, c Campaign, opt Options) (*Report, error) {
 	if opt.Start.IsZero() {
 		opt.Start = time.Now()
 	}
+	if us := opt.Start.UnixMicro(); us < 0 || us >= 1<<51 {
+		return nil, fmt.Errorf("estimate: start %s is outside 1970..2041", opt.Start.Format(time.RFC3339))
+	}
 	rep := &Report{Tasks: c.N, Type: c.Type, Queue: c.Queue, Start: opt.Start, TaskDuration: opt.TaskDuration, End: opt.Start, FirstRefused: -1}
 	b := p.Bind(c.Type, c.Queue)
 	if b == nil {
@@ -209,7 +215,7 @@ type simulation struct {
 func (s simulation) run(use []int) (time.Duration, error) {
 	sims := make([]sim, len(use))
 	for u, j := range use {
-		sm, err := newSim(s.rules[j].Limit, s.taskDur)
+		sm, err := newSim(s.rules[j].Limit, s.start, s.taskDur)
 		if err != nil {
 			return 0, fmt.Errorf("estimate: rule %q: %w", s.rules[j].Name, err)
 		}
@@ -260,20 +266,24 @@ type sim interface {
 	charge(key string, t int64) error
 }
 
-func newSim(l quotas.Limit, taskDur int64) (sim, error) {
+func newSim(l quotas.Limit, start, taskDur int64) (sim, error) {
 	switch v := l.(type) {
 	case *quotas.GCRA:
-		return newSim(*v, taskDur)
+		return newSim(*v, start, taskDur)
 	case *quotas.FixedWindow:
-		return newSim(*v, taskDur)
+		return newSim(*v, start, taskDur)
 	case *quotas.CalendarWindow:
-		return newSim(*v, taskDur)
+		return newSim(*v, start, taskDur)
 	case *quotas.SlidingWindow:
-		return newSim(*v, taskDur)
+		return newSim(*v, start, taskDur)
 	case *quotas.Concurrency:
-		return newSim(*v, taskDur)
+		return newSim(*v, start, taskDur)
 	case quotas.GCRA:
-		return &gcraSim{limit: gcra.Limit(v), models: map[string]*gcra.Model{}}, nil
+		l := gcra.Limit(v)
+		if err := l.Validate(); err != nil {
+			return nil, err
+		}
+		return &gcraSim{em: l.Interval().Microseconds(), burst: int64(l.Burst), start: start, keys: map[string]*gcraKey{}}, nil
 	case quotas.FixedWindow:
 		every := v.Every.Microseconds()
 		if every < 1 {
@@ -300,48 +310,88 @@ func newSim(l quotas.Limit, taskDur int64) (sim, error) {
 	return nil, fmt.Errorf("unknown limit %T", l)
 }
 
-// gcraSim keeps one gcra.Model per key: a Model forgets keys whose bucket is
-// full at the time of its latest call, and this simulation asks about times
-// out of order across keys (never, within one key, before a time it charged).
+// gcraSim keeps a calendar of virtual time per key, placed as the quotas
+// script places GCRA charges (internal/script/lua/booked.lua): a task
+// starting at t occupies a free interval [x, x+T) with t <= x and
+// x+T <= t + Burst*T; the calendar is its TAT, the end of what is occupied
+// without a gap from the start, and the bookings beyond it, in order. Every
+// decision of the simulation is made at its start, as for a backlog
+// dequeued at once.
 type gcraSim struct {
-	limit  gcra.Limit
-	models map[string]*gcra.Model
+	em, burst, start int64
+	keys             map[string]*gcraKey
 }
 
-func (g *gcraSim) model(key string) *gcra.Model {
-	m := g.models[key]
-	if m == nil {
-		m = &gcra.Model{}
-		g.models[key] = m
-	}
-	return m
+type gcraKey struct {
+	tat   int64
+	books [][2]int64 // [x, end), by end
 }
 
-// earliest asks the model to admit the task at t: denied, RetryAfter is the
-// exact wait; admitted, the charge is refunded at once, which restores the
-// model exactly for every time from t on.
-func (g *gcraSim) earliest(key string, t int64) (int64, error) {
-	m, at := g.model(key), time.UnixMicro(t)
-	r, err := m.AllowN(at, "k", g.limit, 1)
-	if err != nil {
-		return 0, err
-	}
-	if !r.Allowed {
-		if r.RetryAfter < 0 {
-			return 0, errors.New("a single task exceeds the burst")
+// fit returns the earliest time >= t at which a task of key fits, where
+// it would start in virtual time, and whether that extends the TAT.
+func (g *gcraSim) fit(k *gcraKey, t int64) (a, x int64, front bool) {
+	em := g.em
+	g1, first := max(k.tat, g.start), true
+	try := func(g2 int64, bounded bool) bool {
+		a = max(t, g1+em-g.burst*em)
+		x = g1
+		if a > g1 {
+			x = a
+			if g.burst > 1 {
+				x = (a + em - 1) / em * em
+			}
 		}
-		return t + r.RetryAfter.Microseconds(), nil
+		if bounded && x+em > g2 {
+			return false
+		}
+		front = first && x-g1 < em
+		return true
 	}
-	_, err = m.Refund(at, "k", g.limit, 1)
-	return t, err
+	from := max(t, g1)
+	i := sort.Search(len(k.books), func(i int) bool { return k.books[i][1] >= from })
+	for _, b := range k.books[i:] {
+		if b[0] > g1 {
+			if try(b[0], true) {
+				return a, x, front
+			}
+			first = false
+		}
+		g1 = max(g1, b[1])
+	}
+	try(0, false)
+	return a, x, front
+}
+
+func (g *gcraSim) key(key string) *gcraKey {
+	k := g.keys[key]
+	if k == nil {
+		k = &gcraKey{}
+		g.keys[key] = k
+	}
+	return k
+}
+
+func (g *gcraSim) earliest(key string, t int64) (int64, error) {
+	a, _, _ := g.fit(g.key(key), t)
+	return a, nil
 }
 
 func (g *gcraSim) charge(key string, t int64) error {
-	r, err := g.model(key).AllowN(time.UnixMicro(t), "k", g.limit, 1)
-	if err == nil && !r.Allowed {
-		err = fmt.Errorf("internal error: not admitted at its earliest time (retry after %s)", r.RetryAfter)
+	k := g.key(key)
+	a, x, front := g.fit(k, t)
+	if a != t {
+		return fmt.Errorf("internal error: not admitted at its earliest time (fits at %d, not %d)", a, t)
 	}
-	return err
+	if front {
+		k.tat = x + g.em
+		return nil
+	}
+	end := x + g.em
+	i := sort.Search(len(k.books), func(i int) bool { return k.books[i][1] > end })
+	k.books = append(k.books, [2]int64{})
+	copy(k.books[i+1:], k.books[i:])
+	k.books[i] = [2]int64{x, end}
+	return nil
 }
 
 // windowSim counts tasks per window (fixed or calendar). Windows only fill

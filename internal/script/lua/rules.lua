@@ -142,27 +142,48 @@ end
 
 -- Sliding window (kind 4, p = {every}), exact log: a sorted set of one
 -- member per admitted unit, scored by its time. Entries at or before
--- now - every are dropped on every look; a request at t conforms iff the
--- entries newer than t - every, plus n, fit in the limit (entries booked in
--- the future count too, which is conservative and never over-admits).
+-- now - every are dropped on every look. An entry at e counts in the
+-- windows (x - every, x] with e <= x < e + every; a request of n units at t
+-- conforms iff every window it counts in, those ending in [t, t + every),
+-- keeps n units of room. Entries booked further ahead do not matter: a
+-- booking takes room only in the windows around its own time.
 
 local function sl_load(r, now)
   call('ZREMRANGEBYSCORE', r.key, '-inf', fmt(now - r.p[1]))
   r.total = call('ZCARD', r.key)
 end
 
+-- sl_earliest sweeps the count of the windows ending in [t, t + every) and,
+-- if some have no room, tries again from the end of the last such stretch.
 local function sl_earliest(r, t, n, now)
   if n > r.limit then return -1 end
-  local every = r.p[1]
-  local newer = r.total
-  if t > now then
-    newer = call('ZCOUNT', r.key, '(' .. fmt(t - every), '+inf')
+  local every, room = r.p[1], r.limit - n
+  if r.total <= room then return t end
+  for _ = 1, 64 do
+    local es = call('ZRANGEBYSCORE', r.key, '(' .. fmt(t - every), '(' .. fmt(t + every), 'WITHSCORES')
+    if #es <= 2 * room then return t end
+    local ts = {}
+    for i = 2, #es, 2 do ts[#ts + 1] = tonumber(es[i]) end
+    -- c counts the entries joined (index < j) and not yet left (>= k).
+    local c, j, k = 0, 1, 1
+    while j <= #ts and ts[j] <= t do c, j = c + 1, j + 1 end
+    local full, last = c > room, false
+    while k < j or j <= #ts do
+      local x = false
+      if k < j then x = ts[k] + every end
+      if j <= #ts and (not x or ts[j] < x) then x = ts[j] end
+      while k < j and ts[k] + every <= x do c, k = c - 1, k + 1 end
+      while j <= #ts and ts[j] <= x do c, j = c + 1, j + 1 end
+      if full and c <= room then
+        full, last = false, x
+      elseif c > room then
+        full = true
+      end
+    end
+    if not last then return t end
+    t = last
   end
-  if newer + n <= r.limit then return t end
-  -- Wait until all but limit-n of the newer entries have left the window.
-  local idx = r.total - (r.limit - n) - 1
-  local e = call('ZRANGE', r.key, fmt(idx), fmt(idx), 'WITHSCORES')
-  return max(t, tonumber(e[2]) + every)
+  return t
 end
 
 local function sl_charge(r, t, n, now, ttl_floor, nonce)
@@ -191,6 +212,18 @@ local function sl_status(r, now)
     reset = max(0, tonumber(first[2]) + r.p[1] - now)
   end
   return r.total, max(0, r.limit - r.total), reset
+end
+
+-- sl_inherit makes the n entries the owner of a booking taken over (victim,
+-- booked.lua) had in rule r the taker's (nonce).
+local function sl_inherit(r, n, victim, nonce)
+  for i = 1, n do
+    local at = call('ZSCORE', r.key, victim .. i)
+    if at then
+      call('ZREM', r.key, victim .. i)
+      call('ZADD', r.key, at, nonce .. i)
+    end
+  end
 end
 
 local function sl_refund(r, n, nonce)

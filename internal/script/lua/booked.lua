@@ -1,0 +1,397 @@
+-- GCRA rules of rule sets, with bookings anywhere ahead and fair sharing. A
+-- library, not a script: it defines functions and touches only the keys of
+-- the rule tables passed to it. Composed after gcra.lua, whose locals and
+-- gcra_decide it uses. Times are integer microseconds below 2^53.
+--
+-- The model. Every admitted or booked request of cost n occupies an
+-- interval [x, x + n*em) of virtual time; the intervals of one key never
+-- overlap. A request made at real time a may take any free interval with
+-- a <= x and x + n*em <= a + burst*em. Then in any span of real time of
+-- length d the requests made in it occupy disjoint intervals inside a span
+-- of d + burst*em, so at most burst + d/em of them pass: the GCRA limit,
+-- whatever order the requests were booked in. When every request takes the
+-- first free interval at the end of the others this is gcra_decide's
+-- arithmetic exactly (the end is the TAT); the difference is that a request
+-- booked far ahead, because another rule held it back until then, takes an
+-- interval there and leaves the virtual time before it free for others,
+-- instead of moving the TAT there.
+--
+-- State of a rule r (its keys r.key, r.bkey and, fair, r.fkey: one tag):
+--   r.key   string: the TAT, the end of the virtual time occupied without
+--           a gap from now; "tat:last" while bookings exist, last being the
+--           latest booking end ever added (it sets the keys' TTL);
+--           "tat:last:block" while a block holds (fair rules);
+--   r.bkey  sorted set of bookings: score = end x + n*em, member =
+--           x ":" tag ":" t ":" g ":" owner: t is the real time the request
+--           was booked for, owner its nonce; tag and g: see Fair.
+-- A booking is dropped when the next booking is added, 10 s after it ended
+-- (so that its owner can still learn whether it held it, gc_held); once its
+-- end has passed it is only skipped.
+--
+-- Placement. The free gaps at or after max(TAT, now) are tried in order;
+-- for real time a and gap [g1, g2) the interval starts at x = g1 when
+-- a <= g1, otherwise at a rounded up to a multiple of em (when burst > n
+-- leaves room for it: bookings then leave gaps of whole intervals, none
+-- too short to use), and it must end by g2. A request placed in the first
+-- gap less than em after its start extends the TAT, which then also covers
+-- the sliver before it: nothing else fits there. Any other placement is a
+-- booking of its own.
+--
+-- Fair rules (r.fair) share their capacity among the values of a request
+-- argument, its flow (a business id), so that every flow with work waiting
+-- gets an equal share and a flow alone gets it all. Every request of a fair
+-- rule is a booking of its own, so it can be refunded exactly and taken
+-- over; the TAT only says how far from now the time is occupied without a
+-- gap (by bookings, slivers and blocks), and a refund lowers it again, not
+-- below a block. Each flow v has a virtual finish F_v (the sorted set
+-- r.fkey, flow -> F_v). A request of flow v is tagged S = max(F_v, now)
+-- and, when charged, moves F_v to S + n*em*N, N being the number of flows
+-- whose finish is ahead of now, v included: of N waiting flows, each gets
+-- one interval in N, whatever was booked before. A reserve may take over
+-- (gc_takeable) another request's booking of a fair rule when that
+-- booking's tag is later than its own by more than that round, n*em*N, its
+-- moment t is at least freeze ahead (its owner cannot have started: the
+-- owner checks before it runs, gc_held, finds the booking gone and decides
+-- again) and both requests have the same global rules (g, a digest of the
+-- rules whose key is global, and the fair rule): the taker runs at t in
+-- the owner's place, inheriting the owner's charges on those rules
+-- (gc_inherit), and is charged its own rules (the keyed ones) at t; the
+-- owner gives back only its own. Critical requests are tagged 0 and move
+-- no finish: they take over any booking but a critical one, and theirs are
+-- never taken.
+--
+-- TATs and the latest booking ends are read at most once per script call
+-- and written back by gc_flush at its end; bookings and finishes are
+-- written at once.
+
+local min = math.min
+local tats, lasts, blocks, tat_now, tat_floor, tat_changed = {}, {}, {}, {}, {}, {}
+
+-- freeze is how far ahead a booking must start to be taken over: its owner
+-- checks it at most a few milliseconds before its moment. keep is how long
+-- a booking is kept after it ended, so that a refund soon after can still
+-- tell a booking taken over (its shared charges are the taker's now) from
+-- one that was not.
+local freeze, keep = 250000, 10000000
+
+-- tat_get returns the TAT stored at key, or nil, and caches it, the latest
+-- booking end (lasts[key], 0 if none) and the block (blocks[key], 0).
+local function tat_get(key)
+  local v = tats[key]
+  if v == nil then
+    local s = call('GET', key)
+    v, lasts[key], blocks[key] = false, 0, 0
+    if s then
+      v = tonumber(s)
+      if not v then
+        local f = {}
+        for p in string.gmatch(s, '[^:]+') do f[#f + 1] = tonumber(p) end
+        v, lasts[key], blocks[key] = f[1], f[2] or 0, f[3] or 0
+      end
+    end
+    tats[key] = v
+  end
+  return v or nil
+end
+
+-- tat_set records a new TAT for key, written by gc_flush, with the now and
+-- TTL floor its TTL is computed from. A TAT that has passed, with no
+-- booking ahead, is none: the key is deleted.
+local function tat_set(key, tat, now, ttl_floor)
+  if tat_now[key] == nil then tat_changed[#tat_changed + 1] = key end
+  if tat <= now and lasts[key] <= now then tat = false end
+  tats[key], tat_now[key], tat_floor[key] = tat, now, ttl_floor
+end
+
+-- gc_flush writes the changed TATs back: each key lives until its TAT or
+-- its latest booking end, whichever is later, and is deleted when both
+-- have passed.
+local function gc_flush()
+  for _, key in ipairs(tat_changed) do
+    local tat, last, now = tats[key], lasts[key], tat_now[key]
+    local till = max(tat or 0, last)
+    if till > now then
+      local v = fmt(tat)
+      if blocks[key] > now then
+        v = v .. ':' .. fmt(last) .. ':' .. fmt(blocks[key])
+      elseif last > now then
+        v = v .. ':' .. fmt(last)
+      end
+      call('SET', key, v, 'PX', fmt(ttl_ms(till - now, tat_floor[key])))
+    else
+      call('DEL', key)
+    end
+  end
+end
+
+-- gc_load reads the rule's TAT and, for a fair rule, the request's tag
+-- (r.tag) and the number of waiting flows (r.nact).
+local function gc_load(r, now, critical)
+  r.stored = tat_get(r.key)
+  if not r.fair then return end
+  if critical then
+    r.tag, r.nact = 0, 1
+    return
+  end
+  local f = tonumber(call('ZSCORE', r.fkey, r.flow)) or 0
+  local n = call('ZCOUNT', r.fkey, '(' .. fmt(now), '+inf')
+  if f <= now then f, n = now, n + 1 end
+  r.tag, r.nact = f, n
+end
+
+-- booking_x reads a booking member's start; booking reads all its fields:
+-- x, tag, t, g, owner.
+local function booking_x(m)
+  return tonumber(string.match(m, '^%d+'))
+end
+
+local function booking(m)
+  local x, tag, t, g, owner = string.match(m, '^(%d+):(%d+):(%d+):([^:]*):(.*)$')
+  return tonumber(x), tonumber(tag), tonumber(t), g, owner
+end
+
+-- member names a booking.
+local function member(x, tag, t, g, owner)
+  return fmt(x) .. ':' .. fmt(tag) .. ':' .. fmt(t) .. ':' .. g .. ':' .. owner
+end
+
+-- walk calls visit(x, e, member) for r's bookings that end at or after
+-- from, in order, until it returns true; it returns true then, and false
+-- when the bookings ran out. After limit bookings (default 2048) it gives
+-- up and returns nil. Bookings never overlap, so their ends differ: each
+-- page starts after the end the last one reached.
+local function walk(r, from, visit, limit)
+  limit = limit or 2048
+  local seen, size, lo = 0, 8, fmt(from)
+  while true do
+    local want = min(size, limit - seen)
+    local page = call('ZRANGEBYSCORE', r.bkey, lo, '+inf', 'WITHSCORES', 'LIMIT', '0', fmt(want))
+    for i = 1, #page, 2 do
+      if visit(booking_x(page[i]), tonumber(page[i + 1]), page[i]) then return true end
+    end
+    if #page < 2 * want then return false end
+    seen = seen + want
+    if seen >= limit then return nil end
+    lo, size = '(' .. page[#page], 64
+  end
+end
+
+-- place returns where a request of cost n made at t0 or later fits in the
+-- free gap [g1, g2) of r's virtual time (g2 false: no end): the earliest
+-- real time a and the start x; nil if it does not fit.
+local function place(r, g1, g2, t0, n)
+  local em = r.em
+  -- The GCRA arithmetic with the gap's start as the TAT: the earliest
+  -- time it conforms.
+  local allowed, _, _, _, retry = gcra_decide(g1, t0, em, r.burst, n, 0, 0)
+  local a, x = t0, g1
+  if allowed == 0 then a = t0 + retry end
+  if a > g1 then
+    x = a
+    if r.burst > n then x = ceil(a / em) * em end
+  end
+  if g2 and x + n * em > g2 then return nil end
+  return a, x
+end
+
+-- gc_gap returns the earliest real time a >= t0 at which a request of cost
+-- n fits in free virtual time, its start x, and whether it extends the
+-- TAT; or, when too many bookings lie in the way to walk in one call,
+-- only the time before which nothing fits (beyond t0, as the bookings
+-- walked are disjoint): the caller asks again from there.
+local function gc_gap(r, t0, n, now)
+  local g1 = now
+  if r.stored and r.stored > now then g1 = r.stored end
+  local from = max(t0, g1)
+  if lasts[r.key] < from then
+    -- No booking ahead: gcra_decide's arithmetic.
+    local a, x = place(r, g1, false, t0, n)
+    return a, x, x - g1 < r.em
+  end
+  local first, a, x, front = true, nil, nil, false
+  local found = walk(r, from, function(bx, e)
+    if bx > g1 then
+      a, x = place(r, g1, bx, t0, n)
+      if a then
+        front = first and x - g1 < r.em
+        return true
+      end
+      first = false
+    end
+    if e > g1 then g1 = e end
+  end)
+  if found then return a, x, front end
+  if found == nil then return g1 end
+  a, x = place(r, g1, false, t0, n)
+  return a, x, first and x - g1 < r.em
+end
+
+-- gc_fit returns the earliest real time a >= t0 at which a request of cost
+-- n fits, or -1 if it never does (n > burst), and keeps its placement in r
+-- when a is t0: r.at = t0, r.x, r.front (it extends the TAT); r.victim is
+-- false (see gc_takeable). Otherwise r.at is false: the charge places the
+-- request afresh.
+local function gc_fit(r, t0, n, now)
+  if n > r.burst then return -1 end
+  local a, x, front = gc_gap(r, t0, n, now)
+  r.at, r.victim = false, false
+  if a == t0 and x then r.at, r.x, r.front = a, x, front end
+  return a
+end
+
+-- gc_takeable calls visit(t, x, member, owner) for the bookings of fair
+-- rule r that a reserve of cost n, tag r.tag and digest g may take over, in
+-- order, moments t >= t0 (see Fair), until it returns true; it looks at 256
+-- bookings at most.
+local function gc_takeable(r, t0, n, now, g, visit)
+  local need = n * r.em
+  local low, over = max(t0, now + freeze), r.tag + need * r.nact
+  walk(r, low + need, function(bx, e, m)
+    if e - bx ~= need then return false end
+    local _, tag, t, bg, owner = booking(m)
+    if t >= low and bg == g and tag > over then return visit(t, bx, m, owner) end
+  end, 256)
+end
+
+-- gc_charge places a request of cost n made at t (gc_fit's placement if it
+-- was asked for t, else a new one; or the booking it takes over, r.victim)
+-- and returns the undo values: the TAT after and before, or for a booking
+-- of its own -x and its tag.
+local function gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
+  if r.at ~= t then gc_fit(r, t, n, now) end
+  local e = r.x + n * r.em
+  if r.front and not r.fair then
+    local before = r.stored or 0
+    r.stored = e
+    tat_set(r.key, e, now, ttl_floor)
+    return e, before
+  end
+  local tag = 0
+  if r.fair then tag = r.tag end
+  if r.victim then call('ZREM', r.bkey, r.victim) end
+  call('ZADD', r.bkey, fmt(e), member(r.x, tag, t, g, nonce))
+  if lasts[r.key] > now then
+    call('ZREMRANGEBYSCORE', r.bkey, '-inf', fmt(now - keep))
+  end
+  -- The set lives until its latest booking ends, and so does the TAT key
+  -- (with a TAT of now if it had none).
+  call('PEXPIRE', r.bkey, fmt(ttl_ms(max(e, lasts[r.key]) - now, ttl_floor)))
+  if r.front then
+    r.stored = e
+    tat_set(r.key, e, now, ttl_floor)
+  end
+  if e > lasts[r.key] then
+    lasts[r.key] = e
+    r.stored = r.stored or now
+    tat_set(r.key, r.stored, now, ttl_floor)
+  end
+  if r.fair and not critical then
+    local f = r.tag + n * r.em * r.nact
+    call('ZADD', r.fkey, fmt(f), r.flow)
+    call('ZREMRANGEBYSCORE', r.fkey, '-inf', fmt(now))
+    local ttl = ttl_ms(f - now, ttl_floor)
+    if call('PTTL', r.fkey) < ttl then call('PEXPIRE', r.fkey, fmt(ttl)) end
+  end
+  return -r.x, tag
+end
+
+-- gc_inherit makes the booking the owner of a booking taken over (victim)
+-- had on global rule r at t the taker's (nonce), and returns the taker's
+-- undo values for it: -x and its tag, or 0, 0 when the owner's charge
+-- extended the TAT (a refund then gives back what the TAT arithmetic
+-- allows, never more).
+local function gc_inherit(r, t, victim, nonce, g)
+  local till = t + r.burst * r.em
+  local x, tag, m = false, 0, false
+  walk(r, t + 1, function(bx, e, bm)
+    if bx >= till then return true end
+    local _, btag, bt, _, owner = booking(bm)
+    if bt == t and owner == victim then
+      x, tag, m = bx, btag, bm
+      call('ZADD', r.bkey, fmt(e), member(bx, btag, t, g, nonce))
+      return true
+    end
+  end)
+  if not x then return 0, 0 end
+  call('ZREM', r.bkey, m)
+  return -x, tag
+end
+
+-- gc_status returns the rule's used, remaining and reset_after at now:
+-- remaining is how many cost-1 requests fit now (counted over the first 64
+-- bookings ahead at most, as if the time beyond them were taken), used is
+-- burst minus that, reset_after the time until every interval has ended.
+local function gc_status(r, now)
+  local em, burst = r.em, r.burst
+  local g1 = now
+  if r.stored and r.stored > now then g1 = r.stored end
+  local till = now + em * burst
+  local last = lasts[r.key]
+  local rem = 0
+  if last > g1 and walk(r, g1, function(x, e)
+    if x >= till then return true end
+    if x > g1 then rem = rem + floor((x - g1) / em) end
+    if e > g1 then g1 = e end
+  end, 64) == nil then
+    g1 = till
+  end
+  if g1 < till then rem = rem + floor((till - g1) / em) end
+  return burst - rem, rem, max(g1, last, now) - now
+end
+
+-- gc_held reports whether the booking a charge made at t (undo values u1,
+-- u2, the request's nonce and digest g) is still its own: false once
+-- another request took it over (or it ended more than keep ago and was
+-- dropped). Charges that are not bookings of their own always are.
+local function gc_held(r, nonce, t, g)
+  if r.u1 >= 0 then return true end
+  return call('ZSCORE', r.bkey, member(-r.u1, r.u2, t, g, nonce)) ~= false
+end
+
+-- gc_refund gives back a charge of cost n made at t with undo values u1, u2
+-- (gc_charge's). A booking is removed if its owner still holds it (a fair
+-- rule's TAT then comes back to its start, if beyond it). A charge that
+-- extended the TAT restores the TAT before it if nothing was charged
+-- since; otherwise, while any charge stacked on it is a booking still in
+-- the future (the TAT is beyond now + burst), its slot is fixed and nothing
+-- can be given back; once every stacked charge is in the past, the bucket
+-- could have refilled for at most the time since this charge without it,
+-- so it gives back n emissions less that time, but never the interval of a
+-- booking the TAT has grown over: never more than this charge still holds,
+-- however refunds interleave.
+local function gc_refund(r, t, n, now, ttl_floor, nonce, g)
+  local cur = tat_get(r.key)
+  if r.u1 < 0 then
+    local x = -r.u1
+    if call('ZREM', r.bkey, member(x, r.u2, t, g, nonce)) == 1 and r.fair and cur and x < cur then
+      tat_set(r.key, max(x, blocks[r.key]), now, ttl_floor)
+    end
+    return
+  end
+  local tat = r.u2
+  if cur ~= r.u1 then
+    tat = max(cur or now, now)
+    if tat <= now + r.em * r.burst then
+      local low = tat - max(0, n * r.em - (now - t))
+      if lasts[r.key] > low then
+        walk(r, low + 1, function(x, e)
+          if x >= tat then return true end
+          low = max(low, e)
+        end)
+      end
+      tat = min(tat, low)
+    end
+  end
+  tat_set(r.key, tat, now, ttl_floor)
+end
+
+-- gc_block makes the rule admit nothing before till, then resume at its
+-- rate: the TAT moves so that one unit conforms exactly then (and, for a
+-- fair rule, refunds do not bring it back before that).
+local function gc_block(r, till, now, ttl_floor)
+  local tat = max(tat_get(r.key) or now, till + r.em * (r.burst - 1))
+  if tat > now then
+    if r.fair then blocks[r.key] = max(blocks[r.key], tat) end
+    tat_set(r.key, tat, now, ttl_floor)
+  end
+end
