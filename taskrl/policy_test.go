@@ -209,7 +209,7 @@ func TestRedisUnavailable(t *testing.T) {
 	}
 }
 
-// The policy of DESIGN.md, parsed, bound and keyed.
+// The README's example policy, parsed, bound and keyed.
 func TestDesignPolicy(t *testing.T) {
 	p, err := LoadPolicyFile("testdata/design.yaml")
 	if err != nil {

@@ -56,8 +56,9 @@ Flags (--name and -name are the same; values as --name=V or --name V):
   --redis URL              Redis to use for queues and limits: redis://[[user]:password@]host[:port][/db],
                            rediss://... (TLS), unix:///path.sock, or a bare host[:port].
                            Default: $REDIS_URL. Required one way or the other.
-  --policy FILE            policy file (YAML; see DESIGN.md). Required. A file that is wrong in any
-                           way is refused before anything connects, naming line, rule and field.
+  --policy FILE            policy file (YAML; see the README's policy file reference). Required.
+                           A file that is wrong in any way is refused before anything connects,
+                           naming line, rule and field.
   --concurrency N          tasks processed at once by this worker, at least 1. Default 10.
   --queues LIST            queues to serve with their weights, NAME=WEIGHT,... (weights positive
                            integers; a bare NAME has weight 1). Default "default=1".
