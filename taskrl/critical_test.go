@@ -70,7 +70,7 @@ rules:
 		s := asynq.NewServerFromRedisClient(c, m.ServerConfig(asynq.Config{Concurrency: 8,
 			Queues: map[string]int{"bulk": 1, "critical": 1}, LogLevel: asynq.ErrorLevel}))
 		mux := asynq.NewServeMux()
-		mux.Use(m.Middleware())
+		mux.Use(m.Handler)
 		mux.HandleFunc("job:bulk", handler)
 		mux.HandleFunc("job:crit", handler)
 		if err := s.Start(mux); err != nil {

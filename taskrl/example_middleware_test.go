@@ -54,7 +54,7 @@ rules:
 		LogLevel:    asynq.FatalLevel,
 	}))
 	mux := asynq.NewServeMux()
-	mux.Use(mw.Middleware())
+	mux.Use(mw.Handler)
 	sent := make(chan time.Time, 6)
 	mux.HandleFunc("email:send", func(ctx context.Context, t *asynq.Task) error {
 		sent <- time.Now()
@@ -122,7 +122,7 @@ rules:
 	queue := "example-throttled-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	srv := asynq.NewServerFromRedisClient(rdb, mw.ServerConfig(asynq.Config{Queues: map[string]int{queue: 1}, LogLevel: asynq.FatalLevel}))
 	mux := asynq.NewServeMux()
-	mux.Use(mw.Middleware())
+	mux.Use(mw.Handler)
 	done := make(chan struct{})
 	mux.HandleFunc("vendor:call", func(ctx context.Context, t *asynq.Task) error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, api.URL, nil)

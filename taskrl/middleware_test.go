@@ -68,7 +68,7 @@ func runWorkers(t *testing.T, c redis.UniversalClient, m *Middleware, n, concurr
 			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond },
 		}))
 		mux := asynq.NewServeMux()
-		mux.Use(m.Middleware())
+		mux.Use(m.Handler)
 		mux.Handle("job", handler)
 		if err := srv.Start(mux); err != nil {
 			t.Fatal(err)
@@ -315,7 +315,7 @@ func TestInteractiveBesideBulk(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		s := asynq.NewServerFromRedisClient(c, m.ServerConfig(asynq.Config{Concurrency: 10, Queues: map[string]int{"default": 1}, LogLevel: asynq.ErrorLevel}))
 		mux := asynq.NewServeMux()
-		mux.Use(m.Middleware())
+		mux.Use(m.Handler)
 		mux.HandleFunc("bulk", handler)
 		mux.HandleFunc("ping", handler)
 		if err := s.Start(mux); err != nil {

@@ -7,7 +7,6 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"errors"
-	"strconv"
 	"sync"
 	"time"
 
@@ -143,7 +142,7 @@ func (p *pacer) pass() time.Duration {
 	p.mu.Unlock()
 	next := paceIdle
 	for name, q := range qs {
-		now, serverNow := time.Now(), p.m.serverNow().UnixMicro()
+		now, serverNow := p.m.cfg.Clock.Now(), p.m.serverNow().UnixMicro()
 		p.mu.Lock()
 		ownDue := q.own.Len() > 0 && q.own[0]-paceLead.Microseconds() <= serverNow
 		p.mu.Unlock()
@@ -152,10 +151,10 @@ func (p *pacer) pass() time.Duration {
 		}
 		p.mu.Lock()
 		if q.own.Len() > 0 {
-			next = min(next, max(time.Duration(q.own[0]-paceLead.Microseconds()-serverNow)*time.Microsecond, time.Until(q.hold)))
+			next = min(next, max(time.Duration(q.own[0]-paceLead.Microseconds()-serverNow)*time.Microsecond, q.hold.Sub(p.m.cfg.Clock.Now())))
 		}
 		p.mu.Unlock()
-		next = min(next, max(time.Until(q.poll), time.Until(q.hold)))
+		next = min(next, max(q.poll.Sub(p.m.cfg.Clock.Now()), q.hold.Sub(p.m.cfg.Clock.Now())))
 	}
 	return next
 }
@@ -170,7 +169,7 @@ func (p *pacer) claim(queue string, q *paceQueue) {
 		if !errors.Is(err, redis.Nil) {
 			p.m.cfg.Logger.Warn("taskrl: pacer", "queue", queue, "err", err)
 		}
-		q.hold = time.Now().Add(200 * time.Millisecond)
+		q.hold = p.m.cfg.Clock.Now().Add(200 * time.Millisecond)
 		return
 	}
 	for _, id := range v[1:] {
@@ -181,15 +180,15 @@ func (p *pacer) claim(queue string, q *paceQueue) {
 	}
 	switch ms, _ := v[0].(int64); {
 	case len(v) > paceBatch:
-		q.poll = time.Now() // more may be due
+		q.poll = p.m.cfg.Clock.Now() // more may be due
 	case ms == 0:
-		q.poll = time.Now().Add(paceIdle)
+		q.poll = p.m.cfg.Clock.Now().Add(paceIdle)
 	default:
-		q.poll = time.Now().Add(min(time.Duration(ms)*time.Millisecond, paceLease))
+		q.poll = p.m.cfg.Clock.Now().Add(min(time.Duration(ms)*time.Millisecond, paceLease))
 	}
 	if len(v) <= paceBatch {
 		p.mu.Lock()
-		p.dropDue(q, time.Now())
+		p.dropDue(q, p.m.cfg.Clock.Now())
 		p.mu.Unlock()
 	}
 }
@@ -226,6 +225,3 @@ func (p *pacer) close() {
 	}
 	p.done.Wait()
 }
-
-// formatID is the ID of round n's copy of the task whose first ID is origin.
-func formatID(origin string, n int) string { return origin + "~" + strconv.Itoa(n) }

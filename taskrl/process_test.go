@@ -181,7 +181,7 @@ func fleetWorker(t *testing.T) {
 		LogLevel:    asynq.ErrorLevel,
 	}))
 	mux := asynq.NewServeMux()
-	mux.Use(m.Middleware())
+	mux.Use(m.Handler)
 	logKey := env.Prefix + "ran"
 	mux.HandleFunc("job", func(ctx context.Context, task *asynq.Task) error {
 		b, _ := bookedAt(task)

@@ -57,7 +57,7 @@ func TestRedisRestartMidRun(t *testing.T) {
 			runs := map[string]int{}
 			var at []time.Time
 			mux := asynq.NewServeMux()
-			mux.Use(m.Middleware())
+			mux.Use(m.Handler)
 			mux.HandleFunc("job", func(ctx context.Context, task *asynq.Task) error {
 				mu.Lock()
 				runs[string(task.Payload())]++

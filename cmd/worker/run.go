@@ -107,7 +107,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 
 	srv := asynq.NewServerFromRedisClient(client, srvCfg)
 	mux := asynq.NewServeMux()
-	mux.Use(mw.Middleware())
+	mux.Use(mw.Handler)
 	registerHandlers(mux, client, handlerDeps{
 		httpClient: httpcall.NewClient(cfg.httpTimeout),
 		metrics:    m,

@@ -26,7 +26,7 @@
 //
 // The wiring to copy into a worker of your own is all in this file: the
 // policy parsed with taskrl.ParsePolicy, the worker loop in run
-// (taskrl.New, mw.ServerConfig, mux.Use(mw.Middleware())) and
+// (taskrl.New, mw.ServerConfig, mux.Use(mw.Handler)) and
 // vendorHandler. The package internal/examplekit only supplies the
 // demonstration's scaffolding: the Redis, the vendor's stand-in, stopping
 // the workers and cleaning up, and the verdict.
@@ -293,7 +293,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 			ShutdownTimeout: 3 * time.Second,
 		}))
 		mux := asynq.NewServeMux()
-		mux.Use(mw.Middleware())
+		mux.Use(mw.Handler)
 		mux.Handle(taskType, vendorHandler(httpClient, env.URL, c))
 		if err := srv.Start(mux); err != nil {
 			mw.Close()

@@ -67,7 +67,7 @@ type Workers struct {
 // separate process would have; a middleware from taskrl.New(w.Config) on
 // that client; an asynq server on it configured through mw.ServerConfig,
 // with 10 goroutines, w.Queues, warnings-only logging and a 3s shutdown
-// timeout; and a ServeMux that uses mw.Middleware() in front of
+// timeout; and a ServeMux that uses mw.Handler in front of
 // w.Handlers. If one fails to start, the ones already started keep running
 // until e.Fleet.Stop (or Env.Close).
 func (e *Env) StartWorkers(w Workers) error {
@@ -86,7 +86,7 @@ func (e *Env) StartWorkers(w Workers) error {
 			ShutdownTimeout: 3 * time.Second,
 		}))
 		mux := asynq.NewServeMux()
-		mux.Use(mw.Middleware())
+		mux.Use(mw.Handler)
 		for typ, h := range w.Handlers {
 			mux.Handle(typ, h)
 		}

@@ -1,0 +1,349 @@
+package taskrl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/quotas"
+)
+
+// job is one delivery of a task through the middleware: the task, where it
+// came from, the rules that govern it and the charge it runs under. Its
+// methods carry out what plan decides at each step.
+type job struct {
+	m      *Middleware
+	ctx    context.Context
+	t      *asynq.Task
+	queue  string
+	id     string
+	sp     *split          // nil when no rule matches the task
+	keys   []string        // the binding's keys, one per rule
+	rates  quotas.Request  // the request to the rate and window rules
+	charge quotas.Decision // the rate charge (or booking) the task runs under
+}
+
+func (j *job) observe(e Event) {
+	if j.m.cfg.Observer == nil {
+		return
+	}
+	e.TaskType, e.Queue = j.t.Type(), j.queue
+	j.m.cfg.Observer.Observe(e)
+}
+
+// step completes s with what every stage knows: the server's time, the
+// time left before the task's deadline and how long it was rescheduled for.
+func (j *job) step(s step) step {
+	s.now = j.m.serverNow()
+	s.left = noDeadline
+	if dl, ok := j.ctx.Deadline(); ok {
+		s.left = dl.Sub(j.m.cfg.Clock.Now())
+	}
+	s.waited = waited(j.t)
+	return s
+}
+
+// admitRates gets the task's turn under its rate and window rules: now,
+// after a wait in the worker, or, if the turn is further away, by
+// rescheduling. done reports that the task was rescheduled (or failed) and
+// must not run now; otherwise j.charge is the decision (or booking) the
+// task runs under, for a refund if the remote side throttles it, and *admit
+// the Admitted event to report once the task is sure to run.
+func (j *job) admitRates(admit *Event) (done bool, err error) {
+	// A retry after a failure is charged again: the booking paid for the
+	// copy's first attempt only.
+	if booked, ok := bookedAt(j.t); ok && retryCount(j.ctx) == 0 {
+		receipt := j.t.Headers()[HeaderCharge]
+		j.charge, _ = quotas.ParseReceipt(receipt) // none: nothing to refund
+		a := plan(j.m.limits, j.step(step{stage: stageBooked, booked: booked}))
+		switch a.verb {
+		case decide:
+			j.refund(j.charge)
+		case reschedule:
+			j.observe(Event{Outcome: Rescheduled, Wait: a.wait})
+			return true, j.reschedule(a.wait, a.booked, receipt)
+		default:
+			// A cancelled wait keeps the booking: the redelivered copy
+			// still holds it.
+			if done, again, err := j.await(a.wait, true, false); done || !again {
+				if !done {
+					*admit = Event{Outcome: Admitted, Wait: a.wait}
+				}
+				return done, err
+			}
+		}
+	}
+	j.charge = quotas.Decision{}
+	backoff := 50 * time.Millisecond
+	for taken := 0; ; {
+		d, err := guard(j.m, func() (quotas.Decision, error) {
+			return j.m.limiter.Reserve(j.ctx, j.sp.rates, j.rates, j.m.cfg.MaxReserve)
+		})
+		if err != nil && !errors.Is(err, errRedisDown) {
+			j.observe(Event{Outcome: RedisError, Err: err})
+		}
+		if err == nil {
+			j.m.learn(d.Now)
+		}
+		a := plan(j.m.limits, j.step(step{stage: stageRates, decision: d, err: err}))
+		switch a.verb {
+		case retry:
+			// Fail closed: the task waits for Redis, which asynq needs too.
+			j.m.cfg.Logger.Warn("taskrl: Redis unavailable; the task waits for it (fail closed)", "task", j.id, "err", err)
+			if herr := hold(j.ctx, backoff); herr != nil {
+				return true, herr
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		case unlimited:
+			j.m.cfg.Logger.Warn("taskrl: Redis unavailable; running the task without limits (fail open)", "task", j.id, "err", err)
+			j.observe(Event{Outcome: Unlimited})
+			return false, nil
+		case local:
+			j.m.cfg.Logger.Warn("taskrl: Redis unavailable; limiting in this process (fail local)", "task", j.id, "err", err)
+			j.observe(Event{Outcome: Local})
+			err := j.localTurn()
+			return err != nil, err
+		case refuse:
+			if a.refund {
+				j.refund(d)
+			}
+			j.observe(Event{Outcome: Refused, Rule: a.rule, Wait: a.wait, Rules: d.Rules})
+			return true, fmt.Errorf("taskrl: %s: %w", a.reason, asynq.SkipRetry)
+		case reschedule:
+			j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait, Rules: d.Rules})
+			if a.booked.IsZero() {
+				return true, j.reschedule(a.wait, time.Time{}, "")
+			}
+			if err := j.reschedule(a.wait, a.booked, d.Receipt()); err != nil {
+				j.refund(d)
+				return true, err
+			}
+			return true, nil
+		}
+		j.charge = d
+		if a.wait == 0 {
+			*admit = Event{Outcome: Admitted, Rules: d.Rules}
+			return false, nil
+		}
+		// A slot a fair rule booked, taken over meanwhile by a task with
+		// less than its share, is decided again (a few times at most).
+		taken++
+		done, again, err := j.await(a.wait, taken <= 3, true)
+		if !again {
+			if !done {
+				*admit = Event{Outcome: Admitted, Wait: a.wait, Rules: d.Rules}
+			}
+			return done, err
+		}
+		j.charge = quotas.Decision{}
+	}
+}
+
+// await waits w in the worker for the turn of j.charge. Then, if checkHeld,
+// a fair rule's booking is checked to be still the task's (again: it was
+// taken over and given back; decide anew), and the task is rescheduled
+// (done) if the remote side throttled its rules meanwhile. A cancelled wait
+// ends the task (done), giving the charge back if refund is set.
+func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, err error) {
+	if err := hold(j.ctx, w); err != nil {
+		if refund {
+			j.refund(j.charge)
+		}
+		return true, false, err
+	}
+	if checkHeld && !j.held() {
+		return false, true, nil
+	}
+	until, rule, err := j.blockedUntil()
+	if err != nil {
+		return false, false, nil // no marker read: nothing known to block
+	}
+	a := plan(j.m.limits, j.step(step{stage: stageBlocked, blocked: until, rule: rule}))
+	if a.verb != reschedule {
+		return false, false, nil
+	}
+	j.refund(j.charge)
+	j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait})
+	return true, false, j.reschedule(a.wait, time.Time{}, "")
+}
+
+// held reports whether the slot a fair rule booked for the task (j.charge)
+// is still the task's: a task with less than its share may have taken it
+// over since (quotas.Limiter.Held). If it was, or Redis cannot tell, the
+// charge is given back (only the task's own rules: the taker inherited the
+// rest) and the task must be decided again. Without a fair rule it is true
+// at no cost.
+func (j *job) held() bool {
+	if !j.sp.fair {
+		return true
+	}
+	ok, err := j.m.limiter.Held(j.ctx, j.sp.rates, j.rates, j.charge)
+	if err == nil && ok {
+		return true
+	}
+	if err != nil {
+		j.m.cfg.Logger.Warn("taskrl: checking a fair booking failed; deciding again", "err", err)
+	} else {
+		j.m.cfg.Logger.Debug("taskrl: a task with less than its share took this task's slot; deciding again")
+	}
+	j.refund(j.charge)
+	return false
+}
+
+// refund gives back the rate charges of d, an admitted or booked decision
+// (or one parsed from a receipt) whose task did not happen. A failure is
+// logged: the charge then stays, as if the task had run.
+func (j *job) refund(d quotas.Decision) {
+	if !d.Allowed {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(j.ctx), 5*time.Second)
+	defer cancel()
+	if err := j.m.limiter.Refund(ctx, j.sp.rates, quotas.Request{Keys: j.rates.Keys}, d); err != nil {
+		j.m.cfg.Logger.Warn("taskrl: refunding an unused charge failed", "err", err)
+	}
+}
+
+// localTurn waits for the task's turn under its GCRA rules in this process
+// alone, each at 1/LocalShare of its rate: the FailLocal mode while Redis
+// is unreachable. Window and concurrency rules are not enforced then.
+func (j *job) localTurn() error {
+	m := j.m
+	for i, r := range j.sp.rates.Rules() {
+		g, ok := r.Limit.(quotas.GCRA)
+		if !ok {
+			continue
+		}
+		l := gcra.Limit(g)
+		l.Rate /= float64(m.cfg.LocalShare)
+		l.Burst = max(1, l.Burst/m.cfg.LocalShare)
+		res, err := m.local.Reserve(m.cfg.Clock.Now(), r.Name+"\x00"+j.rates.Keys[i], l, 1, 24*time.Hour)
+		if err != nil {
+			return err
+		}
+		if err := hold(j.ctx, res.Delay); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runHolding takes the task's concurrency slots, waiting up to MaxHold for
+// them (or rescheduling), reports the task admitted (admit, from its rate
+// rules, or its own event when the slots are its only rules), keeps them
+// renewed while next runs, and releases them when it returns, panics or is
+// cancelled.
+func (j *job) runHolding(admit Event, next asynq.Handler) error {
+	m := j.m
+	req := quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Holder: origin(j.t, j.id), Critical: j.sp.critical}
+	holdEnd := m.serverNow().Add(m.cfg.MaxHold)
+	var held time.Duration // waiting for a slot in the worker
+	var d quotas.Decision
+	for backoff := 50 * time.Millisecond; ; {
+		var err error
+		d, err = guard(m, func() (quotas.Decision, error) { return m.limiter.Allow(j.ctx, j.sp.slots, req) })
+		if err != nil && !errors.Is(err, errRedisDown) {
+			j.observe(Event{Outcome: RedisError, Err: err})
+		}
+		a := plan(m.limits, j.step(step{stage: stageSlots, decision: d, err: err, charged: j.charge.Allowed, holdEnd: holdEnd}))
+		switch a.verb {
+		case unlimited:
+			m.cfg.Logger.Warn("taskrl: Redis unavailable; running without a concurrency slot", "task", j.id, "err", err)
+			return next.ProcessTask(j.ctx, j.t)
+		case retry:
+			if herr := hold(j.ctx, backoff); herr != nil {
+				return herr
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		case reschedule:
+			// Slots stay busy: try again later without holding the worker.
+			// The rate charge already made stays, as the booking of the
+			// copy's slot then, so only the slots are tried again.
+			j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait, Rules: d.Rules})
+			return j.reschedule(a.wait, a.booked, j.charge.Receipt())
+		case wait:
+			if err := hold(j.ctx, a.wait); err != nil {
+				return err
+			}
+			held += a.wait
+			continue
+		}
+		break
+	}
+	switch admit.Outcome {
+	case "": // the slots were the task's only decision
+		j.observe(Event{Outcome: Admitted, Wait: held, Rules: d.Rules})
+	case Admitted:
+		admit.Wait += held
+		j.observe(admit)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		m.renew(stop, d.Leases)
+	}()
+	defer func() {
+		close(stop)
+		wg.Wait()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(j.ctx), 5*time.Second)
+		defer cancel()
+		for _, ls := range d.Leases {
+			if _, rerr := m.limiter.Release(rctx, ls); rerr != nil {
+				m.cfg.Logger.Warn("taskrl: releasing a concurrency slot failed; it frees itself when its lease ends", "rule", ls.Rule, "err", rerr)
+			}
+		}
+	}()
+	return next.ProcessTask(j.ctx, j.t)
+}
+
+// renew extends the leases every third of their length until stop closes.
+func (m *Middleware) renew(stop <-chan struct{}, leases []quotas.Lease) {
+	if len(leases) == 0 {
+		return
+	}
+	tick := time.NewTicker(leases[0].Duration / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			for _, ls := range leases {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if ok, err := m.limiter.Renew(ctx, ls); !ok || err != nil {
+					m.cfg.Logger.Warn("taskrl: renewing a concurrency slot failed", "rule", ls.Rule, "err", err)
+				}
+				cancel()
+			}
+		}
+	}
+}
+
+func retryCount(ctx context.Context) int {
+	n, _ := asynq.GetRetryCount(ctx)
+	return n
+}
+
+// hold waits d in the worker, or until ctx ends.
+func hold(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

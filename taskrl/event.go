@@ -1,0 +1,70 @@
+package taskrl
+
+import (
+	"time"
+
+	"github.com/taskrl/taskrl/quotas"
+)
+
+// Outcome says what the middleware did with a task.
+type Outcome string
+
+// Outcomes reported to an Observer.
+const (
+	// Admitted: the task runs now, at once or after a wait in the worker
+	// (Event.Wait): by a decision made now, or in the slot booked for it
+	// when it was rescheduled (then Event.Rules is empty). Every run of a
+	// task a rule governs is preceded by one Admitted event.
+	Admitted Outcome = "admitted"
+	// Rescheduled: the task was rescheduled to run after Event.Wait,
+	// booked for then when Event.Rule is empty, otherwise to decide again
+	// then (Event.Rule denied it beyond Config.MaxReserve).
+	Rescheduled Outcome = "rescheduled"
+	// Refused: the task is archived: no wait can admit it (its cost
+	// exceeds Event.Rule's burst or limit), its payload lacks a key field,
+	// or waiting Event.Wait more would spend Config.ThrottleBudget.
+	Refused Outcome = "refused"
+	// UpstreamThrottled: the handler reported an upstream 429; the task's
+	// rules are blocked for Event.Wait.
+	UpstreamThrottled Outcome = "upstream_throttled"
+	// Unlimited: Redis was unreachable and the policy fails open.
+	Unlimited Outcome = "unlimited"
+	// Local: Redis was unreachable and the task waited for its turn in this
+	// process (policy fail local).
+	Local Outcome = "local"
+	// RedisError: a call to Redis failed (Event.Err); reported once per
+	// failed call, beside the task's final outcome.
+	RedisError Outcome = "redis_error"
+)
+
+// Event is one report to an Observer.
+type Event struct {
+	// TaskType and Queue identify the task.
+	TaskType, Queue string
+	// Outcome is what happened.
+	Outcome Outcome
+	// Rule is the rule that made the task wait, if one did.
+	Rule string
+	// Wait is how long the task waited in the worker (Admitted), was
+	// rescheduled for (Rescheduled) or blocked its rules for
+	// (UpstreamThrottled).
+	Wait time.Duration
+	// Rules is the state of the task's rate and window rules after its
+	// decision, when one was made: used, remaining, reset per rule.
+	Rules []quotas.RuleStatus
+	// Err is the Redis error of a RedisError event.
+	Err error
+}
+
+// Observer receives an Event per decision, for metrics and logs. It is
+// called on worker goroutines and must be safe for concurrent use and
+// quick.
+type Observer interface {
+	Observe(Event)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(Event)
+
+// Observe calls f(e).
+func (f ObserverFunc) Observe(e Event) { f(e) }

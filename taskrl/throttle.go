@@ -1,0 +1,112 @@
+package taskrl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/quotas"
+)
+
+// ThrottledError reports that the remote side throttled a task (HTTP 429)
+// and asked to be called again after RetryAfter. A handler returns one with
+// Throttled; the middleware then blocks the task's rate rules for every
+// worker until then and reschedules the task, without spending a retry.
+type ThrottledError struct {
+	// RetryAfter is the wait the remote side asked for; 0 means 1s.
+	RetryAfter time.Duration
+	// Err is the remote side's answer, for logs. It may be nil.
+	Err error
+}
+
+// Throttled returns a *ThrottledError: the remote side throttled this task
+// and asked to retry after retryAfter.
+func Throttled(retryAfter time.Duration, err error) error {
+	return &ThrottledError{RetryAfter: retryAfter, Err: err}
+}
+
+// Error implements error.
+func (e *ThrottledError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("taskrl: throttled upstream, retry after %v", e.RetryAfter)
+	}
+	return fmt.Sprintf("taskrl: throttled upstream, retry after %v: %v", e.RetryAfter, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *ThrottledError) Unwrap() error { return e.Err }
+
+// backOff handles a task the remote side throttled: every worker backs off
+// the task's rate rules' keys (none for a task no rule matches) until it
+// said to retry, the charge of this call is refunded, and the task runs
+// again then.
+func (j *job) backOff(te *ThrottledError) error {
+	wait := te.RetryAfter
+	if wait <= 0 {
+		wait = time.Second
+	}
+	if j.sp != nil && j.sp.rates != nil {
+		// The remote side did not count the call: neither do the windows.
+		j.refund(j.charge)
+		if err := j.block(j.m.serverNow().Add(wait)); err != nil {
+			j.m.cfg.Logger.Warn("taskrl: blocking throttled rules failed", "err", err)
+		}
+	}
+	j.m.cfg.Logger.Info("taskrl: upstream throttled; backing off", "task", j.id, "retry_after", wait, "err", te.Err)
+	j.observe(Event{Outcome: UpstreamThrottled, Wait: wait})
+	return j.reschedule(wait, time.Time{}, "")
+}
+
+// block stops the task's rate rules for every worker until the given time:
+// new decisions through the limiter, and booked copies through a marker per
+// rule key that they read before their slot.
+func (j *job) block(until time.Time) error {
+	ctx := context.WithoutCancel(j.ctx)
+	if _, err := j.m.limiter.Block(ctx, j.sp.rates, quotas.Request{Keys: j.rates.Keys}, until); err != nil {
+		return err
+	}
+	ttl := max(until.Sub(j.m.cfg.Clock.Now()), 0) + time.Second // the server's clock may lag
+	_, err := j.m.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range j.sp.rates.Rules() {
+			p.Set(ctx, j.m.blockKey(r.Name, j.rates.Keys[i]), until.UnixMicro(), ttl)
+		}
+		return nil
+	})
+	return err
+}
+
+// blockedUntil returns the latest block on the task's rate rules and the
+// rule it is on, in one round trip.
+func (j *job) blockedUntil() (until time.Time, rule string, err error) {
+	rules := j.sp.rates.Rules()
+	cmds := make([]*redis.StringCmd, len(rules))
+	_, err = j.m.cfg.Client.Pipelined(j.ctx, func(p redis.Pipeliner) error {
+		for i, r := range rules {
+			cmds[i] = p.Get(j.ctx, j.m.blockKey(r.Name, j.rates.Keys[i]))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return time.Time{}, "", err
+	}
+	for i, c := range cmds {
+		if us, err := c.Int64(); err == nil && time.UnixMicro(us).After(until) {
+			until, rule = time.UnixMicro(us), rules[i].Name
+		}
+	}
+	return until, rule, nil
+}
+
+// blockKey is the marker of a throttled rule key, hash-tagged like the
+// rule's own keys.
+func (m *Middleware) blockKey(rule, entity string) string {
+	tag := "~g"
+	if entity != "" {
+		tag = keys.Encode(entity)
+	}
+	return m.prefix + "block:{" + tag + "}:" + rule
+}
