@@ -66,7 +66,7 @@ func New(cfg Config) (*Limiter, error) {
 	if err := keys.ValidatePrefix(cfg.Prefix); err != nil {
 		return nil, fmt.Errorf("gcra: Config.Prefix: %w", err)
 	}
-	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + "gcra:", now: cfg.Now}, nil
+	return &Limiter{client: cfg.Client, prefix: cfg.Prefix, now: cfg.Now}, nil
 }
 
 // Key returns the Redis key holding the state of key. The key is built with
@@ -74,7 +74,7 @@ func New(cfg Config) (*Limiter, error) {
 // the form PREFIX "gcra:{" ENCODED "}", at most about 140 bytes, hash-tagged on
 // the encoded key.
 func (l *Limiter) Key(key string) string {
-	return l.prefix + "{" + keys.Encode(key) + "}"
+	return keys.GCRA(l.prefix, key)
 }
 
 // Allow is AllowN with a cost of 1.

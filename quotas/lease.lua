@@ -1,5 +1,5 @@
 -- Renews or releases one concurrency lease. Composed after
--- internal/script/lua/rules.lua.
+-- internal/script/lua/gcra.lua (gcra_now) and rules.lua.
 --
 -- KEYS[1]  the rule's holders sorted set
 -- KEYS[2]  the rule's tokens hash

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/clock"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/script"
 )
@@ -77,9 +78,9 @@ type Limiter struct {
 	prefix  string
 	now     func() time.Time
 	sharded bool
-	// skew is the last seen server time minus local time, in µs; it centres
-	// the calendar ticks sent with a request on the server's clock.
-	skew  atomic.Int64
+	// skew centres the calendar ticks sent with a request on the server's
+	// clock.
+	skew  clock.Skew
 	batch *batcher
 }
 
@@ -101,7 +102,7 @@ func New(cfg Config) (*Limiter, error) {
 		cfg.MaxBatch = 32
 	}
 	_, single := cfg.Client.(*redis.Client)
-	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + "q:", now: cfg.Now, sharded: !single,
+	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + keys.Rules, now: cfg.Now, sharded: !single,
 		batch: &batcher{client: cfg.Client, max: cfg.MaxBatch}}, nil
 }
 
@@ -219,7 +220,7 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	calls := make([]call, len(s.rules))
 	size := 0
 	for i := range s.rules {
-		c := call{i: i, tag: "~g", c: &s.comp[i]}
+		c := call{i: i, tag: keys.Global, c: &s.comp[i]}
 		if r.Keys != nil {
 			c.key = r.Keys[i]
 		}
@@ -319,7 +320,7 @@ func (l *Limiter) timing() (timing, error) {
 	}
 	// Only a hint for which calendar ticks to send: the script checks them
 	// against the server's TIME and asks again if they miss.
-	return timing{now: -1, hint: time.Now().Add(time.Duration(l.skew.Load()) * time.Microsecond)}, nil
+	return timing{now: -1, hint: l.skew.Server(time.Now())}, nil
 }
 
 // params is one request's script parameters.
@@ -514,7 +515,7 @@ func (l *Limiter) run(ctx context.Context, gs [][]call, p params) ([]reply, erro
 				return nil, err
 			}
 			if l.now == nil {
-				l.skew.Store(replies[i].now - time.Now().UnixMicro())
+				l.skew.Learn(time.UnixMicro(replies[i].now), time.Now())
 			}
 			retry = retry || replies[i].status == -2
 		}

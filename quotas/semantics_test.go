@@ -161,7 +161,7 @@ func TestCalendarOnServerClock(t *testing.T) {
 	// days past the worker's time (a margin, two days more, and the window
 	// holding the end), so they miss the server's time at any hour. With 3
 	// days they covered it in the last 10 minutes before midnight in LA.
-	l.skew.Store(int64(-10 * 24 * time.Hour / time.Microsecond))
+	l.skew.Learn(time.Now().Add(-10*24*time.Hour), time.Now())
 	h.Take()
 	d, err := l.Allow(ctx, set, Request{})
 	if err != nil || !d.Allowed {

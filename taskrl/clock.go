@@ -17,10 +17,10 @@ func (wallClock) Now() time.Time { return time.Now() }
 
 // learn records the offset of the server's clock from the local one.
 func (m *Middleware) learn(server time.Time) {
-	m.skew.Store(server.Sub(m.cfg.Clock.Now()).Microseconds())
+	m.skew.Learn(server, m.cfg.Clock.Now())
 }
 
 // serverNow estimates the server's clock from the last decision.
 func (m *Middleware) serverNow() time.Time {
-	return m.cfg.Clock.Now().Add(time.Duration(m.skew.Load()) * time.Microsecond)
+	return m.skew.Server(m.cfg.Clock.Now())
 }

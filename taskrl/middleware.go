@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/clock"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -65,9 +66,8 @@ type Middleware struct {
 	limiter *quotas.Limiter
 	client  *asynq.Client
 	inspect *asynq.Inspector
-	splits  sync.Map // *Binding -> *split
-	// skew is the last seen server time minus local time, µs.
-	skew atomic.Int64
+	splits  sync.Map   // *Binding -> *split
+	skew    clock.Skew // of the server's clock, from the last decision
 }
 
 // New validates cfg and returns a Middleware.
@@ -105,7 +105,7 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, fmt.Errorf("taskrl: %w", err)
 	}
 	m := &Middleware{cfg: cfg, limits: limits{maxHold: cfg.MaxHold, budget: cfg.ThrottleBudget, mode: cfg.Policy.RedisUnavailable()}, prefix: cfg.Prefix, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}
-	m.pace = newPacer(m)
+	m.pace = newPacer(pacerDeps{client: cfg.Client, inspect: m.inspect, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
 	return m, nil
 }
 

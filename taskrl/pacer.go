@@ -7,12 +7,14 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/internal/clock"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/script"
 )
@@ -32,7 +34,7 @@ var paceScript = script.New(paceLua, "gcra")
 // down), the task still runs, only late. One pacer runs per Middleware, for
 // every queue the middleware has served or been configured for.
 type pacer struct {
-	m    *Middleware
+	pacerDeps
 	id   string // this pacer's name in the leadership of a queue
 	mu   sync.Mutex
 	qs   map[string]*paceQueue
@@ -70,10 +72,22 @@ const paceIdle = time.Second
 // paceBatch is the most copies one claim moves.
 const paceBatch = 100
 
-func newPacer(m *Middleware) *pacer {
+// pacerDeps is what a pacer uses of its middleware.
+type pacerDeps struct {
+	client  redis.UniversalClient
+	inspect *asynq.Inspector
+	logger  *slog.Logger
+	clock   Clock
+	skew    *clock.Skew // of the server's clock
+	prefix  string
+}
+
+func (p *pacer) serverNow() time.Time { return p.skew.Server(p.clock.Now()) }
+
+func newPacer(deps pacerDeps) *pacer {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return &pacer{m: m, id: hex.EncodeToString(b[:]), qs: map[string]*paceQueue{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	return &pacer{pacerDeps: deps, id: hex.EncodeToString(b[:]), qs: map[string]*paceQueue{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 }
 
 // queue returns the state of queue, starting the pacer on first use.
@@ -81,7 +95,7 @@ func newPacer(m *Middleware) *pacer {
 func (p *pacer) queue(name string) *paceQueue {
 	q, ok := p.qs[name]
 	if !ok {
-		q = &paceQueue{key: p.m.prefix + "pace:{" + keys.Encode(name) + "}"}
+		q = &paceQueue{key: keys.Pace(p.prefix, name)}
 		p.qs[name] = q
 		p.once.Do(func() {
 			p.done.Add(1)
@@ -103,7 +117,7 @@ func (p *pacer) add(ctx context.Context, queue, id string, booked time.Time) err
 	p.mu.Lock()
 	q := p.queue(queue)
 	p.mu.Unlock()
-	err := paceScript.Run(ctx, p.m.cfg.Client, []string{q.key}, 0, -1, id, booked.UnixMicro(), 0).Err()
+	err := paceScript.Run(ctx, p.client, []string{q.key}, 0, -1, id, booked.UnixMicro(), 0).Err()
 	if err == nil {
 		p.mu.Lock()
 		heap.Push(&q.own, booked.UnixMicro())
@@ -142,7 +156,7 @@ func (p *pacer) pass() time.Duration {
 	p.mu.Unlock()
 	next := paceIdle
 	for name, q := range qs {
-		now, serverNow := p.m.cfg.Clock.Now(), p.m.serverNow().UnixMicro()
+		now, serverNow := p.clock.Now(), p.serverNow().UnixMicro()
 		p.mu.Lock()
 		ownDue := q.own.Len() > 0 && q.own[0]-paceLead.Microseconds() <= serverNow
 		p.mu.Unlock()
@@ -151,10 +165,10 @@ func (p *pacer) pass() time.Duration {
 		}
 		p.mu.Lock()
 		if q.own.Len() > 0 {
-			next = min(next, max(time.Duration(q.own[0]-paceLead.Microseconds()-serverNow)*time.Microsecond, q.hold.Sub(p.m.cfg.Clock.Now())))
+			next = min(next, max(time.Duration(q.own[0]-paceLead.Microseconds()-serverNow)*time.Microsecond, q.hold.Sub(p.clock.Now())))
 		}
 		p.mu.Unlock()
-		next = min(next, max(q.poll.Sub(p.m.cfg.Clock.Now()), q.hold.Sub(p.m.cfg.Clock.Now())))
+		next = min(next, max(q.poll.Sub(p.clock.Now()), q.hold.Sub(p.clock.Now())))
 	}
 	return next
 }
@@ -164,31 +178,31 @@ func (p *pacer) pass() time.Duration {
 func (p *pacer) claim(queue string, q *paceQueue) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	v, err := paceScript.Run(ctx, p.m.cfg.Client, []string{q.key, q.key + ":leader"}, 1, -1, paceBatch, paceLead.Microseconds(), p.id, paceLease.Milliseconds()).Slice()
+	v, err := paceScript.Run(ctx, p.client, []string{q.key, q.key + ":leader"}, 1, -1, paceBatch, paceLead.Microseconds(), p.id, paceLease.Milliseconds()).Slice()
 	if err != nil {
 		if !errors.Is(err, redis.Nil) {
-			p.m.cfg.Logger.Warn("taskrl: pacer", "queue", queue, "err", err)
+			p.logger.Warn("taskrl: pacer", "queue", queue, "err", err)
 		}
-		q.hold = p.m.cfg.Clock.Now().Add(200 * time.Millisecond)
+		q.hold = p.clock.Now().Add(200 * time.Millisecond)
 		return
 	}
 	for _, id := range v[1:] {
 		// A copy that asynq already moved, or that is gone, needs nothing.
-		if err := p.m.inspect.RunTask(queue, id.(string)); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-			p.m.cfg.Logger.Debug("taskrl: pacer could not run a task", "queue", queue, "task", id, "err", err)
+		if err := p.inspect.RunTask(queue, id.(string)); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			p.logger.Debug("taskrl: pacer could not run a task", "queue", queue, "task", id, "err", err)
 		}
 	}
 	switch ms, _ := v[0].(int64); {
 	case len(v) > paceBatch:
-		q.poll = p.m.cfg.Clock.Now() // more may be due
+		q.poll = p.clock.Now() // more may be due
 	case ms == 0:
-		q.poll = p.m.cfg.Clock.Now().Add(paceIdle)
+		q.poll = p.clock.Now().Add(paceIdle)
 	default:
-		q.poll = p.m.cfg.Clock.Now().Add(min(time.Duration(ms)*time.Millisecond, paceLease))
+		q.poll = p.clock.Now().Add(min(time.Duration(ms)*time.Millisecond, paceLease))
 	}
 	if len(v) <= paceBatch {
 		p.mu.Lock()
-		p.dropDue(q, p.m.cfg.Clock.Now())
+		p.dropDue(q, p.clock.Now())
 		p.mu.Unlock()
 	}
 }
@@ -196,7 +210,7 @@ func (p *pacer) claim(queue string, q *paceQueue) {
 // dropDue forgets this process's slots due by local time t plus the lead:
 // a claim has just moved them. p.mu must be held.
 func (p *pacer) dropDue(q *paceQueue, t time.Time) {
-	limit := t.Add(time.Duration(p.m.skew.Load())*time.Microsecond + paceLead).UnixMicro()
+	limit := p.skew.Server(t).Add(paceLead).UnixMicro()
 	for q.own.Len() > 0 && q.own[0] <= limit {
 		heap.Pop(&q.own)
 	}

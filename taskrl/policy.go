@@ -91,7 +91,7 @@ const (
 	// FailOpen runs the task without a decision: limits are not enforced
 	// while Redis is down.
 	FailOpen FailureMode = "open"
-	// FailClosed holds or reschedules the task until Redis is back; nothing
+	// FailClosed holds the task in the worker until Redis is back; nothing
 	// runs unchecked. It is the default.
 	FailClosed FailureMode = "closed"
 	// FailLocal decides with a per-process in-memory fallback while Redis

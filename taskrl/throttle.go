@@ -72,7 +72,7 @@ func (j *job) block(until time.Time) error {
 	ttl := max(until.Sub(j.m.cfg.Clock.Now()), 0) + time.Second // the server's clock may lag
 	_, err := j.m.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range j.sp.rates.Rules() {
-			p.Set(ctx, j.m.blockKey(r.Name, j.rates.Keys[i]), until.UnixMicro(), ttl)
+			p.Set(ctx, keys.Block(j.m.prefix, r.Name, j.rates.Keys[i]), until.UnixMicro(), ttl)
 		}
 		return nil
 	})
@@ -86,7 +86,7 @@ func (j *job) blockedUntil() (until time.Time, rule string, err error) {
 	cmds := make([]*redis.StringCmd, len(rules))
 	_, err = j.m.cfg.Client.Pipelined(j.ctx, func(p redis.Pipeliner) error {
 		for i, r := range rules {
-			cmds[i] = p.Get(j.ctx, j.m.blockKey(r.Name, j.rates.Keys[i]))
+			cmds[i] = p.Get(j.ctx, keys.Block(j.m.prefix, r.Name, j.rates.Keys[i]))
 		}
 		return nil
 	})
@@ -99,14 +99,4 @@ func (j *job) blockedUntil() (until time.Time, rule string, err error) {
 		}
 	}
 	return until, rule, nil
-}
-
-// blockKey is the marker of a throttled rule key, hash-tagged like the
-// rule's own keys.
-func (m *Middleware) blockKey(rule, entity string) string {
-	tag := "~g"
-	if entity != "" {
-		tag = keys.Encode(entity)
-	}
-	return m.prefix + "block:{" + tag + "}:" + rule
 }

@@ -1,0 +1,41 @@
+package keys
+
+// The layout of every key the module writes, in one place. PREFIX is the
+// configured prefix (default "taskrl:"); the part in braces is the key's
+// Redis Cluster hash tag, so that every key one script touches is in one
+// slot:
+//
+//	gcra.Limiter    PREFIX "gcra:{" Encode(key) "}"
+//	quotas.Limiter  PREFIX "q:{" Tag(key) "}:" RULE ":" KIND...
+//	block markers   PREFIX "block:{" Tag(key) "}:" RULE
+//	pacer           PREFIX "pace:{" Encode(queue) "}" and that + ":leader"
+
+// Global is the hash tag of the keys of rules that limit no entity (an
+// empty key): every worker's global rules share one slot.
+const Global = "~g"
+
+// Tag returns the hash tag of the keys of entity: Global for "", else
+// Encode(entity).
+func Tag(entity string) string {
+	if entity == "" {
+		return Global
+	}
+	return Encode(entity)
+}
+
+// GCRA returns the key of a gcra.Limiter's state for key.
+func GCRA(prefix, key string) string { return prefix + "gcra:{" + Encode(key) + "}" }
+
+// Rules is what follows PREFIX in the keys of quotas.Limiter, which
+// appends "{" Tag(key) "}:" RULE ":" KIND... itself, in one allocation.
+const Rules = "q:"
+
+// Block returns the marker that blocks rule for entity after an upstream
+// 429, in the slot of the rule's own keys.
+func Block(prefix, rule, entity string) string {
+	return prefix + "block:{" + Tag(entity) + "}:" + rule
+}
+
+// Pace returns the pacer's sorted set of booked copies in queue; its
+// leader lease is Pace(...) + ":leader".
+func Pace(prefix, queue string) string { return prefix + "pace:{" + Encode(queue) + "}" }

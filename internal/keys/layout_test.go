@@ -1,0 +1,19 @@
+package keys
+
+import "testing"
+
+func TestLayout(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{Tag(""), "~g"},
+		{Tag("b7"), "b7"},
+		{Tag("a{b}"), "a%7Bb%7D"},
+		{GCRA("p:", "b7"), "p:gcra:{b7}"},
+		{Block("p:", "peak", ""), "p:block:{~g}:peak"},
+		{Block("p:", "per-business", "b:7"), "p:block:{b%3A7}:per-business"},
+		{Pace("p:", "critical"), "p:pace:{critical}"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+}
