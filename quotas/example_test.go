@@ -2,6 +2,7 @@ package quotas_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -238,4 +239,16 @@ func ExampleLimiter_Held() {
 	// big 4: booked in 400ms
 	// small: booked in 250ms
 	// big 3: taken over; booked again in 450ms
+}
+
+func ExampleRuleError() {
+	err := quotas.Rule{Name: "vendor", Limit: quotas.FixedWindow{Limit: 190}}.Validate()
+	var re *quotas.RuleError
+	if errors.As(err, &re) {
+		fmt.Printf("%s.%s: %s\n", re.Rule, re.Field, re.Reason)
+	}
+	fmt.Println(err)
+	// Output:
+	// vendor.Every: must be at least 1ms, got 0s
+	// quotas: rule "vendor": invalid limit: window must be at least 1ms, got 0s
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 type Limit interface {
 	// String describes the limit, e.g. "190 per 10s (fixed window)".
 	String() string
-	compile() (compiled, error)
+	compile() (compiled, *RuleError)
 }
 
 // GCRA is a GCRA rate limit (see package gcra): Rate per Period, Burst at
@@ -161,14 +162,82 @@ func (c compiled) withArgs() compiled {
 	return c
 }
 
-var errLimit = errors.New("invalid limit")
+// RuleError says what is wrong with a rule: its name, its limit, or its
+// fairness. NewSet and Rule.Validate return every fault of a rule as a
+// *RuleError. Its fields are for programs that map the fault to their own
+// input (a configuration file's fields, a form); people read Error.
+//
+// A *RuleError is immutable once returned and safe to share between
+// goroutines. The zero value says nothing; this package never returns it.
+type RuleError struct {
+	// Rule is the rule's name as given, even when the name is what is wrong.
+	Rule string
+	// Field names what is wrong, by its Go name. For a field of the rule's
+	// limit: "Rate", "Period" or "Burst" of a GCRA; "Limit" or "Every" of
+	// a FixedWindow or SlidingWindow; "Limit", "Cron" or "TZ" of a
+	// CalendarWindow; "Max", "Lease" or "Reserved" of a Concurrency. For a
+	// field of the Rule itself: "Rule.Name" (invalid, or a duplicate in a
+	// set), "Rule.Limit" (missing) or "Rule.Fair" (on a limit that cannot
+	// be fair). "" when no one field is at fault: a GCRA whose fields are
+	// each valid but not together (Period/Rate below a microsecond, or
+	// Burst intervals longer than 35 years).
+	Field string
+	// Reason says what is wrong, in words that can follow the field's
+	// name: "must be at least 1, got 0", `unknown time zone "Mars/Base"`.
+	Reason string
+
+	index int    // the rule's position in NewSet's arguments, from 1, when its name is invalid
+	msg   string // Error's text after the rule: the message as it has always read
+	err   error  // the cause: a *gcra.LimitError, or the calendar's error
+}
+
+// Error returns the message, e.g.
+// `quotas: rule "w": invalid limit: limit must be at least 1, got 0`.
+func (e *RuleError) Error() string {
+	msg := e.msg
+	if msg == "" {
+		msg = e.Field + ": " + e.Reason
+	}
+	if e.index > 0 {
+		return fmt.Sprintf("quotas: rule %d: %s", e.index, msg)
+	}
+	return fmt.Sprintf("quotas: rule %q: %s", e.Rule, msg)
+}
+
+// Unwrap returns the error of package gcra or of the cron parser that the
+// RuleError reports, if any (a *gcra.LimitError for a GCRA limit).
+func (e *RuleError) Unwrap() error { return e.err }
+
+// badLimit returns the error for a field of a limit; the message reads
+// "invalid limit: WORD REASON".
+func badLimit(field, word, format string, args ...any) *RuleError {
+	reason := fmt.Sprintf(format, args...)
+	return &RuleError{Field: field, Reason: reason, msg: "invalid limit: " + word + " " + reason}
+}
 
 // String describes the limit, e.g. for logs and errors.
 func (g GCRA) String() string { return gcra.Limit(g).String() + " (GCRA)" }
-func (g GCRA) compile() (compiled, error) {
+func (g GCRA) compile() (compiled, *RuleError) {
 	l := gcra.Limit(g)
 	if err := l.Validate(); err != nil {
-		return compiled{}, err
+		// Name the field in the order gcra.Limit.Validate checks them.
+		e := &RuleError{msg: err.Error(), err: err}
+		switch {
+		case !(g.Rate > 0) || math.IsInf(g.Rate, 1):
+			e.Field, e.Reason = "Rate", fmt.Sprintf("must be a positive number, got %v", g.Rate)
+		case g.Period <= 0:
+			e.Field, e.Reason = "Period", fmt.Sprintf("must be positive, got %v", g.Period)
+		case g.Burst < 1:
+			e.Field, e.Reason = "Burst", fmt.Sprintf("must be at least 1, got %d", g.Burst)
+		default:
+			e.Reason = err.Error()
+			var le *gcra.LimitError
+			if errors.As(err, &le) {
+				e.Reason = le.Reason
+			}
+			e.Reason += ", got " + g.String()
+		}
+		return compiled{}, e
 	}
 	return compiled{kind: kindGCRA, suffix: "gcra", em: l.Interval().Microseconds(), burst: int64(l.Burst)}, nil
 }
@@ -177,7 +246,7 @@ func (g GCRA) compile() (compiled, error) {
 func (w FixedWindow) String() string {
 	return fmt.Sprintf("%d per %v (fixed window)", w.Limit, w.Every)
 }
-func (w FixedWindow) compile() (compiled, error) {
+func (w FixedWindow) compile() (compiled, *RuleError) {
 	if err := checkWindow(w.Limit, w.Every); err != nil {
 		return compiled{}, err
 	}
@@ -188,12 +257,12 @@ func (w FixedWindow) compile() (compiled, error) {
 func (w SlidingWindow) String() string {
 	return fmt.Sprintf("%d per %v (sliding window)", w.Limit, w.Every)
 }
-func (w SlidingWindow) compile() (compiled, error) {
+func (w SlidingWindow) compile() (compiled, *RuleError) {
 	if err := checkWindow(w.Limit, w.Every); err != nil {
 		return compiled{}, err
 	}
 	if w.Limit > maxSliding {
-		return compiled{}, fmt.Errorf("%w: sliding window limit %d exceeds %d (the log keeps one entry per unit; use a fixed or calendar window)", errLimit, w.Limit, maxSliding)
+		return compiled{}, badLimit("Limit", "sliding window limit", "%d exceeds %d (the log keeps one entry per unit; use a fixed or calendar window)", w.Limit, maxSliding)
 	}
 	return compiled{kind: kindSliding, suffix: "sliding:" + strconv.FormatInt(w.Every.Microseconds(), 10), limit: int64(w.Limit), every: w.Every.Microseconds()}, nil
 }
@@ -201,15 +270,23 @@ func (w SlidingWindow) compile() (compiled, error) {
 // maxSliding bounds a sliding window's log.
 const maxSliding = 100_000
 
-func checkWindow(limit int, every time.Duration) error {
-	if limit < 1 {
-		return fmt.Errorf("%w: limit must be at least 1, got %d", errLimit, limit)
+func checkWindow(limit int, every time.Duration) *RuleError {
+	if err := checkLimit(limit); err != nil {
+		return err
 	}
 	if every < time.Millisecond {
-		return fmt.Errorf("%w: window must be at least 1ms, got %v", errLimit, every)
+		return badLimit("Every", "window", "must be at least 1ms, got %v", every)
 	}
 	if every > 100*365*24*time.Hour {
-		return fmt.Errorf("%w: window must be at most 100 years, got %v", errLimit, every)
+		return badLimit("Every", "window", "must be at most 100 years, got %v", every)
+	}
+	return nil
+}
+
+// checkLimit checks a window's Limit.
+func checkLimit(limit int) *RuleError {
+	if limit < 1 {
+		return badLimit("Limit", "limit", "must be at least 1, got %d", limit)
 	}
 	return nil
 }
@@ -222,13 +299,20 @@ func (w CalendarWindow) String() string {
 	}
 	return fmt.Sprintf("%d per %q in %s (calendar window)", w.Limit, w.Cron, tz)
 }
-func (w CalendarWindow) compile() (compiled, error) {
-	if w.Limit < 1 {
-		return compiled{}, fmt.Errorf("%w: limit must be at least 1, got %d", errLimit, w.Limit)
-	}
-	s, err := calendar.Parse(w.Cron, w.TZ)
-	if err != nil {
+func (w CalendarWindow) compile() (compiled, *RuleError) {
+	if err := checkLimit(w.Limit); err != nil {
 		return compiled{}, err
+	}
+	// The zone on its own first: Parse's error could be about either.
+	field := "TZ"
+	_, err := calendar.LoadZone(w.TZ)
+	var s *calendar.Schedule
+	if err == nil {
+		field = "Cron"
+		s, err = calendar.Parse(w.Cron, w.TZ)
+	}
+	if err != nil {
+		return compiled{}, &RuleError{Field: field, Reason: err.Error(), msg: err.Error(), err: err}
 	}
 	h := sha256.Sum256([]byte(w.Cron + "\x00" + w.TZ))
 	return compiled{kind: kindCalendar, suffix: "calendar:" + hex.EncodeToString(h[:4]), limit: int64(w.Limit), sched: s}, nil
@@ -241,16 +325,16 @@ func (c Concurrency) String() string {
 	}
 	return fmt.Sprintf("%d at once, lease %v (concurrency)", c.Max, c.Lease)
 }
-func (c Concurrency) compile() (compiled, error) {
+func (c Concurrency) compile() (compiled, *RuleError) {
 	switch {
 	case c.Max < 1:
-		return compiled{}, fmt.Errorf("%w: max must be at least 1, got %d", errLimit, c.Max)
+		return compiled{}, badLimit("Max", "max", "must be at least 1, got %d", c.Max)
 	case c.Lease < time.Second:
-		return compiled{}, fmt.Errorf("%w: lease must be at least 1s, got %v", errLimit, c.Lease)
+		return compiled{}, badLimit("Lease", "lease", "must be at least 1s, got %v", c.Lease)
 	case c.Lease > 7*24*time.Hour:
-		return compiled{}, fmt.Errorf("%w: lease must be at most 7 days, got %v", errLimit, c.Lease)
+		return compiled{}, badLimit("Lease", "lease", "must be at most 7 days, got %v", c.Lease)
 	case c.Reserved < 0 || c.Reserved >= c.Max:
-		return compiled{}, fmt.Errorf("%w: reserved must be between 0 and max-1 (%d), got %d", errLimit, c.Max-1, c.Reserved)
+		return compiled{}, badLimit("Reserved", "reserved", "must be between 0 and max-1 (%d), got %d", c.Max-1, c.Reserved)
 	}
 	return compiled{kind: kindConcurrency, max: int64(c.Max), reserved: int64(c.Reserved), lease: c.Lease.Microseconds()}, nil
 }
@@ -264,8 +348,8 @@ type Set struct {
 	fair  bool // a rule is fair
 }
 
-// NewSet validates rules and returns a Set. The error names the rule and
-// what is wrong with it.
+// NewSet validates rules and returns a Set. The error, a *RuleError unless
+// rules is empty, names the rule and what is wrong with it.
 func NewSet(rules ...Rule) (*Set, error) {
 	if len(rules) == 0 {
 		return nil, errors.New("quotas: a set needs at least one rule")
@@ -273,24 +357,14 @@ func NewSet(rules ...Rule) (*Set, error) {
 	s := &Set{rules: append([]Rule(nil), rules...)}
 	seen := map[string]bool{}
 	for i, r := range rules {
-		if err := checkName(r.Name); err != nil {
-			return nil, fmt.Errorf("quotas: rule %d: %w", i+1, err)
-		}
-		if seen[r.Name] {
-			return nil, fmt.Errorf("quotas: rule %q: duplicate name", r.Name)
+		c, err := r.compile(seen)
+		if err != nil {
+			if err.Field == "Rule.Name" && !seen[r.Name] {
+				err.index = i + 1 // an invalid name does not identify the rule
+			}
+			return nil, err
 		}
 		seen[r.Name] = true
-		if r.Limit == nil {
-			return nil, fmt.Errorf("quotas: rule %q: no limit", r.Name)
-		}
-		c, err := r.Limit.compile()
-		if err != nil {
-			return nil, fmt.Errorf("quotas: rule %q: %w", r.Name, err)
-		}
-		if r.Fair && c.kind != kindGCRA {
-			return nil, fmt.Errorf("quotas: rule %q: only a GCRA rule can be fair, not a %s", r.Name, r.Limit)
-		}
-		c.fair = r.Fair
 		c = c.withArgs()
 		switch c.kind {
 		case kindConcurrency:
@@ -313,14 +387,56 @@ func NewSet(rules ...Rule) (*Set, error) {
 // Rules returns a copy of the set's rules.
 func (s *Set) Rules() []Rule { return append([]Rule(nil), s.rules...) }
 
-func checkName(name string) error {
+// Validate reports what is wrong with r, as a *RuleError, or nil: every
+// check NewSet makes of a rule but that its name is unique in the set. It
+// is safe for concurrent use.
+func (r Rule) Validate() error {
+	if _, err := r.compile(nil); err != nil {
+		return err
+	}
+	return nil
+}
+
+// compile validates r, whose name must not be in seen, and compiles its
+// limit.
+func (r Rule) compile(seen map[string]bool) (compiled, *RuleError) {
+	fail := func(e *RuleError) (compiled, *RuleError) {
+		e.Rule = r.Name
+		return compiled{}, e
+	}
+	if e := checkName(r.Name); e != nil {
+		return fail(e)
+	}
+	if seen[r.Name] {
+		return fail(&RuleError{Field: "Rule.Name", Reason: "duplicate name", msg: "duplicate name"})
+	}
+	if r.Limit == nil {
+		return fail(&RuleError{Field: "Rule.Limit", Reason: "missing", msg: "no limit"})
+	}
+	c, e := r.Limit.compile()
+	if e != nil {
+		return fail(e)
+	}
+	if r.Fair && c.kind != kindGCRA {
+		msg := fmt.Sprintf("only a GCRA rule can be fair, not a %s", r.Limit)
+		return fail(&RuleError{Field: "Rule.Fair", Reason: msg, msg: msg})
+	}
+	c.fair = r.Fair
+	return c, nil
+}
+
+func checkName(name string) *RuleError {
+	bad := func(format string, args ...any) *RuleError {
+		reason := fmt.Sprintf(format, args...)
+		return &RuleError{Field: "Rule.Name", Reason: reason, msg: "name " + reason}
+	}
 	if name == "" || len(name) > 64 {
-		return fmt.Errorf("name %q must be 1-64 characters", name)
+		return bad("%q must be 1-64 characters", name)
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
-			return fmt.Errorf("name %q contains %q; allowed are letters, digits, '_', '.' and '-'", name, c)
+			return bad("%q contains %q; allowed are letters, digits, '_', '.' and '-'", name, c)
 		}
 	}
 	return nil

@@ -22,7 +22,6 @@ import (
 	"github.com/goccy/go-yaml/parser"
 	"github.com/goccy/go-yaml/token"
 
-	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -768,7 +767,7 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 	if r.DefaultKey != "" && (c.tmpl == nil || !c.tmpl.fields) {
 		return nil, "default_key", "set, but key references no payload field that could be missing"
 	}
-	lim, field, msg := checkLimit(r.Limit)
+	lim, field, msg := checkLimit(r.Name, r.Limit)
 	if msg != "" {
 		return nil, field, msg
 	}
@@ -805,23 +804,19 @@ func checkName(name string) error {
 	if name == "" {
 		return errors.New("missing; every rule needs a name")
 	}
-	if _, err := quotas.NewSet(quotas.Rule{Name: name, Limit: quotas.FixedWindow{Limit: 1, Every: time.Second}}); err != nil {
-		return errors.New(stripPrefix(err.Error(), "quotas: rule 1: "))
+	var re *quotas.RuleError
+	if errors.As(quotas.Rule{Name: name}.Validate(), &re) && re.Field == "Rule.Name" {
+		return errors.New(re.Reason)
 	}
 	return nil
 }
 
-func stripPrefix(s, prefix string) string {
-	return strings.TrimPrefix(strings.TrimPrefix(s, prefix), "name ")
-}
-
-// limitFields maps, per limit kind, the words quotas' and gcra's messages
-// start with to the YAML field they are about.
-var limitFields = map[string]map[string]string{
-	"gcra":        {"rate": "rate", "period": "per", "burst": "burst"},
-	"quota":       {"limit": "limit", "window": "every"},
-	"sliding":     {"limit": "limit", "window": "every", "sliding window limit": "limit"},
-	"concurrency": {"max": "max", "lease": "lease", "reserved": "reserved"},
+// yamlFields maps the fields of quotas' limits (quotas.RuleError.Field) to
+// their names in a policy's limit blocks.
+var yamlFields = map[string]string{
+	"Rate": "rate", "Period": "per", "Burst": "burst",
+	"Limit": "limit", "Every": "every", "Cron": "cron", "TZ": "tz",
+	"Max": "max", "Lease": "lease", "Reserved": "reserved",
 }
 
 // minLease is the shortest concurrency lease a policy accepts: asynq's own
@@ -829,111 +824,61 @@ var limitFields = map[string]map[string]string{
 // lease while the task runs.
 const minLease = 30 * time.Second
 
-// checkLimit validates l with quotas and returns it as a value (not a
-// pointer), or the field at fault and what is wrong.
-func checkLimit(l quotas.Limit) (out quotas.Limit, field, msg string) {
-	var block, got string
-	gotOf := map[string]string{}
+// checkLimit validates the limit l of the rule named name (a valid name)
+// with quotas and returns it as a value (not a pointer), or the field at
+// fault and what is wrong.
+func checkLimit(name string, l quotas.Limit) (out quotas.Limit, field, msg string) {
+	var block string
 	switch v := l.(type) {
 	case *quotas.GCRA:
-		if v == nil {
-			break
+		if v != nil {
+			return checkLimit(name, *v)
 		}
-		return checkLimit(*v)
 	case *quotas.FixedWindow:
-		if v == nil {
-			break
+		if v != nil {
+			return checkLimit(name, *v)
 		}
-		return checkLimit(*v)
 	case *quotas.CalendarWindow:
-		if v == nil {
-			break
+		if v != nil {
+			return checkLimit(name, *v)
 		}
-		return checkLimit(*v)
 	case *quotas.SlidingWindow:
-		if v == nil {
-			break
+		if v != nil {
+			return checkLimit(name, *v)
 		}
-		return checkLimit(*v)
 	case *quotas.Concurrency:
-		if v == nil {
-			break
+		if v != nil {
+			return checkLimit(name, *v)
 		}
-		return checkLimit(*v)
 	case quotas.GCRA:
 		block = "gcra"
-		gotOf = map[string]string{"rate": strconv.FormatFloat(v.Rate, 'g', -1, 64), "per": v.Period.String(), "burst": strconv.Itoa(v.Burst)}
-	case quotas.FixedWindow:
+	case quotas.FixedWindow, quotas.CalendarWindow:
 		block = "quota"
-		gotOf = map[string]string{"limit": strconv.Itoa(v.Limit), "every": v.Every.String()}
 	case quotas.SlidingWindow:
 		block = "sliding"
-		gotOf = map[string]string{"limit": strconv.Itoa(v.Limit), "every": v.Every.String()}
 	case quotas.Concurrency:
 		block = "concurrency"
-		gotOf = map[string]string{"max": strconv.Itoa(v.Max), "lease": v.Lease.String(), "reserved": strconv.Itoa(v.Reserved)}
-	case quotas.CalendarWindow:
-		// Check the zone on its own first, so the error can name the field.
-		if v.TZ != "" {
-			if err := setErr(quotas.CalendarWindow{Limit: 1, Cron: "@daily", TZ: v.TZ}); err != nil {
-				return nil, "quota.tz", err.Error()
-			}
+		if v.Lease < minLease {
+			return nil, "concurrency.lease", fmt.Sprintf("must be at least %v, asynq's own task lease (a shorter one could free the slot of a task still running on a stalled worker), got %v", minLease, v.Lease)
 		}
-		if err := setErr(v); err != nil {
-			if m, ok := strings.CutPrefix(err.Error(), "limit "); ok {
-				return nil, "quota.limit", m
-			}
-			return nil, "quota.cron", err.Error()
-		}
-		return v, "", ""
 	}
 	if block == "" {
 		return nil, "", "no limit; add one of gcra, quota, sliding or concurrency"
 	}
-	if c, ok := l.(quotas.Concurrency); ok && c.Lease < minLease {
-		return nil, "concurrency.lease", fmt.Sprintf("must be at least %v, asynq's own task lease (a shorter one could free the slot of a task still running on a stalled worker), got %v", minLease, c.Lease)
-	}
-	err := setErr(l)
+	err := quotas.Rule{Name: name, Limit: l}.Validate()
 	if err == nil {
 		return l, "", ""
 	}
-	reason := err.Error()
-	var le *gcra.LimitError
-	if errors.As(err, &le) {
-		reason = le.Reason
+	var re *quotas.RuleError
+	if !errors.As(err, &re) {
+		return nil, block, err.Error()
 	}
-	// Attribute the message to a field by its first words.
-	best := ""
-	for word := range limitFields[block] {
-		if strings.HasPrefix(reason, word+" ") && len(word) > len(best) {
-			best = word
-		}
+	if f, ok := yamlFields[re.Field]; ok {
+		return nil, block + "." + f, re.Reason
 	}
-	if best == "" || strings.Contains(reason, "/") {
-		return nil, block, strings.ReplaceAll(reason, "period", "per") + ", got " + l.String()
-	}
-	f := limitFields[block][best]
-	got = gotOf[f]
-	msg = strings.TrimPrefix(reason, best+" ")
-	if strings.HasPrefix(msg, "must") && !strings.Contains(msg, "got ") {
-		msg += ", got " + got
-	}
-	return nil, block + "." + f, msg
-}
-
-// setErr returns quotas' error for a one-rule set of l, without its prefix.
-func setErr(l quotas.Limit) error {
-	_, err := quotas.NewSet(quotas.Rule{Name: "r", Limit: l})
-	if err == nil {
-		return nil
-	}
-	var le *gcra.LimitError
-	if errors.As(err, &le) {
-		return le
-	}
-	s := strings.TrimPrefix(err.Error(), `quotas: rule "r": `)
-	s = strings.TrimPrefix(s, "invalid limit: ")
-	return errors.New(s)
+	// No one field is at fault (a GCRA's per/rate): the reason names the
+	// Go fields, which are the YAML ones but for Period.
+	return nil, block, strings.ReplaceAll(re.Reason, "period", "per")
 }
 
 // ParsePolicy parses a policy document in YAML:

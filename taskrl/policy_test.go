@@ -3,6 +3,7 @@ package taskrl
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -62,6 +63,7 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"burst zero", doc("gcra: {rate: 1, per: 1s, burst: 0}"), `policy: line 4: rule "a": gcra.burst: must be at least 1, got 0`},
 		{"burst fraction", doc("gcra: {rate: 1, per: 1s, burst: 1.5}"), `rule "a": gcra.burst: must be a whole number, got 1.5`},
 		{"rate too high", doc("gcra: {rate: 2000000, per: 1s}"), `rule "a": gcra: per/rate is below one microsecond, got 2e+06/1s burst 1`},
+		{"burst too long", doc("gcra: {rate: 1, per: 1s, burst: 9000000000}"), `policy: line 4: rule "a": gcra: burst × per/rate exceeds 35 years, got 1/1s burst 9000000000`},
 		{"quota limit zero", doc("quota: {limit: 0, every: 10s}"), `policy: line 4: rule "a": quota.limit: must be at least 1, got 0`},
 		{"quota every and cron", doc(`quota: {limit: 5, every: 10s, cron: "@daily"}`), `policy: line 4: rule "a": quota: has both every and cron`},
 		{"quota neither", doc(`quota: {limit: 5}`), `policy: line 4: rule "a": quota: needs every (a fixed window`},
@@ -73,9 +75,16 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"window too short", doc(`quota: {limit: 5, every: 100us}`), `rule "a": quota.every: must be at least 1ms, got 100µs`},
 		{"sliding too large", doc(`sliding: {limit: 200000, every: 1m}`), `rule "a": sliding.limit: 200000 exceeds 100000`},
 		{"sliding missing every", doc(`sliding: {limit: 5}`), `rule "a": sliding.every: missing; sliding needs limit and every`},
+		{"sliding limit zero", doc(`sliding: {limit: 0, every: 1m}`), `policy: line 4: rule "a": sliding.limit: must be at least 1, got 0`},
+		{"sliding window too long", doc(`sliding: {limit: 5, every: 900000h}`), `policy: line 4: rule "a": sliding.every: must be at most 100 years, got 900000h0m0s`},
+		{"calendar never fires", doc(`quota: {limit: 5, cron: "0 0 30 2 *", tz: Europe/Paris}`), `policy: line 4: rule "a": quota.cron: bad cron spec "0 0 30 2 *": never fires`},
+		{"local tz", doc(`quota: {limit: 5, cron: "@daily", tz: Local}`), `policy: line 4: rule "a": quota.tz: time zone "Local" is not allowed`},
+		{"calendar limit before tz", doc(`quota: {limit: 0, cron: "@daily", tz: Mars/Base}`), `policy: line 4: rule "a": quota.limit: must be at least 1, got 0`},
 		{"concurrency reserved", doc(`concurrency: {max: 2, lease: 30s, reserved: 2}`), `rule "a": concurrency.reserved: must be between 0 and max-1 (1), got 2`},
 		{"concurrency lease", doc(`concurrency: {max: 2, lease: 500ms}`), `rule "a": concurrency.lease: must be at least 30s, asynq's own task lease (a shorter one could free the slot of a task still running on a stalled worker), got 500ms`},
 		{"concurrency max", doc(`concurrency: {max: 0, lease: 30s}`), `rule "a": concurrency.max: must be at least 1, got 0`},
+		{"concurrency lease too long", doc(`concurrency: {max: 2, lease: 200h}`), `policy: line 4: rule "a": concurrency.lease: must be at most 7 days, got 200h0m0s`},
+		{"concurrency reserved negative", doc(`concurrency: {max: 2, lease: 30s, reserved: -1}`), `policy: line 4: rule "a": concurrency.reserved: must be between 0 and max-1 (1), got -1`},
 		{"limit not a mapping", doc(`gcra: 5`), `policy: line 4: rule "a": gcra: must be a mapping, got the integer 5`},
 		{"bad glob", "rules:\n  - name: a\n    match: {type: \"http:[\"}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match.type: bad pattern "http:[": syntax error in pattern`},
 		{"empty match", "rules:\n  - name: a\n    match: {}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match: needs a task type (type: ...) or a queue`},
@@ -475,6 +484,9 @@ func TestNewPolicyErrors(t *testing.T) {
 		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: g}, {Name: "a", Match: Match{Type: "y"}, Limit: g}}, `policy: rule 2: name: "a" is already the name of rule 1`},
 		{[]Rule{{Name: "", Match: Match{Type: "x"}, Limit: g}}, `policy: rule 1: name: missing`},
 		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: quotas.CalendarWindow{Limit: 1, Cron: "@daily", TZ: "Nowhere/Land"}}}, `policy: rule "a": quota.tz: unknown time zone "Nowhere/Land"`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: quotas.GCRA{Rate: math.NaN(), Period: time.Second, Burst: 1}}}, `policy: rule "a": gcra.rate: must be a positive number, got NaN`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: &quotas.SlidingWindow{Limit: 5}}}, `policy: rule "a": sliding.every: must be at least 1ms, got 0s`},
+		{[]Rule{{Name: "a b", Match: Match{Type: "x"}, Limit: g}}, `policy: rule 1: name: "a b" contains ' '; allowed are letters, digits, '_', '.' and '-'`},
 	} {
 		p, err := NewPolicy(c.rules...)
 		if err == nil || p != nil || !strings.Contains(err.Error(), c.want) {

@@ -161,7 +161,7 @@ func Parse(spec, zone string) (*Schedule, error) {
 	if !ok {
 		return nil, bad("not a calendar schedule")
 	}
-	loc, err := loadZone(zone)
+	loc, err := LoadZone(zone)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +185,9 @@ func parseStandard(spec string) (sched cron.Schedule, err error) {
 	return cron.ParseStandard(spec)
 }
 
-func loadZone(zone string) (*time.Location, error) {
+// LoadZone returns the IANA time zone zone ("" means UTC), as Parse takes
+// it, or an error naming what is wrong with it: unknown, or "Local".
+func LoadZone(zone string) (*time.Location, error) {
 	if zone == "" {
 		return time.UTC, nil
 	}
