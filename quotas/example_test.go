@@ -252,3 +252,42 @@ func ExampleRuleError() {
 	// vendor.Every: must be at least 1ms, got 0s
 	// quotas: rule "vendor": invalid limit: window must be at least 1ms, got 0s
 }
+
+// A Model decides like a Limiter, in memory and on the times it is given:
+// here a backlog of five tasks, booked at once under a vendor's 2 calls/s
+// and 4 calls per 10 s window, and a concurrency slot taken when the first
+// one runs.
+func ExampleModel() {
+	m := quotas.NewModel()
+	rates, err := quotas.NewSet(
+		quotas.Rule{Name: "vendor-rate", Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})},
+		quotas.Rule{Name: "vendor-window", Limit: quotas.FixedWindow{Limit: 4, Every: 10 * time.Second}},
+	)
+	if err != nil {
+		panic(err)
+	}
+	for i := 0; i < 5; i++ {
+		d, err := m.Reserve(monday9, rates, quotas.Request{}, time.Minute)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("task %d: booked %v, runs in %v\n", i, d.Allowed, d.Delay)
+	}
+	slots, err := quotas.NewSet(quotas.Rule{Name: "slots", Limit: quotas.Concurrency{Max: 1, Lease: time.Minute}})
+	if err != nil {
+		panic(err)
+	}
+	first, _ := m.Allow(monday9, slots, quotas.Request{Holder: "task0"})
+	second, _ := m.Allow(monday9, slots, quotas.Request{Holder: "task1"})
+	fmt.Println("task1 waits", second.RetryAfter, "for", second.Rule)
+	released, _ := m.Release(monday9.Add(time.Second), first.Leases[0])
+	fmt.Println("task0 released its slot:", released)
+	// Output:
+	// task 0: booked true, runs in 0s
+	// task 1: booked true, runs in 500ms
+	// task 2: booked true, runs in 1s
+	// task 3: booked true, runs in 1.5s
+	// task 4: booked true, runs in 10s
+	// task1 waits 1m0s for slots
+	// task0 released its slot: true
+}

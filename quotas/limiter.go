@@ -312,15 +312,25 @@ type timing struct {
 func (l *Limiter) timing() (timing, error) {
 	if l.now != nil {
 		t := l.now()
-		us := t.UnixMicro()
-		if us < 0 || us >= 1<<51 {
-			return timing{}, fmt.Errorf("quotas: time %s is outside 1970..2041", t.Format(time.RFC3339Nano))
+		us, err := micros(t)
+		if err != nil {
+			return timing{}, err
 		}
 		return timing{now: us, floor: explicitTTLFloor.Milliseconds(), hint: t}, nil
 	}
 	// Only a hint for which calendar ticks to send: the script checks them
 	// against the server's TIME and asks again if they miss.
 	return timing{now: -1, hint: l.skew.Server(time.Now())}, nil
+}
+
+// micros returns an explicit time in Unix microseconds, the scripts' unit,
+// or an error outside the range their arithmetic is exact in.
+func micros(t time.Time) (int64, error) {
+	us := t.UnixMicro()
+	if us < 0 || us >= 1<<51 {
+		return 0, fmt.Errorf("quotas: time %s is outside 1970..2041", t.Format(time.RFC3339Nano))
+	}
+	return us, nil
 }
 
 // params is one request's script parameters.

@@ -92,7 +92,7 @@ type held struct {
 type differ struct {
 	ctx   context.Context
 	l     *clocked
-	m     *model
+	mod   *Model // on the Limiter's prefix, so that leases are the same
 	rng   *rand.Rand
 	sets  []*Set
 	held  []held
@@ -107,8 +107,9 @@ type differ struct {
 
 func newDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64) *differ {
 	rng := rand.New(rand.NewPCG(seed, 3))
-	d := &differ{ctx: context.Background(), m: newModel(), rng: rng}
+	d := &differ{ctx: context.Background(), mod: NewModel(), rng: rng}
 	d.l = newClocked(t, c, prefix, starts[rng.IntN(len(starts))])
+	d.mod.l = d.l.Limiter
 	d.scale = []time.Duration{time.Second, time.Minute, time.Hour}[rng.IntN(3)]
 	for i := 0; i < 4; i++ {
 		var rules []Rule
@@ -195,13 +196,18 @@ func (d *differ) step(t testing.TB) {
 		t.Fatal(err)
 	}
 	n := int64(max(req.Cost, 1))
+	same := func(name string, got, want Decision, err error) {
+		t.Helper()
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("op %d %s at %s on %v keys %q cost %d holder %s:\n redis %+v\n model %+v %v", d.ops, name,
+				d.l.now.Format(time.RFC3339Nano), s.rules, req.Keys, req.Cost, req.Holder, got, want, err)
+		}
+	}
+	// Allow and Reserve are compared on the model's state, given the
+	// script's nonce: the same names for the same bookings.
 	compare := func(name string, got Decision, want reply, n int64) {
 		t.Helper()
-		w := d.l.assemble(s, [][]call{calls}, []reply{want}, params{req: req, n: int(n), nonce: got.nonce})
-		if !reflect.DeepEqual(got, w) {
-			t.Fatalf("op %d %s at %s on %v keys %q cost %d holder %s:\n redis %+v\n model %+v", d.ops, name,
-				d.l.now.Format(time.RFC3339Nano), s.rules, req.Keys, req.Cost, req.Holder, got, w)
-		}
+		same(name, got, d.l.assemble(s, [][]call{calls}, []reply{want}, params{req: req, n: int(n), nonce: got.nonce}), nil)
 	}
 	x := d.rng.IntN(20)
 	if d.booking {
@@ -215,7 +221,7 @@ func (d *differ) step(t testing.TB) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		compare("Allow", got, d.m.decide(calls, opAllow, now, n, 0, 0, req.Holder, req.Critical, got.nonce), n)
+		compare("Allow", got, d.mod.m.decide(calls, opAllow, now, n, 0, 0, req.Holder, req.Critical, got.nonce), n)
 		if got.Allowed {
 			d.held = append(d.held, held{s, req, got})
 		}
@@ -228,15 +234,15 @@ func (d *differ) step(t testing.TB) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.m.victim = ""
-		compare("Reserve", got, d.m.decide(calls, opReserve, now, n, horizon.Microseconds(), 0, req.Holder, req.Critical, got.nonce), n)
+		d.mod.m.victim = ""
+		compare("Reserve", got, d.mod.m.decide(calls, opReserve, now, n, horizon.Microseconds(), 0, req.Holder, req.Critical, got.nonce), n)
 		if got.Allowed {
 			d.held = append(d.held, held{s, req, got})
 		}
-		if d.m.victim != "" {
+		if d.mod.m.victim != "" {
 			// The owner of the booking taken over learns it.
 			for _, h := range d.held {
-				if h.d.nonce == d.m.victim {
+				if h.d.nonce == d.mod.m.victim {
 					d.checkHeld(t, h, now)
 				}
 			}
@@ -246,15 +252,16 @@ func (d *differ) step(t testing.TB) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		compare("Status", got, d.m.decide(calls, opStatus, now, 0, 0, 0, req.Holder, req.Critical, ""), 0)
+		want, err := d.mod.Status(d.l.now, s, req)
+		same("Status", got, want, err)
 	case x < 16:
 		until := d.l.now.Add(time.Duration(d.rng.Int64N(int64(d.scale) * 5)))
 		got, err := d.l.Block(d.ctx, s, req, until)
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.m.block(calls, now, until.UnixMicro())
-		compare("Block", got, d.m.decide(calls, opStatus, now, 0, 0, 0, req.Holder, req.Critical, ""), 0)
+		want, err := d.mod.Block(d.l.now, s, req, until)
+		same("Block", got, want, err)
 	case len(d.held) == 0:
 	case x < 18 && d.booking && d.rng.IntN(3) == 0:
 		d.checkHeld(t, d.held[d.rng.IntN(len(d.held))], now)
@@ -265,26 +272,27 @@ func (d *differ) step(t testing.TB) {
 		if err := d.l.Refund(d.ctx, h.set, h.req, h.d); err != nil {
 			t.Fatal(err)
 		}
-		hc, _ := d.l.bind(h.set, h.req, true)
-		d.m.refund(hc, now, int64(h.d.cost), h.d.ats, h.d.undo, h.req.Holder, h.d.nonce)
+		if err := d.mod.Refund(d.l.now, h.set, h.req, h.d); err != nil {
+			t.Fatal(err)
+		}
 	default:
-		h := d.held[d.rng.IntN(len(d.held))]
+		// One of the latest decisions: older leases have mostly expired.
+		h := d.held[len(d.held)-1-d.rng.IntN(min(len(d.held), 4))]
 		if len(h.d.Leases) == 0 {
 			return
 		}
 		ls := h.d.Leases[d.rng.IntN(len(h.d.Leases))]
-		hc, _ := d.l.bind(h.set, h.req, true)
-		d.m.housekeep(hc, now)
 		var got, want bool
+		var merr error
 		if d.rng.IntN(2) == 0 {
 			got, err = d.l.Renew(d.ctx, ls)
-			want = d.m.renew(ls.zkey, ls.Holder, ls.Token, ls.Duration.Microseconds(), now)
+			want, merr = d.mod.Renew(d.l.now, ls)
 		} else {
 			got, err = d.l.Release(d.ctx, ls)
-			want = d.m.release(ls.zkey, ls.Holder, ls.Token)
+			want, merr = d.mod.Release(d.l.now, ls)
 		}
-		if err != nil || got != want {
-			t.Fatalf("op %d lease %+v: redis %v %v, model %v", d.ops, ls, got, err, want)
+		if err != nil || merr != nil || got != want {
+			t.Fatalf("op %d lease %+v: redis %v %v, model %v %v", d.ops, ls, got, err, want, merr)
 		}
 	}
 }
@@ -297,9 +305,9 @@ func (d *differ) checkHeld(t testing.TB, h held, now int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc, _ := d.l.bind(h.set, h.req, true)
-	if want := d.m.held(hc, h.d.ats, h.d.undo, h.d.nonce); got != want {
-		t.Fatalf("op %d Held %+v: redis %v, model %v", d.ops, h.d, got, want)
+	want, err := d.mod.Held(d.l.now, h.set, h.req, h.d)
+	if err != nil || got != want {
+		t.Fatalf("op %d Held %+v: redis %v, model %v %v", d.ops, h.d, got, want, err)
 	}
 	if !got {
 		d.taken++
@@ -333,11 +341,11 @@ func TestDifferentialBookings(t *testing.T) {
 		for i := 0; i < 3000; i++ {
 			d.step(t)
 		}
-		for _, bs := range d.m.books {
+		for _, bs := range d.mod.m.books {
 			booked.Add(int64(len(bs)))
 		}
 		taken.Add(int64(d.taken))
-		steals.Add(int64(d.m.steals))
+		steals.Add(int64(d.mod.m.steals))
 	})
 	// The test means something only if requests booked ahead of others and
 	// took over each other's bookings.

@@ -1,39 +1,38 @@
 // Package estimate predicts how long a campaign takes under a policy's
 // limits, without Redis: the enqueue binary's --dry-run.
 //
-// The simulation starts with every limit idle at Options.Start and takes the
-// tasks in enqueue order. Each task starts at the earliest instant, not
-// before Start, at which every rule that applies to it admits it, and is
-// charged to every rule at that instant — what the worker middleware's
-// reservations do when a backlog is dequeued at once (quotas.Limiter.Reserve:
-// raise the candidate time to each rule's earliest admissible time until all
-// agree). Rules are modelled after the quotas scripts:
-//
-//   - GCRA: a calendar of virtual time per key, placed as the script does:
-//     a task held back by another rule takes its slot there and leaves the
-//     capacity before it to the tasks after it;
-//   - fixed windows: Limit per window aligned to the Unix epoch;
-//   - calendar windows: Limit per window between two ticks of the rule's cron
-//     spec in its zone (package internal/calendar);
-//   - sliding windows: at most Limit starts in any interval of length Every
-//     (a booked start counts against every later one, as in the script);
-//   - concurrency: at most Max-Reserved tasks of a key run at once, each for
-//     Options.TaskDuration.
+// The simulation decides on a quotas.Model, the in-memory twin of the
+// limiter the worker middleware uses, with every limit idle at
+// Options.Start, as the middleware does with a backlog dequeued at once:
+// at Start, in enqueue order, each task books the earliest moment at which
+// every rate rule that applies to it (GCRA, fixed, calendar and sliding
+// windows) admits it (quotas.Limiter.Reserve, with no horizon); a
+// reservation that gives up (rules whose moments lie too far apart to
+// agree in one call) is made again at the moment it found, as the worker
+// reschedules the task. Then, in time order, each task takes its
+// concurrency slots at its moment (quotas.Limiter.Allow) or waits until a
+// slot of the rule that denied it is released, first come first served by
+// enqueue order, and holds them for Options.TaskDuration. A GCRA rule thus
+// places a task held back by another rule at its own moment and leaves the
+// capacity before it to the tasks after it; at most Max-Reserved tasks of
+// a concurrency key run at once.
 //
 // Not modelled: the worker's own concurrency, the tasks' failures, retries
-// and upstream 429s, and fair sharing (a fair rule is taken as a plain one:
-// the campaign's tasks are booked in enqueue order); the estimate is the
-// time the limits alone impose.
+// and upstream 429s, the middleware's MaxReserve horizon and MaxHold, and
+// fair sharing (a fair rule is taken as a plain one: the campaign's tasks
+// are booked in enqueue order); the estimate is the time the limits alone
+// impose.
 package estimate
 
 import (
+	"container/heap"
 	"errors"
 	"fmt"
-	"sort"
+	"math"
+	"slices"
+	"strconv"
 	"time"
 
-	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/calendar"
 	"github.com/taskrl/taskrl/quotas"
 	"github.com/taskrl/taskrl/taskrl"
 )
@@ -41,18 +40,14 @@ import (
 // DefaultTaskDuration is Options.TaskDuration when it is zero.
 const DefaultTaskDuration = time.Second
 
-// maxRounds bounds the search for one task's start; the rules' earliest
-// times only move forward, so it is reached only by a bug.
-const maxRounds = 100000
-
 // Options tune a simulation.
 type Options struct {
 	// Start is when the campaign is enqueued, with every limit idle.
 	// Default time.Now().
 	Start time.Time
 	// TaskDuration is how long each task runs, holding its concurrency
-	// slots. Default DefaultTaskDuration (1s); it matters only for
-	// concurrency rules.
+	// slots. Default DefaultTaskDuration (1s); at most 7 days, the longest
+	// concurrency lease. It matters only for concurrency rules.
 	TaskDuration time.Duration
 }
 
@@ -129,8 +124,8 @@ func Run(p *taskrl.Policy, c Campaign, opt Options) (*Report, error) {
 	if opt.TaskDuration == 0 {
 		opt.TaskDuration = DefaultTaskDuration
 	}
-	if opt.TaskDuration < 0 {
-		return nil, fmt.Errorf("estimate: task duration must be positive, got %s", opt.TaskDuration)
+	if opt.TaskDuration < 0 || opt.TaskDuration > maxLease {
+		return nil, fmt.Errorf("estimate: task duration must be positive and at most %s (a concurrency lease), got %s", maxLease, opt.TaskDuration)
 	}
 	if opt.Start.IsZero() {
 		opt.Start = time.Now()
@@ -179,7 +174,7 @@ func Run(p *taskrl.Policy, c Campaign, opt Options) (*Report, error) {
 		rep.Rules[j].Keys = len(seen)
 	}
 
-	s := simulation{rules: rules, keys: keys, start: opt.Start.UnixMicro(), taskDur: opt.TaskDuration.Microseconds()}
+	s := simulation{rules: rules, keys: keys, start: opt.Start, taskDur: opt.TaskDuration}
 	all := make([]int, len(rules))
 	for j := range all {
 		all[j] = j
@@ -206,308 +201,208 @@ func Run(p *taskrl.Policy, c Campaign, opt Options) (*Report, error) {
 type simulation struct {
 	rules   []quotas.Rule
 	keys    [][]string // per task, per rule; nil for a refused task
-	start   int64
-	taskDur int64
+	start   time.Time
+	taskDur time.Duration
 }
 
-// run simulates the campaign under the rules listed in use, from idle, and
-// returns how long after the start the last task starts.
+// forever is the horizon of the simulation's reservations: a task is booked
+// however far ahead its moment lies.
+const forever = time.Duration(math.MaxInt64)
+
+// maxLease is the longest concurrency lease: the simulation's slots are
+// released by their tasks, never reclaimed.
+const maxLease = 7 * 24 * time.Hour
+
+// event is a step of the simulation at time at: a task reserves its rate
+// rules again, or takes its concurrency slots, or gives back the slots it
+// holds (leases).
+type event struct {
+	at     time.Time
+	kind   int // release, reserve, start: in this order at the same time
+	task   int
+	leases []quotas.Lease
+}
+
+const (
+	release = iota
+	reserve
+	start
+)
+
+// events is a min-heap of events by time, kind and task.
+type events []event
+
+func (h events) Len() int { return len(h) }
+func (h events) Less(i, j int) bool {
+	a, b := h[i], h[j]
+	if !a.at.Equal(b.at) {
+		return a.at.Before(b.at)
+	}
+	if a.kind != b.kind {
+		return a.kind < b.kind
+	}
+	return a.task < b.task
+}
+func (h events) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *events) Push(x any)   { *h = append(*h, x.(event)) }
+func (h *events) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// run simulates the campaign under the rules listed in use, from idle, on a
+// quotas.Model, and returns how long after the start the last task starts.
 func (s simulation) run(use []int) (time.Duration, error) {
-	sims := make([]sim, len(use))
-	for u, j := range use {
-		sm, err := newSim(s.rules[j].Limit, s.start, s.taskDur)
-		if err != nil {
-			return 0, fmt.Errorf("estimate: rule %q: %w", s.rules[j].Name, err)
+	var rateRules, slotRules []quotas.Rule
+	var rateIdx, slotIdx []int
+	for _, j := range use {
+		r := s.rules[j]
+		r.Fair = false
+		if c, ok := concurrency(r.Limit); ok {
+			c.Lease = maxLease
+			r.Limit = c
+			slotRules, slotIdx = append(slotRules, r), append(slotIdx, j)
+		} else {
+			rateRules, rateIdx = append(rateRules, r), append(rateIdx, j)
 		}
-		sims[u] = sm
 	}
+	rates, err := newSet(rateRules)
+	if err != nil {
+		return 0, err
+	}
+	slots, err := newSet(slotRules)
+	if err != nil {
+		return 0, err
+	}
+	pick := func(k []string, idx []int) []string {
+		out := make([]string, len(idx))
+		for u, j := range idx {
+			out[u] = k[j]
+		}
+		return out
+	}
+	m := quotas.NewModel()
 	last := s.start
-	for i, k := range s.keys {
-		if k == nil {
-			continue
+	var h events
+	// waiting holds, per concurrency rule and key, the tasks waiting for a
+	// slot, by task; woken, the slot a woken task was woken for.
+	waiting := map[string][]int{}
+	woken := map[int]string{}
+	wake := func(slot string, at time.Time) {
+		if w := waiting[slot]; len(w) > 0 {
+			waiting[slot], woken[w[0]] = w[1:], slot
+			heap.Push(&h, event{at: at, kind: start, task: w[0]})
 		}
-		// Raise t to each rule's earliest time until all agree, as the
-		// quotas script's reserve does.
-		t := s.start
-		for round := 0; ; round++ {
-			if round == maxRounds {
-				return 0, fmt.Errorf("estimate: task %d: the rules do not agree on a start after %d rounds", i, maxRounds)
-			}
-			nt := t
-			for u, j := range use {
-				e, err := sims[u].earliest(k[j], t)
-				if err != nil {
-					return 0, fmt.Errorf("estimate: task %d: rule %q: %w", i, s.rules[j].Name, err)
-				}
-				nt = max(nt, e)
-			}
-			if nt == t {
-				break
-			}
-			t = nt
-		}
-		for u, j := range use {
-			if err := sims[u].charge(k[j], t); err != nil {
-				return 0, fmt.Errorf("estimate: task %d: rule %q: %w", i, s.rules[j].Name, err)
-			}
-		}
-		last = max(last, t)
 	}
-	return time.Duration(last-s.start) * time.Microsecond, nil
-}
-
-// sim is one rule's simulated state. Times are Unix microseconds, never
-// before the simulation's start.
-type sim interface {
-	// earliest returns the earliest time >= t at which the rule admits a
-	// task of key.
-	earliest(key string, t int64) (int64, error)
-	// charge records a task of key starting at t.
-	charge(key string, t int64) error
-}
-
-func newSim(l quotas.Limit, start, taskDur int64) (sim, error) {
-	switch v := l.(type) {
-	case *quotas.GCRA:
-		return newSim(*v, start, taskDur)
-	case *quotas.FixedWindow:
-		return newSim(*v, start, taskDur)
-	case *quotas.CalendarWindow:
-		return newSim(*v, start, taskDur)
-	case *quotas.SlidingWindow:
-		return newSim(*v, start, taskDur)
-	case *quotas.Concurrency:
-		return newSim(*v, start, taskDur)
-	case quotas.GCRA:
-		l := gcra.Limit(v)
-		if err := l.Validate(); err != nil {
-			return nil, err
+	// booked moves task i on once its rate rules booked it for at.
+	booked := func(i int, at time.Time) {
+		if slots == nil {
+			last = maxTime(last, at)
+			return
 		}
-		return &gcraSim{em: l.Interval().Microseconds(), burst: int64(l.Burst), start: start, keys: map[string]*gcraKey{}}, nil
-	case quotas.FixedWindow:
-		every := v.Every.Microseconds()
-		if every < 1 {
-			return nil, fmt.Errorf("fixed window of %s", v.Every)
-		}
-		return newWindowSim(v.Limit, func(t int64) (int64, int64) {
-			s := t - t%every
-			return s, s + every
-		}), nil
-	case quotas.CalendarWindow:
-		cal, err := calendar.Parse(v.Cron, v.TZ)
-		if err != nil {
-			return nil, err
-		}
-		return newWindowSim(v.Limit, func(t int64) (int64, int64) {
-			s, e := cal.Window(time.UnixMicro(t))
-			return s.UnixMicro(), e.UnixMicro()
-		}), nil
-	case quotas.SlidingWindow:
-		return &slidingSim{limit: v.Limit, every: v.Every.Microseconds(), log: map[string][]int64{}}, nil
-	case quotas.Concurrency:
-		return &concSim{slots: v.Max - v.Reserved, dur: taskDur, starts: map[string][]int64{}}, nil
+		heap.Push(&h, event{at: at, kind: start, task: i})
 	}
-	return nil, fmt.Errorf("unknown limit %T", l)
-}
-
-// gcraSim keeps a calendar of virtual time per key, placed as the quotas
-// script places GCRA charges (internal/script/lua/booked.lua): a task
-// starting at t occupies a free interval [x, x+T) with t <= x and
-// x+T <= t + Burst*T; the calendar is its TAT, the end of what is occupied
-// without a gap from the start, and the bookings beyond it, in order. Every
-// decision of the simulation is made at its start, as for a backlog
-// dequeued at once.
-type gcraSim struct {
-	em, burst, start int64
-	keys             map[string]*gcraKey
-}
-
-type gcraKey struct {
-	tat   int64
-	books [][2]int64 // [x, end), by end
-}
-
-// fit returns the earliest time >= t at which a task of key fits, where
-// it would start in virtual time, and whether that extends the TAT.
-func (g *gcraSim) fit(k *gcraKey, t int64) (a, x int64, front bool) {
-	em := g.em
-	g1, first := max(k.tat, g.start), true
-	try := func(g2 int64, bounded bool) bool {
-		a = max(t, g1+em-g.burst*em)
-		x = g1
-		if a > g1 {
-			x = a
-			if g.burst > 1 {
-				x = (a + em - 1) / em * em
-			}
+	// book reserves task i's rate rules at time now: the earliest moment
+	// they all admit it; a reservation that gives up (the rules' moments
+	// lie too far apart to agree in one call) is made again at the moment
+	// found, as the worker reschedules the task.
+	book := func(i int, now time.Time) error {
+		if rates == nil {
+			booked(i, now)
+			return nil
 		}
-		if bounded && x+em > g2 {
-			return false
+		d, err := m.Reserve(now, rates, quotas.Request{Keys: pick(s.keys[i], rateIdx)}, forever)
+		switch {
+		case err != nil:
+			return fmt.Errorf("estimate: task %d: %w", i, err)
+		case d.Allowed:
+			booked(i, now.Add(d.Delay))
+		case d.RetryAfter == quotas.Never:
+			return fmt.Errorf("estimate: task %d: rule %q never admits it", i, d.Rule)
+		default:
+			heap.Push(&h, event{at: now.Add(d.RetryAfter), kind: reserve, task: i})
 		}
-		front = first && x-g1 < em
-		return true
-	}
-	from := max(t, g1)
-	i := sort.Search(len(k.books), func(i int) bool { return k.books[i][1] >= from })
-	for _, b := range k.books[i:] {
-		if b[0] > g1 {
-			if try(b[0], true) {
-				return a, x, front
-			}
-			first = false
-		}
-		g1 = max(g1, b[1])
-	}
-	try(0, false)
-	return a, x, front
-}
-
-func (g *gcraSim) key(key string) *gcraKey {
-	k := g.keys[key]
-	if k == nil {
-		k = &gcraKey{}
-		g.keys[key] = k
-	}
-	return k
-}
-
-func (g *gcraSim) earliest(key string, t int64) (int64, error) {
-	a, _, _ := g.fit(g.key(key), t)
-	return a, nil
-}
-
-func (g *gcraSim) charge(key string, t int64) error {
-	k := g.key(key)
-	a, x, front := g.fit(k, t)
-	if a != t {
-		return fmt.Errorf("internal error: not admitted at its earliest time (fits at %d, not %d)", a, t)
-	}
-	if front {
-		k.tat = x + g.em
 		return nil
 	}
-	end := x + g.em
-	i := sort.Search(len(k.books), func(i int) bool { return k.books[i][1] > end })
-	k.books = append(k.books, [2]int64{})
-	copy(k.books[i+1:], k.books[i:])
-	k.books[i] = [2]int64{x, end}
-	return nil
-}
-
-// windowSim counts tasks per window (fixed or calendar). Windows only fill
-// up, so full windows point to a later candidate, compressed as they are
-// followed: finding the first window with room costs nearly O(1).
-type windowSim struct {
-	limit  int
-	window func(t int64) (start, end int64)
-	keys   map[string]*windowKey
-}
-
-type windowKey struct {
-	count map[int64]int
-	jump  map[int64]int64 // full window start -> a later window start
-}
-
-func newWindowSim(limit int, window func(int64) (int64, int64)) *windowSim {
-	return &windowSim{limit: limit, window: window, keys: map[string]*windowKey{}}
-}
-
-func (w *windowSim) earliest(key string, t int64) (int64, error) {
-	k := w.keys[key]
-	if k == nil {
-		return t, nil
-	}
-	ws, _ := w.window(t)
-	cur := ws
-	var path []int64
-	for k.count[cur] >= w.limit {
-		path = append(path, cur)
-		if j, ok := k.jump[cur]; ok {
-			cur = j
-		} else {
-			_, cur = w.window(cur)
+	for i, k := range s.keys {
+		if k != nil {
+			if err := book(i, s.start); err != nil {
+				return 0, err
+			}
 		}
 	}
-	for _, p := range path {
-		k.jump[p] = cur
-	}
-	if cur == ws {
-		return t, nil
-	}
-	return cur, nil
-}
-
-func (w *windowSim) charge(key string, t int64) error {
-	k := w.keys[key]
-	if k == nil {
-		k = &windowKey{count: map[int64]int{}, jump: map[int64]int64{}}
-		w.keys[key] = k
-	}
-	ws, _ := w.window(t)
-	if k.count[ws] >= w.limit {
-		return errors.New("internal error: charged a full window")
-	}
-	k.count[ws]++
-	return nil
-}
-
-// slidingSim keeps each key's starts sorted, as the sliding-window script's
-// log: a task at t is admitted when the starts after t-every number fewer
-// than the limit, else when enough of the oldest have left the window.
-type slidingSim struct {
-	limit int
-	every int64
-	log   map[string][]int64
-}
-
-func (s *slidingSim) earliest(key string, t int64) (int64, error) {
-	l := s.log[key]
-	newer := len(l) - sort.Search(len(l), func(i int) bool { return l[i] > t-s.every })
-	if newer < s.limit {
-		return t, nil
-	}
-	return max(t, l[len(l)-s.limit]+s.every), nil
-}
-
-func (s *slidingSim) charge(key string, t int64) error {
-	s.log[key] = insertSorted(s.log[key], t)
-	return nil
-}
-
-// concSim keeps each key's task starts sorted: a task running [t, t+dur)
-// may start when fewer than slots tasks of its key overlap that interval.
-type concSim struct {
-	slots  int
-	dur    int64
-	starts map[string][]int64
-}
-
-func (c *concSim) earliest(key string, t int64) (int64, error) {
-	l := c.starts[key]
-	for {
-		lo := sort.Search(len(l), func(i int) bool { return l[i] > t-c.dur })
-		hi := sort.Search(len(l), func(i int) bool { return l[i] >= t+c.dur })
-		if hi-lo < c.slots {
-			return t, nil
+	// Then, in time order, the tasks take their slots when their moment
+	// comes (or wait for one to be released), as the worker does.
+	for h.Len() > 0 {
+		e := heap.Pop(&h).(event)
+		switch e.kind {
+		case reserve:
+			if err := book(e.task, e.at); err != nil {
+				return 0, err
+			}
+		case release:
+			for _, ls := range e.leases {
+				if _, err := m.Release(e.at, ls); err != nil {
+					return 0, fmt.Errorf("estimate: task %d: %w", e.task, err)
+				}
+				wake(ls.Rule+"\x00"+ls.Key, e.at)
+			}
+		case start:
+			keys := pick(s.keys[e.task], slotIdx)
+			d, err := m.Allow(e.at, slots, quotas.Request{Keys: keys, Holder: strconv.Itoa(e.task)})
+			if err != nil {
+				return 0, fmt.Errorf("estimate: task %d: %w", e.task, err)
+			}
+			from, ok := woken[e.task]
+			delete(woken, e.task)
+			if d.Allowed {
+				last = maxTime(last, e.at)
+				heap.Push(&h, event{at: e.at.Add(s.taskDur), kind: release, task: e.task, leases: d.Leases})
+				continue
+			}
+			// Wait for a slot of the rule that denied; a slot released
+			// for this task goes to the next one waiting.
+			u := slices.IndexFunc(slotRules, func(r quotas.Rule) bool { return r.Name == d.Rule })
+			slot := d.Rule + "\x00" + keys[u]
+			w := waiting[slot]
+			at, _ := slices.BinarySearch(w, e.task)
+			waiting[slot] = slices.Insert(w, at, e.task)
+			if ok && from != slot {
+				wake(from, e.at)
+			}
 		}
-		t = l[lo] + c.dur
 	}
+	return last.Sub(s.start), nil
 }
 
-func (c *concSim) charge(key string, t int64) error {
-	c.starts[key] = insertSorted(c.starts[key], t)
-	return nil
+// newSet returns the set of rules, nil for none.
+func newSet(rules []quotas.Rule) (*quotas.Set, error) {
+	if len(rules) == 0 {
+		return nil, nil
+	}
+	set, err := quotas.NewSet(rules...)
+	if err != nil {
+		return nil, fmt.Errorf("estimate: %w", err)
+	}
+	return set, nil
 }
 
-// insertSorted inserts t after every element <= t; appending is the common
-// case.
-func insertSorted(l []int64, t int64) []int64 {
-	if n := len(l); n == 0 || l[n-1] <= t {
-		return append(l, t)
+// concurrency returns l as a concurrency limit, if it is one.
+func concurrency(l quotas.Limit) (quotas.Concurrency, bool) {
+	switch v := l.(type) {
+	case quotas.Concurrency:
+		return v, true
+	case *quotas.Concurrency:
+		return *v, true
 	}
-	i := sort.Search(len(l), func(i int) bool { return l[i] > t })
-	l = append(l, 0)
-	copy(l[i+1:], l[i:])
-	l[i] = t
-	return l
+	return quotas.Concurrency{}, false
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

@@ -1,14 +1,186 @@
 package quotas
 
 import (
+	"errors"
 	"slices"
 	"sort"
+	"sync"
 	"time"
+
+	"github.com/taskrl/taskrl/gcra"
 )
 
-// model is the reference the Lua rule-set script is tested against: the same
-// decisions, computed in Go over in-memory state, on explicit times. Calendar
-// windows come straight from the schedule, not from ticks.
+// Model is an in-memory twin of Limiter: the same rule sets, requests and
+// decisions, computed in Go on explicit times instead of in Redis on the
+// server's clock. It is the reference the Redis scripts are tested against
+// (every rule kind, bookings, fair sharing, leases), and it serves
+// simulations, such as estimating how long a campaign takes under a set of
+// rules. Its methods mirror Limiter's, with the decision time now in place
+// of a context: a Decision or Lease from a Model is used with the same
+// Model, as one from a Limiter with that Limiter.
+//
+// Times must not go backwards: state is kept and forgotten as the scripts
+// keep and expire their keys, relative to the latest time seen. Calendar
+// windows come straight from the schedule. Create a Model with NewModel
+// (the zero value is not usable); it starts with every rule idle and keeps
+// state for every key it has seen until the key's state no longer matters.
+// A Model is safe for concurrent use.
+type Model struct {
+	mu sync.Mutex
+	// l binds requests to keys, as a Limiter with the default prefix; only
+	// its prefix is used.
+	l *Limiter
+	m *model
+}
+
+// NewModel returns a Model with every rule idle.
+func NewModel() *Model {
+	return &Model{l: &Limiter{prefix: gcra.DefaultPrefix + "q:"}, m: newModel()}
+}
+
+// Allow decides req at time now as Limiter.Allow does: it admits it if
+// every rule of s admits it then, and charges every rule (concurrency rules
+// hand out a Lease each); otherwise it charges nothing and names the rule
+// with the longest wait.
+func (m *Model) Allow(now time.Time, s *Set, req Request) (Decision, error) {
+	return m.decide(now, s, req, opAllow, 0)
+}
+
+// Reserve books, at time now, the earliest moment at most horizon away at
+// which every rule of s except concurrency rules admits req, as
+// Limiter.Reserve does.
+func (m *Model) Reserve(now time.Time, s *Set, req Request, horizon time.Duration) (Decision, error) {
+	return m.decide(now, s, req, opReserve, max(horizon, 0))
+}
+
+// Status reports every rule's state at time now without charging anything,
+// as Limiter.Status does.
+func (m *Model) Status(now time.Time, s *Set, req Request) (Decision, error) {
+	return m.decide(now, s, req, opStatus, 0)
+}
+
+func (m *Model) decide(now time.Time, s *Set, req Request, op int, horizon time.Duration) (Decision, error) {
+	us, err := micros(now)
+	if err != nil {
+		return Decision{}, err
+	}
+	calls, err := m.l.bind(s, req, op == opAllow)
+	if err != nil {
+		return Decision{}, err
+	}
+	p := params{op: op, req: req, n: max(req.Cost, 1), horizon: horizon}
+	if op == opStatus {
+		p.n = 0
+	}
+	if s.named && op != opStatus {
+		p.nonce = newNonce()
+	}
+	m.mu.Lock()
+	r := m.m.decide(calls, op, us, int64(p.n), horizon.Microseconds(), 0, req.Holder, req.Critical, p.nonce)
+	m.mu.Unlock()
+	return m.l.assemble(s, [][]call{calls}, []reply{r}, params{req: req, n: p.n, nonce: p.nonce}), nil
+}
+
+// Refund undoes, at time now, the charges of an admitted or booked Decision
+// d that m made for req, as Limiter.Refund does. Refunding a denied
+// decision does nothing.
+func (m *Model) Refund(now time.Time, s *Set, req Request, d Decision) error {
+	if !d.Allowed {
+		return nil
+	}
+	calls, us, err := m.charged(now, s, req, d, true)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.m.refund(calls, us, int64(d.cost), d.ats, d.undo, req.Holder, d.nonce)
+	return nil
+}
+
+// Held reports, at time now, whether the booking an admitted or booked
+// Decision d made for req on the first fair rule of s is still its own, as
+// Limiter.Held does. With no fair rule in s it reports true.
+func (m *Model) Held(now time.Time, s *Set, req Request, d Decision) (bool, error) {
+	if !d.Allowed || !s.fair {
+		return true, nil
+	}
+	calls, _, err := m.charged(now, s, req, d, false)
+	if err != nil {
+		return false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.m.held(calls, d.ats, d.undo, d.nonce), nil
+}
+
+// charged binds req for an operation on the charges of d.
+func (m *Model) charged(now time.Time, s *Set, req Request, d Decision, needHolder bool) ([]call, int64, error) {
+	us, err := micros(now)
+	if err != nil {
+		return nil, 0, err
+	}
+	calls, err := m.l.bind(s, req, needHolder)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(d.ats) != len(calls) {
+		return nil, 0, errors.New("quotas: the Decision is not from this Set")
+	}
+	return calls, us, nil
+}
+
+// Block makes the GCRA rules of s admit nothing for req's keys until
+// until, as Limiter.Block does at time now, and reports every rule's state
+// after it.
+func (m *Model) Block(now time.Time, s *Set, req Request, until time.Time) (Decision, error) {
+	us, err := micros(now)
+	if err != nil {
+		return Decision{}, err
+	}
+	calls, err := m.l.bind(s, req, false)
+	if err != nil {
+		return Decision{}, err
+	}
+	m.mu.Lock()
+	m.m.block(calls, us, until.UnixMicro())
+	r := m.m.decide(calls, opStatus, us, 0, 0, 0, req.Holder, req.Critical, "")
+	m.mu.Unlock()
+	return m.l.assemble(s, [][]call{calls}, []reply{r}, params{req: req}), nil
+}
+
+// Renew extends lease, taken from m, to its Duration from now if its
+// holder still holds it under its token, as Limiter.Renew does.
+func (m *Model) Renew(now time.Time, lease Lease) (bool, error) {
+	return m.lease(now, lease, false)
+}
+
+// Release gives lease's slot, taken from m, back at time now if its holder
+// still holds it under its token, as Limiter.Release does.
+func (m *Model) Release(now time.Time, lease Lease) (bool, error) {
+	return m.lease(now, lease, true)
+}
+
+func (m *Model) lease(now time.Time, ls Lease, release bool) (bool, error) {
+	if ls.zkey == "" {
+		return false, errors.New("quotas: not a lease from a Decision")
+	}
+	us, err := micros(now)
+	if err != nil {
+		return false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.m.expire(ls.zkey, us)
+	if release {
+		return m.m.release(ls.zkey, ls.Holder, ls.Token), nil
+	}
+	return m.m.renew(ls.zkey, ls.Holder, ls.Token, ls.Duration.Microseconds(), us), nil
+}
+
+// model is Model's state and decisions, without locking: the same
+// decisions as the Lua rule-set script, computed in Go over in-memory
+// state, on explicit times (µs), for calls bound as a Limiter binds them.
 type model struct {
 	// GCRA: per TAT key, the TAT (absent: none), the latest booking end
 	// ever added (0: none), the bookings in end order, and the keys whose
@@ -123,11 +295,12 @@ func (m *model) slidingEarliest(c call, t, n int64) int64 {
 		return t
 	}
 	for range 64 {
-		var ts []int64
-		for _, e := range m.logs[c.keys[0]] {
-			if e.at > t-every && e.at < t+every {
-				ts = append(ts, e.at)
-			}
+		log := m.logs[c.keys[0]]
+		lo := sort.Search(len(log), func(i int) bool { return log[i].at > t-every })
+		hi := lo + sort.Search(len(log)-lo, func(i int) bool { return log[lo+i].at >= t+every })
+		ts := make([]int64, hi-lo)
+		for i, e := range log[lo:hi] {
+			ts[i] = e.at
 		}
 		if int64(len(ts)) <= room {
 			return t
@@ -181,10 +354,7 @@ func (m *model) status(c call, now int64) (used, rem, reset int64) {
 		// As booked.lua's walk: at most 64 bookings from the first gap on,
 		// the time beyond them counted as taken.
 		from, seen := g1, 0
-		for _, b := range m.books[k] {
-			if b.e < from {
-				continue
-			}
+		for _, b := range m.booked(k, from) {
 			if b.x >= till {
 				break
 			}
@@ -231,20 +401,23 @@ func (m *model) housekeep(calls []call, now int64) {
 		k := c.keys[0]
 		switch c.c.kind {
 		case kindConcurrency:
-			for h, e := range m.holders[k] {
-				if e <= now {
-					delete(m.holders[k], h)
-					delete(m.tokens[k], h)
-				}
-			}
+			m.expire(k, now)
 		case kindSliding:
-			log := m.logs[k][:0]
-			for _, e := range m.logs[k] {
-				if e.at > now-c.c.every {
-					log = append(log, e)
-				}
-			}
-			m.logs[k] = log
+			// The log is in time order: the entries out of every window
+			// from now on are its start.
+			log := m.logs[k]
+			m.logs[k] = log[sort.Search(len(log), func(i int) bool { return log[i].at > now-c.c.every }):]
+		}
+	}
+}
+
+// expire forgets the holders of concurrency key k whose leases ended by
+// now.
+func (m *model) expire(k string, now int64) {
+	for h, e := range m.holders[k] {
+		if e <= now {
+			delete(m.holders[k], h)
+			delete(m.tokens[k], h)
 		}
 	}
 }
@@ -391,11 +564,12 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				continue
 			}
 			ft := m.tags[k]
-			bs := append(m.books[k], booking{x: x, e: e, tag: ft.tag, t: t, g: c.digest, owner: nonce})
-			sort.Slice(bs, func(a, b int) bool { return bs[a].e < bs[b].e })
+			// Bookings never overlap: their ends are distinct and order them.
+			bs := m.books[k]
+			bs = slices.Insert(bs, len(bs)-len(m.booked(k, e)), booking{x: x, e: e, tag: ft.tag, t: t, g: c.digest, owner: nonce})
 			if m.lasts[k] > now {
 				// Bookings that ended more than keep ago are dropped.
-				bs = slices.DeleteFunc(bs, func(b booking) bool { return b.e <= now-keep })
+				bs = bs[sort.Search(len(bs), func(i int) bool { return bs[i].e > now-keep }):]
 			}
 			m.books[k] = bs
 			if front {
@@ -438,10 +612,10 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				}
 			}
 		case kindSliding:
-			for i := int64(1); i <= n; i++ {
-				m.logs[k] = append(m.logs[k], logEntry{at: t, id: nonce})
-			}
-			sort.SliceStable(m.logs[k], func(a, b int) bool { return m.logs[k][a].at < m.logs[k][b].at })
+			// After the entries at or before t, keeping the log in order.
+			log := m.logs[k]
+			i := sort.Search(len(log), func(i int) bool { return log[i].at > t })
+			m.logs[k] = slices.Insert(log, i, slices.Repeat([]logEntry{{at: t, id: nonce}}, int(n))...)
 		case kindConcurrency:
 			if op != opAllow {
 				continue
@@ -497,11 +671,9 @@ func (m *model) takeable(c call, t0, n, now int64, visit func(t, x int64, i int)
 	k := c.keys[0]
 	need, ft := n*c.c.em, m.tags[k]
 	low, over := max(t0, now+freeze), ft.tag+need*ft.nact
-	seen := 0
-	for i, b := range m.books[k] {
-		if b.e < low+need {
-			continue
-		}
+	seen, skip := 0, len(m.books[k])-len(m.booked(k, low+need))
+	for i, b := range m.booked(k, low+need) {
+		i += skip
 		if seen++; seen > 256 {
 			return
 		}
@@ -540,11 +712,7 @@ func (m *model) fit(c call, t0, n, now int64) (a, x int64, front bool) {
 		front = first && x-g1 < em
 		return true
 	}
-	from := max(t0, g1)
-	for _, b := range m.books[k] {
-		if b.e < from {
-			continue
-		}
+	for _, b := range m.booked(k, max(t0, g1)) {
 		if b.x > g1 {
 			if try(b.x, true) {
 				return a, x, front
@@ -555,6 +723,13 @@ func (m *model) fit(c call, t0, n, now int64) (a, x int64, front bool) {
 	}
 	try(0, false)
 	return a, x, front
+}
+
+// booked returns GCRA key k's bookings that end at or after from, in
+// order: the bookings before them end earlier, as none overlap.
+func (m *model) booked(k string, from int64) []booking {
+	bs := m.books[k]
+	return bs[sort.Search(len(bs), func(i int) bool { return bs[i].e >= from }):]
 }
 
 // own reports whether a request is charged rule c on its own, not sharing
