@@ -1,5 +1,5 @@
 # make test: the whole suite against real redis-server processes (a standalone
-# server and a 3-master cluster) started by internal/redistest on free
+# server and a 3-master cluster) started by internal/testkit/redistest on free
 # loopback ports and stopped at the end. Installs redis-server first when it
 # is missing and the machine allows it (root with apt-get).
 
@@ -8,7 +8,7 @@ GO ?= go
 .PHONY: test redis-server check fuzz bench
 
 test: redis-server check
-	$(GO) run ./internal/redistest/cmd/redisharness -- $(GO) test -race -count=1 -p 1 ./...
+	$(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -race -count=1 -p 1 ./...
 	cd bench && $(GO) test -count=1 ./...
 
 check:

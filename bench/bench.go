@@ -22,7 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -136,7 +136,7 @@ func (s *Server) Stop() {
 }
 
 // StartServer starts a fresh standalone redis-server (no persistence) on a
-// free loopback port through internal/redistest. The harness also starts a
+// free loopback port through internal/testkit/redistest. The harness also starts a
 // small Redis Cluster alongside it, which the benchmarks leave idle.
 func StartServer() (*Server, error) {
 	env, stop, err := redistest.StartShared()

@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 // batchJob builds the script call of one request, as run does.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/keys"
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 var spanSet = mustSet(

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 // TestReceiptRefundsLikeTheDecision: two keyspaces see the same random

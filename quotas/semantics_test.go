@@ -9,7 +9,7 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/calendar"
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 func TestNewSetErrors(t *testing.T) {

@@ -2,6 +2,8 @@ package taskrl
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -9,7 +11,6 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -210,28 +211,41 @@ func (j *job) refund(d quotas.Decision) {
 	}
 }
 
-// localTurn waits for the task's turn under its GCRA rules in this process
-// alone, each at 1/LocalShare of its rate: the FailLocal mode while Redis
-// is unreachable. Window and concurrency rules are not enforced then.
+// localTurn waits for the task's turn under its rate and window rules in
+// this process alone, each at 1/LocalShare (quotas.Model on Config.Clock):
+// the FailLocal mode while Redis is unreachable.
 func (j *job) localTurn() error {
 	m := j.m
-	for i, r := range j.sp.rates.Rules() {
-		g, ok := r.Limit.(quotas.GCRA)
-		if !ok {
-			continue
-		}
-		l := gcra.Limit(g)
-		l.Rate /= float64(m.cfg.LocalShare)
-		l.Burst = max(1, l.Burst/m.cfg.LocalShare)
-		res, err := m.local.Reserve(m.cfg.Clock.Now(), r.Name+"\x00"+j.rates.Keys[i], l, 1, 24*time.Hour)
-		if err != nil {
+	for {
+		d, err := m.local.Reserve(m.cfg.Clock.Now(), j.sp.local[0], j.rates, 24*time.Hour)
+		switch {
+		case err != nil:
 			return err
+		case d.Allowed:
+			return hold(j.ctx, d.Delay)
+		case d.RetryAfter == quotas.Never:
+			return fmt.Errorf("taskrl: task can never pass rule %q: %w", d.Rule, asynq.SkipRetry)
 		}
-		if err := hold(j.ctx, res.Delay); err != nil {
+		if err := hold(j.ctx, d.RetryAfter); err != nil {
 			return err
 		}
 	}
-	return nil
+}
+
+// localSlots takes the task's concurrency slots in this process alone,
+// each rule at 1/LocalShare of its slots, waiting for them as long as the
+// task's context allows, and returns the leases to release.
+func (j *job) localSlots(req quotas.Request) ([]quotas.Lease, error) {
+	m := j.m
+	for {
+		d, err := m.local.Allow(m.cfg.Clock.Now(), j.sp.local[1], req)
+		if err != nil || d.Allowed {
+			return d.Leases, err
+		}
+		if err := hold(j.ctx, min(d.RetryAfter, 100*time.Millisecond)); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // runHolding takes the task's concurrency slots, waiting up to MaxHold for
@@ -241,7 +255,14 @@ func (j *job) localTurn() error {
 // cancelled.
 func (j *job) runHolding(admit Event, next asynq.Handler) error {
 	m := j.m
-	req := quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Holder: origin(j.t, j.id), Critical: j.sp.critical}
+	holder := origin(j.t, j.id)
+	if holder == "" {
+		// Not run by asynq (no task ID): a holder of its own.
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		holder = "~" + hex.EncodeToString(b[:])
+	}
+	req := quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Holder: holder, Critical: j.sp.critical}
 	holdEnd := m.serverNow().Add(m.cfg.MaxHold)
 	var held time.Duration // waiting for a slot in the worker
 	var d quotas.Decision
@@ -255,6 +276,18 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		switch a.verb {
 		case unlimited:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; running without a concurrency slot", "task", j.id, "err", err)
+			return next.ProcessTask(j.ctx, j.t)
+		case local:
+			m.cfg.Logger.Warn("taskrl: Redis unavailable; taking a concurrency slot in this process (fail local)", "task", j.id, "err", err)
+			leases, err := j.localSlots(req)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				for _, ls := range leases {
+					_, _ = m.local.Release(m.cfg.Clock.Now(), ls)
+				}
+			}()
 			return next.ProcessTask(j.ctx, j.t)
 		case retry:
 			if herr := hold(j.ctx, backoff); herr != nil {

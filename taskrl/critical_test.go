@@ -11,7 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 // TestCriticalUsesReservedSlots: a concurrency rule of 4 slots, 1 reserved

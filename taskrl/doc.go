@@ -46,12 +46,12 @@
 // copies through a marker they read before they run) and reschedules the
 // task, without spending a retry.
 //
-// When Redis cannot be reached, Policy.RedisUnavailable decides: FailClosed
+// When Redis cannot be reached, Policy.FailureMode decides: FailClosed
 // (the default) keeps the task waiting in the worker, retrying with backoff,
 // until Redis is back or the task's context ends (asynq itself needs Redis
 // to hand out or finish tasks); FailOpen runs it without limits; FailLocal
-// enforces each GCRA rule in this process at 1/Config.LocalShare of its
-// rate. After a failed call the middleware does not try Redis again for a
+// enforces every rule in this process at 1/Config.LocalShare of it
+// (quotas.Model). After a failed call the middleware does not try Redis again for a
 // second, so an outage costs each task nothing more than its mode's wait.
 // No mode drops a task.
 //

@@ -67,7 +67,7 @@ func ExampleLoadPolicyFile() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println(len(p.Rules()), "rules; when Redis is unavailable:", p.RedisUnavailable())
+	fmt.Println(len(p.Rules()), "rules; when Redis is unavailable:", p.FailureMode())
 	_, err = taskrl.LoadPolicyFile("testdata/missing.yaml")
 	fmt.Println(err)
 	// Output:

@@ -41,8 +41,9 @@ type Config struct {
 	ThrottleBudget time.Duration
 	// LocalShare is how many worker processes share the limits, for the
 	// FailLocal policy mode: while Redis is unreachable each process
-	// enforces every GCRA rule at 1/LocalShare of its rate, in memory.
-	// Default 1.
+	// enforces every rule at 1/LocalShare of it, in memory (a GCRA rule's
+	// rate and burst, a window's limit, a concurrency rule's slots; each
+	// at least 1). Default 1.
 	LocalShare int
 	// Logger receives a line per rescheduled task. Default slog.Default().
 	Logger *slog.Logger
@@ -58,9 +59,9 @@ type Config struct {
 // concurrent use.
 type Middleware struct {
 	cfg     Config
-	limits  limits       // what plan reads of cfg
-	local   gcra.Model   // the FailLocal fallback
-	down    atomic.Int64 // until when (Unix ns) Redis counts as unreachable
+	limits  limits        // what plan reads of cfg
+	local   *quotas.Model // the FailLocal fallback
+	down    atomic.Int64  // until when (Unix ns) Redis counts as unreachable
 	prefix  string
 	pace    *pacer
 	limiter *quotas.Limiter
@@ -104,7 +105,7 @@ func New(cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("taskrl: %w", err)
 	}
-	m := &Middleware{cfg: cfg, limits: limits{maxHold: cfg.MaxHold, budget: cfg.ThrottleBudget, mode: cfg.Policy.RedisUnavailable()}, prefix: cfg.Prefix, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}
+	m := &Middleware{cfg: cfg, local: quotas.NewModel(), limits: limits{maxHold: cfg.MaxHold, budget: cfg.ThrottleBudget, mode: cfg.Policy.FailureMode()}, prefix: cfg.Prefix, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}
 	m.pace = newPacer(pacerDeps{client: cfg.Client, inspect: m.inspect, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
 	return m, nil
 }
@@ -120,9 +121,10 @@ func (m *Middleware) Close() error {
 // are booked ahead, and the concurrency rules, taken when the task runs.
 type split struct {
 	rates, slots     *quotas.Set
-	rateIdx, slotIdx []int // positions in the binding's set
-	critical         bool  // the binding's tasks may use reserved slots
-	fair             bool  // a rate rule is fair
+	local            [2]*quotas.Set // rates and slots at LocalShare (FailLocal)
+	rateIdx, slotIdx []int          // positions in the binding's set
+	critical         bool           // the binding's tasks may use reserved slots
+	fair             bool           // a rate rule is fair
 }
 
 func (m *Middleware) split(b *Binding) (*split, error) {
@@ -139,19 +141,55 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 			sp.fair = sp.fair || r.Fair
 		}
 	}
-	var err error
-	if len(rates) > 0 {
-		if sp.rates, err = quotas.NewSet(rates...); err != nil {
+	for i, rules := range [][]quotas.Rule{rates, slots} {
+		if len(rules) == 0 {
+			continue
+		}
+		set, err := quotas.NewSet(rules...)
+		if err != nil {
 			return nil, err
 		}
-	}
-	if len(slots) > 0 {
-		if sp.slots, err = quotas.NewSet(slots...); err != nil {
+		shares := make([]quotas.Rule, len(rules))
+		for k, r := range rules {
+			shares[k] = atShare(r, m.cfg.LocalShare)
+		}
+		if sp.local[i], err = quotas.NewSet(shares...); err != nil {
 			return nil, err
+		}
+		if i == 0 {
+			sp.rates = set
+		} else {
+			sp.slots = set
 		}
 	}
 	v, _ := m.splits.LoadOrStore(b, sp)
 	return v.(*split), nil
+}
+
+// atShare returns r with its limit divided among share processes, each at
+// least 1: what one process enforces alone in the FailLocal mode.
+func atShare(r quotas.Rule, share int) quotas.Rule {
+	part := func(n int) int { return max(1, n/share) }
+	switch l := r.Limit.(type) {
+	case quotas.GCRA:
+		l.Rate /= float64(share)
+		l.Burst = part(l.Burst)
+		r.Limit = l
+	case quotas.FixedWindow:
+		l.Limit = part(l.Limit)
+		r.Limit = l
+	case quotas.CalendarWindow:
+		l.Limit = part(l.Limit)
+		r.Limit = l
+	case quotas.SlidingWindow:
+		l.Limit = part(l.Limit)
+		r.Limit = l
+	case quotas.Concurrency:
+		l.Max = part(l.Max)
+		l.Reserved = min(l.Reserved/share, l.Max-1)
+		r.Limit = l
+	}
+	return r
 }
 
 func pick(keys []string, idx []int) []string {

@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -443,7 +443,7 @@ func TestRedisOutage(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			srv := redistest.StartServer(t, "--appendonly", "yes")
 			c := srv.Client(t)
-			p, err := mustPolicy(t, rule).WithRedisUnavailable(mode)
+			p, err := mustPolicy(t, rule).WithFailureMode(mode)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -64,8 +64,8 @@ const (
 	retry
 	// unlimited: run the task without limits (Redis failed, fail open).
 	unlimited
-	// local: run after waiting for a turn in this process alone (Redis
-	// failed, fail local).
+	// local: run after waiting for a turn (or a slot) in this process
+	// alone (Redis failed, fail local).
 	local
 )
 
@@ -157,11 +157,7 @@ func planRates(c limits, s step) action {
 // the rate charge as the copy's booking then.
 func planSlots(c limits, s step) action {
 	if s.err != nil {
-		if c.mode == FailClosed {
-			return action{verb: retry}
-		}
-		// Open and local: concurrency has no local equivalent.
-		return action{verb: unlimited}
+		return redisDown(c.mode)
 	}
 	d := s.decision
 	if d.Allowed {

@@ -81,7 +81,7 @@ func TestPlan(t *testing.T) {
 			action{verb: reschedule, wait: time.Second, rule: "conc"}},
 		{"slots: Redis unavailable, fail closed", c, step{stage: stageSlots, err: down}, action{verb: retry}},
 		{"slots: Redis unavailable, fail open", mode(FailOpen), step{stage: stageSlots, err: down}, action{verb: unlimited}},
-		{"slots: Redis unavailable, fail local", mode(FailLocal), step{stage: stageSlots, err: down}, action{verb: unlimited}},
+		{"slots: Redis unavailable, fail local", mode(FailLocal), step{stage: stageSlots, err: down}, action{verb: local}},
 	} {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
 			s := tc.s

@@ -106,7 +106,7 @@ const maxBindings = 4096
 // ParsePolicy or LoadPolicyFile. A Policy is immutable and safe for
 // concurrent use by multiple goroutines. The zero Policy (and a nil
 // *Policy) has no rules: Bind returns nil for every task, and
-// RedisUnavailable returns FailClosed.
+// FailureMode returns FailClosed.
 type Policy struct {
 	rules    []*crule
 	mode     FailureMode
@@ -127,7 +127,7 @@ type crule struct {
 }
 
 // NewPolicy validates rules and returns a Policy that fails closed when
-// Redis is unavailable (see WithRedisUnavailable). Errors name the rule, the
+// Redis is unavailable (see WithFailureMode). Errors name the rule, the
 // field (with the names of the YAML format: gcra.rate, quota.every,
 // match.type, ...) and what is wrong, e.g.
 //
@@ -150,10 +150,10 @@ func (p *Policy) with() *Policy {
 	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical}
 }
 
-// WithRedisUnavailable returns a copy of p that uses mode when Redis is
+// WithFailureMode returns a copy of p that uses mode when Redis is
 // unavailable. It fails for a mode other than FailOpen, FailClosed and
 // FailLocal.
-func (p *Policy) WithRedisUnavailable(mode FailureMode) (*Policy, error) {
+func (p *Policy) WithFailureMode(mode FailureMode) (*Policy, error) {
 	switch mode {
 	case FailOpen, FailClosed, FailLocal:
 	default:
@@ -199,9 +199,9 @@ func criticalField(i int, field string) string {
 	return fmt.Sprintf("critical[%d]", i+1) + strings.TrimPrefix(field, "match")
 }
 
-// RedisUnavailable returns the policy's failure mode: FailClosed unless
+// FailureMode returns the policy's failure mode: FailClosed unless
 // the policy says otherwise.
-func (p *Policy) RedisUnavailable() FailureMode {
+func (p *Policy) FailureMode() FailureMode {
 	if p == nil || p.mode == "" {
 		return FailClosed
 	}

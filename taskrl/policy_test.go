@@ -198,22 +198,22 @@ func TestRedisUnavailable(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", doc, err)
 		}
-		if got := p.RedisUnavailable(); got != want {
+		if got := p.FailureMode(); got != want {
 			t.Errorf("%q: got %q, want %q", doc, got, want)
 		}
 	}
 	p, err := NewPolicy(Rule{Name: "a", Match: Match{Type: "x"}, Limit: quotas.FixedWindow{Limit: 1, Every: time.Second}})
-	if err != nil || p.RedisUnavailable() != FailClosed {
-		t.Fatalf("NewPolicy: %v %v", err, p.RedisUnavailable())
+	if err != nil || p.FailureMode() != FailClosed {
+		t.Fatalf("NewPolicy: %v %v", err, p.FailureMode())
 	}
-	q, err := p.WithRedisUnavailable(FailLocal)
-	if err != nil || q.RedisUnavailable() != FailLocal || p.RedisUnavailable() != FailClosed || len(q.Rules()) != 1 {
-		t.Errorf("WithRedisUnavailable: %v", err)
+	q, err := p.WithFailureMode(FailLocal)
+	if err != nil || q.FailureMode() != FailLocal || p.FailureMode() != FailClosed || len(q.Rules()) != 1 {
+		t.Errorf("WithFailureMode: %v", err)
 	}
-	if _, err := p.WithRedisUnavailable("sometimes"); err == nil || !strings.Contains(err.Error(), `redis_unavailable: must be open, closed or local, got "sometimes"`) {
+	if _, err := p.WithFailureMode("sometimes"); err == nil || !strings.Contains(err.Error(), `redis_unavailable: must be open, closed or local, got "sometimes"`) {
 		t.Errorf("bad mode: %v", err)
 	}
-	if (*Policy)(nil).RedisUnavailable() != FailClosed || (&Policy{}).RedisUnavailable() != FailClosed {
+	if (*Policy)(nil).FailureMode() != FailClosed || (&Policy{}).FailureMode() != FailClosed {
 		t.Errorf("zero policy does not fail closed")
 	}
 }
@@ -234,8 +234,8 @@ func TestDesignPolicy(t *testing.T) {
 	if got := p.Rules(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("rules\n%+v\nwant\n%+v", got, want)
 	}
-	if p.RedisUnavailable() != FailClosed {
-		t.Errorf("mode %q", p.RedisUnavailable())
+	if p.FailureMode() != FailClosed {
+		t.Errorf("mode %q", p.FailureMode())
 	}
 	b := p.Bind("http:call", "default")
 	if b == nil {
@@ -607,12 +607,12 @@ rules:
 		t.Error("a task no rule matches has a binding")
 	}
 	// The failure mode and the critical list survive each other.
-	q, err := p.WithRedisUnavailable(FailOpen)
+	q, err := p.WithFailureMode(FailOpen)
 	if err != nil || !q.Bind("x:y", "critical").Critical() || len(q.Critical()) != 2 {
-		t.Fatalf("WithRedisUnavailable lost the critical list: %v", err)
+		t.Fatalf("WithFailureMode lost the critical list: %v", err)
 	}
 	q, err = q.WithCritical(Match{Queue: "vip"})
-	if err != nil || q.RedisUnavailable() != FailOpen || q.Bind("x:y", "critical").Critical() || !q.Bind("x:y", "vip").Critical() {
+	if err != nil || q.FailureMode() != FailOpen || q.Bind("x:y", "critical").Critical() || !q.Bind("x:y", "vip").Critical() {
 		t.Fatalf("WithCritical: %v", err)
 	}
 	for m, want := range map[Match]string{

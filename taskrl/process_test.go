@@ -15,7 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 	"github.com/taskrl/taskrl/quotas"
 )
 

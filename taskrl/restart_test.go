@@ -13,7 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -33,7 +33,7 @@ func TestRedisRestartMidRun(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
 			c := srv.Client(t)
-			p, err := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: rate, Period: time.Second, Burst: burst})}).WithRedisUnavailable(mode)
+			p, err := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: rate, Period: time.Second, Burst: burst})}).WithFailureMode(mode)
 			if err != nil {
 				t.Fatal(err)
 			}

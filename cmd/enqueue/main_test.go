@@ -17,7 +17,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }

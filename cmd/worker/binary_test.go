@@ -19,7 +19,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 // buildWorker builds the worker binary into a temporary directory, with the

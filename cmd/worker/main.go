@@ -3,7 +3,7 @@
 //
 //	worker --redis URL --policy FILE --concurrency N [--queues NAME=WEIGHT,...] [--metrics-addr ADDR]
 //
-// It serves the built-in task type http:call (package internal/httpcall)
+// It serves the built-in task type http:call (package internal/tools/httpcall)
 // through the taskrl middleware, exports Prometheus metrics and a health
 // check, and shuts down gracefully on SIGTERM or SIGINT. Run it with --help
 // for every flag and the exit statuses.
@@ -30,7 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/keys"
-	"github.com/taskrl/taskrl/internal/redisurl"
+	"github.com/taskrl/taskrl/internal/tools/redisurl"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -75,7 +75,7 @@ Flags (--name and -name are the same; values as --name=V or --name V):
   --throttle-budget D      archive a task that would wait longer than D for its limits in all
                            (0: never). Default 0.
   --local-share N          for "redis_unavailable: local": how many workers share the limits, each
-                           enforcing 1/N of every rate while Redis is down. Default 1.
+                           enforcing 1/N of every limit while Redis is down. Default 1.
   --prefix STRING          prefix of every limiter key in Redis; workers sharing limits must use the
                            same one. Default "taskrl:".
   --http-timeout D         timeout of each http:call request (the task's deadline applies too).
@@ -280,7 +280,7 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 	}
 }
 
-// parseRedis parses --redis (or REDIS_URL) with internal/redisurl.
+// parseRedis parses --redis (or REDIS_URL) with internal/tools/redisurl.
 func parseRedis(s string) (*redis.Options, error) {
 	opt, err := redisurl.Parse(s)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }

@@ -17,9 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/taskrl/taskrl/internal/campaign"
-	"github.com/taskrl/taskrl/internal/httpcall"
-	"github.com/taskrl/taskrl/internal/metrics"
+	"github.com/taskrl/taskrl/internal/tools/campaign"
+	"github.com/taskrl/taskrl/internal/tools/httpcall"
+	"github.com/taskrl/taskrl/internal/tools/metrics"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -126,7 +126,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 	logger.Info("worker started",
 		"redis", cfg.redis.Addr, "db", cfg.redis.DB, "tls", cfg.redis.TLSConfig != nil,
 		"queues", cfg.queueList(), "concurrency", cfg.concurrency,
-		"policy", cfg.policyPath, "rules", rules, "redis_unavailable", string(policy.RedisUnavailable()),
+		"policy", cfg.policyPath, "rules", rules, "redis_unavailable", string(policy.FailureMode()),
 		"prefix", cfg.prefix, "pid", os.Getpid())
 	if q := unservedQueues(policy, cfg.queues); len(q) > 0 {
 		logger.Warn("policy rules match queues this worker does not serve", "queues", q)

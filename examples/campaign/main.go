@@ -34,7 +34,7 @@
 //
 // The wiring (the policy, the middleware on each worker, a handler
 // returning taskrl.Throttled on a 429) is the quickstart's, written out in
-// full in examples/quickstart; here the helpers of internal/examplekit do
+// full in examples/quickstart; here the helpers of internal/examples/examplekit do
 // it.
 package main
 
@@ -56,8 +56,8 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examplekit"
-	"github.com/taskrl/taskrl/internal/fakeapi"
+	"github.com/taskrl/taskrl/internal/examples/examplekit"
+	"github.com/taskrl/taskrl/internal/examples/fakeapi"
 	"github.com/taskrl/taskrl/taskrl"
 )
 

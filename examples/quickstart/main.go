@@ -27,7 +27,7 @@
 // The wiring to copy into a worker of your own is all in this file: the
 // policy parsed with taskrl.ParsePolicy, the worker loop in run
 // (taskrl.New, mw.ServerConfig, mux.Use(mw.Handler)) and
-// vendorHandler. The package internal/examplekit only supplies the
+// vendorHandler. The package internal/examples/examplekit only supplies the
 // demonstration's scaffolding: the Redis, the vendor's stand-in, stopping
 // the workers and cleaning up, and the verdict.
 //
@@ -56,9 +56,9 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examplekit"
-	"github.com/taskrl/taskrl/internal/fakeapi"
-	"github.com/taskrl/taskrl/internal/ideal"
+	"github.com/taskrl/taskrl/internal/examples/examplekit"
+	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/examples/ideal"
 	"github.com/taskrl/taskrl/taskrl"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taskrl/taskrl/internal/examplekit/examplekittest"
-	"github.com/taskrl/taskrl/internal/redistest"
+	"github.com/taskrl/taskrl/internal/examples/examplekit/examplekittest"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }

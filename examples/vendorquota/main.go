@@ -32,7 +32,7 @@
 //
 // The wiring (the policy, the middleware on each worker, the handler
 // returning taskrl.Throttled) is the quickstart's, written out in full in
-// examples/quickstart; here the helpers of internal/examplekit do it.
+// examples/quickstart; here the helpers of internal/examples/examplekit do it.
 package main
 
 import (
@@ -51,8 +51,8 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examplekit"
-	"github.com/taskrl/taskrl/internal/fakeapi"
+	"github.com/taskrl/taskrl/internal/examples/examplekit"
+	"github.com/taskrl/taskrl/internal/examples/fakeapi"
 	"github.com/taskrl/taskrl/taskrl"
 )
 

@@ -80,6 +80,8 @@
 // Time zone data comes from the Go runtime (the system zoneinfo database, or
 // time/tzdata if the binary embeds it). Workers that share a quota must use
 // the same tz database version for ticks around a rule change to agree.
+//
+// Foundation layer, imported by quotas (calendar windows) and internal/tools/campaign (cron ticks).
 package calendar
 
 import (

@@ -2,6 +2,8 @@
 // quotas and taskrl: decisions are made on the server's TIME, and the
 // callers place calendar ticks, booked slots and upstream blocks on the
 // same clock.
+//
+// Foundation layer, imported by quotas and taskrl.
 package clock
 
 import (

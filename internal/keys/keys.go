@@ -1,6 +1,8 @@
 // Package keys builds Redis key components from user-supplied identifiers
 // (business ids, rule keys) so that arbitrary bytes can never collide, break
 // a Redis Cluster hash tag, or grow a key without bound.
+//
+// Foundation layer, imported by gcra, quotas, taskrl and the binaries' application code.
 package keys
 
 import (

@@ -1,6 +1,8 @@
 // Package script holds the Lua sources shared by the Redis scripts of gcra
 // and quotas, so that each algorithm is written once, and builds scripts from
 // them.
+//
+// Foundation layer, imported by gcra, quotas and taskrl.
 package script
 
 import (

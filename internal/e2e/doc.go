@@ -1,5 +1,0 @@
-// Package e2e holds the end-to-end test of the product as a user runs it:
-// the real worker and enqueue binaries, built from this module, against a
-// real redis-server and a strict stand-in for a third-party API
-// (internal/fakeapi). It has no code of its own.
-package e2e

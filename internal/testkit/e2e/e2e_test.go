@@ -1,0 +1,583 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/examples/ideal"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// The API's published limits and the policy's, just under them.
+var (
+	apiGlobal   = gcra.Limit{Rate: 20, Period: time.Second, Burst: 5}
+	apiBusiness = gcra.Limit{Rate: 2, Period: time.Second, Burst: 2}
+	peak        = gcra.Limit{Rate: 18, Period: time.Second, Burst: 3}
+	perBusiness = gcra.Limit{Rate: 1.8, Period: time.Second, Burst: 1}
+)
+
+// policy sits just under the API's published limits below.
+const policy = `
+rules:
+  - name: vendor-peak
+    match: {type: "http:call"}
+    gcra: {rate: 18, per: 1s, burst: 3}
+  - name: vendor-window
+    match: {type: "http:call"}
+    quota: {limit: 140, every: 10s}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 1.8, per: 1s, burst: 1}
+  - name: business-concurrency
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    concurrency: {max: 2, lease: 30s}
+`
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// binaries builds cmd/worker and cmd/enqueue once per test run.
+func binaries(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the binaries")
+	}
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "taskrl-e2e-bin")
+		if buildErr != nil {
+			return
+		}
+		out, err := exec.Command("go", "build", "-o", binDir, "github.com/taskrl/taskrl/cmd/worker", "github.com/taskrl/taskrl/cmd/enqueue").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+// run is one end-to-end run: a strict API, a Redis queue and worker
+// processes started as a user would.
+type run struct {
+	t        *testing.T
+	bin      string
+	api      *fakeapi.API
+	url      string
+	redisURL string
+	queue    string
+	insp     *asynq.Inspector
+	workers  []*worker
+}
+
+type worker struct {
+	cmd     *exec.Cmd
+	logs    *strings.Builder
+	done    chan error
+	metrics string // the /metrics URL
+}
+
+// start builds the binaries, starts the API with limits, writes the policy
+// file and starts n worker processes with it.
+func start(t *testing.T, limits fakeapi.Limits, policy string, n int) *run {
+	r := &run{t: t, bin: binaries(t)}
+	api, err := fakeapi.New(limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.url, err = api.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { api.Close() })
+	r.api = api
+	policyFile := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policyFile, []byte(policy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.redisURL = "redis://" + redistest.Addr(t)
+	prefix := redistest.Prefix(t)
+	c := redistest.Client(t)
+	r.queue = redistest.Queue(t, c, "e2e")
+	r.insp = asynq.NewInspectorFromRedisClient(c)
+	for i := 0; i < n; i++ {
+		cmd := exec.Command(filepath.Join(r.bin, "worker"), "--policy", policyFile, "--concurrency", "10",
+			"--queues", r.queue+"=1", "--prefix", prefix, "--metrics-addr", "127.0.0.1:0")
+		cmd.Env = append(os.Environ(), "REDIS_URL="+r.redisURL)
+		w := &worker{cmd: cmd, logs: &strings.Builder{}, done: make(chan error, 1)}
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill() })
+		started := make(chan struct{})
+		go func() {
+			sc := bufio.NewScanner(stderr)
+			once := false
+			for sc.Scan() {
+				w.logs.WriteString(sc.Text() + "\n")
+				if m := metricsAddr.FindStringSubmatch(sc.Text()); m != nil {
+					w.metrics = "http://" + m[1] + "/metrics"
+				}
+				if !once && strings.Contains(sc.Text(), "worker started") {
+					once = true
+					close(started)
+				}
+			}
+			w.done <- cmd.Wait()
+		}()
+		select {
+		case <-started:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("worker %d did not start:\n%s", i, w.logs.String())
+		}
+		r.workers = append(r.workers, w)
+	}
+	return r
+}
+
+// metricsAddr finds the metrics server's address in a worker's log.
+var metricsAddr = regexp.MustCompile(`msg="metrics listening" addr=(\S+)`)
+
+// counter sums, over the workers, the Prometheus samples of metric whose
+// labels contain every one of labels (such as outcome="rescheduled").
+func (r *run) counter(metric string, labels ...string) float64 {
+	r.t.Helper()
+	var sum float64
+	for _, w := range r.workers {
+		resp, err := http.Get(w.metrics)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(body), "\n") {
+			name, rest, _ := strings.Cut(line, "{")
+			if name != metric {
+				continue
+			}
+			match := true
+			for _, l := range labels {
+				match = match && strings.Contains(rest, l)
+			}
+			if f := strings.Fields(rest); match && len(f) > 0 {
+				v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+				sum += v
+			}
+		}
+	}
+	return sum
+}
+
+// enqueue runs the enqueue binary with args after the Redis, queue and
+// type flags.
+func (r *run) enqueue(args ...string) {
+	r.t.Helper()
+	args = append([]string{"--redis", r.redisURL, "--type", "http:call", "--queue", r.queue, "--max-retry", "0"}, args...)
+	out, err := exec.Command(filepath.Join(r.bin, "enqueue"), args...).CombinedOutput()
+	if err != nil {
+		r.t.Fatalf("enqueue: %v\n%s", err, out)
+	}
+	r.t.Logf("enqueue: %s", strings.TrimSpace(string(out)))
+}
+
+// waitKeys waits until the API has answered 2xx to n distinct keys, or
+// for d.
+func (r *run) waitKeys(n int, d time.Duration) fakeapi.Stats {
+	deadline := time.Now().Add(d)
+	for r.api.Stats().DistinctKeys < n && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return r.api.Stats()
+}
+
+// stop sends every worker SIGTERM and requires a clean exit.
+func (r *run) stop() {
+	for i, w := range r.workers {
+		if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			r.t.Fatal(err)
+		}
+		select {
+		case err := <-w.done:
+			if err != nil {
+				r.t.Errorf("worker %d exited with %v after SIGTERM:\n%s", i, err, w.logs.String())
+			}
+		case <-time.After(45 * time.Second):
+			r.t.Errorf("worker %d did not stop after SIGTERM", i)
+		}
+	}
+}
+
+// checkCalls requires no 429 and no key answered 2xx twice.
+func checkCalls(t *testing.T, st fakeapi.Stats) {
+	t.Helper()
+	if st.Throttled != 0 {
+		t.Errorf("the API answered 429 %d times %v", st.Throttled, st.ThrottledBy)
+	}
+	if st.Duplicates != 0 {
+		t.Errorf("%d keys were answered 2xx more than once", st.Duplicates)
+	}
+}
+
+// TestBinaries builds the worker and enqueue binaries and runs the product
+// as the README tells a user to: three worker processes with a policy just
+// under a strict API's limits (global 20/s burst 5, 2/s burst 2 per
+// business, 150 per 10 s window), and 400 http:call tasks over 20 businesses
+// enqueued with MaxRetry(0). The API must see zero 429s, every call exactly
+// once by Idempotency-Key, and the whole run within 1.05x of the earliest
+// schedule the policy's limits allow (computed from the limits alone by
+// package ideal); asynq must have archived and failed none; each worker
+// must stop cleanly on SIGTERM.
+func TestBinaries(t *testing.T) {
+	const tasks, businesses = 400, 20
+	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness,
+		Quota: fakeapi.Quota{Limit: 150, Every: 10 * time.Second}}, policy, 3)
+	begin := time.Now()
+	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
+	st := r.waitKeys(tasks, 2*time.Minute)
+
+	calls := make([]ideal.Call, tasks)
+	for i := range calls {
+		calls[i] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", i%businesses+1)}
+	}
+	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: peak}, {Limit: 140, Every: 10 * time.Second}, {GCRA: perBusiness, Keyed: true}}, calls)).Sub(begin)
+	took := st.LastOK.Sub(begin)
+	t.Logf("API: %d calls, %d answered 2xx, %d distinct keys, %d duplicates, %d 429s; busiest second %d; took %v from the enqueue, the limits allow %v: ratio %.3f",
+		st.Calls, st.OK, st.DistinctKeys, st.Duplicates, st.Throttled, st.BusiestSecond().OK,
+		took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best))
+	if st.DistinctKeys != tasks || st.Calls != tasks {
+		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", tasks, st.Calls, st.DistinctKeys)
+	}
+	checkCalls(t, st)
+	if float64(took) > 1.05*float64(best) {
+		t.Errorf("took %v, more than 1.05x the %v the limits allow", took, best)
+	}
+	r.stop()
+	info, err := r.insp.GetQueueInfo(r.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Archived != 0 || info.Failed != 0 || info.Retry != 0 || info.Pending != 0 || info.Scheduled != 0 || info.Active != 0 {
+		t.Errorf("queue after the run: %+v", info)
+	}
+}
+
+// quietFile writes a payload file of each calls for each of businesses
+// q1..qN, enqueued as they would arrive from N businesses at once: in turn.
+func quietFile(t *testing.T, url string, businesses, each int) string {
+	var lines []string
+	for range each {
+		for b := 1; b <= businesses; b++ {
+			lines = append(lines, fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "q%d"}`, url+"/v1/charge", b))
+		}
+	}
+	file := filepath.Join(t.TempDir(), "quiet.jsonl")
+	if err := os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// noisyPolicy is a global peak beside a per-business rate, the layout of
+// every real vendor policy.
+const noisyPolicy = `
+rules:
+  - name: vendor-peak
+    match: {type: "http:call"}
+    gcra: {rate: 18, per: 1s, burst: 3}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 1.8, per: 1s, burst: 1}
+`
+
+// TestCampaign: the campaign of TestBinaries under the global and
+// per-business rates alone (18/s and 1.8/s), where the global rate binds:
+// 400 calls over 20 businesses in turn finish within 1.05x of the 22.1 s
+// the limits allow, with zero 429s. (A booking that charged the global rule
+// at its business's slot and moved its state there, as bookings did before,
+// wasted the global capacity between: 24.0 s, 1.09x.)
+func TestCampaign(t *testing.T) {
+	const tasks, businesses = 400, 20
+	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness}, noisyPolicy, 3)
+	begin := time.Now()
+	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
+	st := r.waitKeys(tasks, time.Minute)
+	calls := make([]ideal.Call, tasks)
+	for i := range calls {
+		calls[i] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", i%businesses+1)}
+	}
+	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: peak}, {GCRA: perBusiness, Keyed: true}}, calls)).Sub(begin)
+	took := st.LastOK.Sub(begin)
+	t.Logf("%d calls answered 2xx, %d 429s; took %v from the enqueue, the limits allow %v: ratio %.3f; busiest second %d",
+		st.OK, st.Throttled, took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best), st.BusiestSecond().OK)
+	if st.DistinctKeys != tasks || st.Calls != tasks {
+		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", tasks, st.Calls, st.DistinctKeys)
+	}
+	checkCalls(t, st)
+	if float64(took) > 1.05*float64(best) {
+		t.Errorf("took %v, more than 1.05x the %v the limits allow", took, best)
+	}
+	r.stop()
+}
+
+// TestNoisyBusiness: one business enqueues 300 calls, then 19 others 10
+// each, on three worker processes. The noisy business's own limit books
+// its calls far ahead, over nearly three minutes; the quiet businesses must
+// not wait behind those bookings: their calls finish within 1.3x of the
+// earliest schedule the limits allow (package ideal), while the noisy
+// business keeps at least 90% of its own rate, with zero 429s and no call
+// made twice.
+func TestNoisyBusiness(t *testing.T) {
+	const noisy, quiet, each = 300, 19, 10
+	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness}, noisyPolicy, 3)
+	begin := time.Now()
+	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(noisy), "--businesses", "1")
+	quietAt := time.Now()
+	r.enqueue("--payload-file", quietFile(t, r.url, quiet, each))
+
+	var calls []ideal.Call
+	for range noisy {
+		calls = append(calls, ideal.Call{At: begin, Key: "b1"})
+	}
+	for range each {
+		for b := 1; b <= quiet; b++ {
+			calls = append(calls, ideal.Call{At: quietAt, Key: fmt.Sprintf("q%d", b)})
+		}
+	}
+	sched := ideal.Schedule([]ideal.Rule{{GCRA: peak}, {GCRA: perBusiness, Keyed: true}}, calls)
+	best := ideal.Last(sched[noisy:]).Sub(quietAt)
+
+	deadline := time.Now().Add(time.Minute)
+	var quietDone time.Time
+	for time.Now().Before(deadline) && quietDone.IsZero() {
+		time.Sleep(100 * time.Millisecond)
+		n := 0
+		var last time.Time
+		for _, c := range r.api.Calls() {
+			if c.Status == 200 && strings.HasPrefix(c.Business, "q") {
+				n++
+				last = c.At
+			}
+		}
+		if n == quiet*each {
+			quietDone = last
+		}
+	}
+	st := r.api.Stats()
+	checkCalls(t, st)
+	if quietDone.IsZero() {
+		t.Fatalf("the quiet businesses' calls did not all run within a minute (the API answered %d calls)", st.Calls)
+	}
+	took := quietDone.Sub(quietAt)
+	var noisyOK int
+	var noisyFirst time.Time
+	for _, c := range r.api.Calls() {
+		if c.Status == 200 && c.Business == "b1" && !c.At.After(quietDone) {
+			if noisyOK == 0 {
+				noisyFirst = c.At
+			}
+			noisyOK++
+		}
+	}
+	span := quietDone.Sub(noisyFirst)
+	own := 1 + perBusiness.Rate*span.Seconds() // what its own limit allows over the span
+	t.Logf("quiet businesses: %d calls done %v after their enqueue, the limits allow %v (ratio %.3f); noisy business: %d calls in %v, %.0f%% of its own limit's %.1f",
+		quiet*each, took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best), noisyOK, span.Round(time.Millisecond), 100*float64(noisyOK)/own, own)
+	if float64(took) > 1.3*float64(best) {
+		t.Errorf("quiet calls took %v, more than 1.3x the %v the limits allow", took, best)
+	}
+	if float64(noisyOK) < 0.9*own {
+		t.Errorf("the noisy business made %d calls in %v, under 90%% of the %.1f its own limit allows", noisyOK, span, own)
+	}
+	r.stop()
+}
+
+// fairPolicy shares the global peak fairly among businesses; each
+// business's own limit is as high as the peak.
+const fairPolicy = `
+rules:
+  - name: vendor-peak
+    match: {type: "http:call"}
+    fair: "{{.business_id}}"
+    gcra: {rate: 18, per: 1s, burst: 3}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 18, per: 1s, burst: 3}
+`
+
+// TestFairShare: a fair peak (18/s), one business whose own limit is as
+// high. Alone, it enqueues 300 calls and must get at least 95% of the peak
+// for 5 s; then 19 other businesses enqueue 10 calls each, and while they
+// wait each must get at least 80% of an equal share of the peak (18/20 per
+// second), although the first business had booked the next 16 s. Zero 429s,
+// no call made twice.
+func TestFairShare(t *testing.T) {
+	const noisy, quiet, each = 300, 19, 10
+	r := start(t, fakeapi.Limits{Global: apiGlobal}, fairPolicy, 3)
+	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(noisy), "--businesses", "1")
+	time.Sleep(5 * time.Second)
+	quietAt := time.Now()
+	r.enqueue("--payload-file", quietFile(t, r.url, quiet, each))
+
+	deadline := time.Now().Add(40 * time.Second)
+	last := map[string]time.Time{}
+	count := map[string]int{}
+	for time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+		clear(last)
+		clear(count)
+		for _, c := range r.api.Calls() {
+			if c.Status == 200 {
+				count[c.Business]++
+				last[c.Business] = c.At
+			}
+		}
+		done := 0
+		for b := 1; b <= quiet; b++ {
+			if count[fmt.Sprintf("q%d", b)] == each {
+				done++
+			}
+		}
+		if done == quiet {
+			break
+		}
+	}
+	st := r.api.Stats()
+	checkCalls(t, st)
+	var alone int
+	var first time.Time
+	for _, c := range r.api.Calls() {
+		if c.Status == 200 && c.Business == "b1" {
+			if first.IsZero() {
+				first = c.At
+			}
+			if c.At.Before(quietAt) {
+				alone++
+			}
+		}
+	}
+	span := quietAt.Sub(first)
+	aloneRate := float64(alone) / span.Seconds()
+	share := peak.Rate / (quiet + 1)
+	worst, worstBiz := 1e9, ""
+	for b := 1; b <= quiet; b++ {
+		biz := fmt.Sprintf("q%d", b)
+		if count[biz] != each {
+			t.Fatalf("business %s made %d of its %d calls in 40 s", biz, count[biz], each)
+		}
+		if rate := float64(each) / last[biz].Sub(quietAt).Seconds(); rate < worst {
+			worst, worstBiz = rate, biz
+		}
+	}
+	t.Logf("alone, the first business made %d calls in %v: %.2f/s (%.0f%% of the peak); waiting, the slowest other business got %.2f/s (%s, %.0f%% of an equal share of %.2f/s)",
+		alone, span.Round(time.Millisecond), aloneRate, 100*aloneRate/peak.Rate, worst, worstBiz, 100*worst/share, share)
+	if aloneRate < 0.95*peak.Rate {
+		t.Errorf("alone, the first business got %.2f/s, under 95%% of the peak", aloneRate)
+	}
+	if worst < 0.8*share {
+		t.Errorf("business %s got %.2f/s while it waited, under 80%% of an equal share (%.2f/s)", worstBiz, worst, share)
+	}
+	r.stop()
+}
+
+// TestNoHeadOfLineBlocking: 10,000 calls of one business, held to 1.8/s by
+// its own limit, are enqueued ahead of other businesses' calls in the same
+// queue, on three worker processes. Each of the first business's tasks
+// costs one decision and leaves the queue, booked for its slot or, beyond
+// the hour a booking may reach, rescheduled to decide again then: the
+// backlog leaves the queue within 5 s, and the workers report one
+// rescheduling per task. The other businesses' calls, one every 300 ms for
+// 12 s, each of a business of its own, start within 1 s of their enqueue
+// at p99 once the backlog has left the queue; those enqueued behind it
+// wait for it (asynq hands tasks out in order), and no longer.
+func TestNoHeadOfLineBlocking(t *testing.T) {
+	const noisy, quiet = 10000, 40
+	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness}, noisyPolicy, 3)
+	begin := time.Now()
+	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(noisy), "--businesses", "1")
+	client := asynq.NewClientFromRedisClient(redistest.Client(t))
+	sent := map[string]time.Time{}
+	var drained time.Time
+	for i := 0; i < quiet; i++ {
+		biz := fmt.Sprintf("q%d", i)
+		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": %q}`, r.url+"/v1/charge", biz)
+		sent[biz] = time.Now()
+		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(r.queue), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+		if drained.IsZero() {
+			if info, err := r.insp.GetQueueInfo(r.queue); err == nil && info.Pending <= 1 {
+				drained = time.Now()
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	var behind, after []time.Duration
+	for _, c := range r.api.Calls() {
+		if at, ok := sent[c.Business]; ok && c.Status == 200 {
+			if drained.IsZero() || at.Before(drained) {
+				behind = append(behind, c.At.Sub(at))
+			} else {
+				after = append(after, c.At.Sub(at))
+			}
+		}
+	}
+	slices.Sort(behind)
+	slices.Sort(after)
+	st := r.api.Stats()
+	checkCalls(t, st)
+	rescheduled := r.counter("taskrl_decisions_total", `outcome="rescheduled"`)
+	if drained.IsZero() || len(after) < quiet/2 {
+		t.Fatalf("the backlog did not leave the queue in 6 s (%d calls after it did)", len(after))
+	}
+	if n := len(behind) + len(after); n != quiet {
+		t.Fatalf("%d of %d other businesses' calls ran", n, quiet)
+	}
+	p99 := after[len(after)*99/100-1]
+	drain := drained.Sub(begin)
+	t.Logf("the first business's %d tasks left the queue in %v (%.0f/s), %.0f reschedulings (%.3f per task); the others' calls behind them (%d) started after %v at most; after them (%d): p50 %v p99 %v max %v",
+		noisy, drain.Round(time.Millisecond), noisy/drain.Seconds(), rescheduled, rescheduled/noisy, len(behind), behind[len(behind)-1], len(after), after[len(after)/2], p99, after[len(after)-1])
+	if drain > 5*time.Second {
+		t.Errorf("the backlog took %v to leave the queue", drain)
+	}
+	if rescheduled > 1.02*noisy {
+		t.Errorf("%.0f reschedulings for %d tasks: not one decision each", rescheduled, noisy)
+	}
+	if len(behind) > 0 && behind[len(behind)-1] > drain+time.Second {
+		t.Errorf("a call enqueued behind the backlog started %v after its enqueue, more than a second after the backlog left", behind[len(behind)-1])
+	}
+	if p99 > time.Second {
+		t.Errorf("p99 start latency %v, over 1 s", p99)
+	}
+	r.stop()
+}

@@ -1,0 +1,410 @@
+// Package estimate predicts how long a campaign takes under a policy's
+// limits, without Redis: the enqueue binary's --dry-run.
+//
+// The simulation decides on a quotas.Model, the in-memory twin of the
+// limiter the worker middleware uses, with every limit idle at
+// Options.Start, as the middleware does with a backlog dequeued at once:
+// at Start, in enqueue order, each task books the earliest moment at which
+// every rate rule that applies to it (GCRA, fixed, calendar and sliding
+// windows) admits it (quotas.Limiter.Reserve, with no horizon); a
+// reservation that gives up (rules whose moments lie too far apart to
+// agree in one call) is made again at the moment it found, as the worker
+// reschedules the task. Then, in time order, each task takes its
+// concurrency slots at its moment (quotas.Limiter.Allow) or waits until a
+// slot of the rule that denied it is released, first come first served by
+// enqueue order, and holds them for Options.TaskDuration. A GCRA rule thus
+// places a task held back by another rule at its own moment and leaves the
+// capacity before it to the tasks after it; at most Max-Reserved tasks of
+// a concurrency key run at once.
+//
+// Not modelled: the worker's own concurrency, the tasks' failures, retries
+// and upstream 429s, the middleware's MaxReserve horizon and MaxHold, and
+// fair sharing (a fair rule is taken as a plain one: the campaign's tasks
+// are booked in enqueue order); the estimate is the time the limits alone
+// impose.
+//
+// Application code of the binaries, imported by cmd/enqueue.
+package estimate
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+// DefaultTaskDuration is Options.TaskDuration when it is zero.
+const DefaultTaskDuration = time.Second
+
+// Options tune a simulation.
+type Options struct {
+	// Start is when the campaign is enqueued, with every limit idle.
+	// Default time.Now().
+	Start time.Time
+	// TaskDuration is how long each task runs, holding its concurrency
+	// slots. Default DefaultTaskDuration (1s); at most 7 days, the longest
+	// concurrency lease. It matters only for concurrency rules.
+	TaskDuration time.Duration
+}
+
+// Campaign is what to simulate: N tasks of one type on one queue.
+type Campaign struct {
+	// Type and Queue bind the policy's rules (taskrl.Policy.Bind).
+	Type, Queue string
+	// N is the number of tasks.
+	N int
+	// Payload returns the JSON payload of task i, 0 <= i < N, from which
+	// the rules' keys are rendered.
+	Payload func(i int) []byte
+}
+
+// Report is the result of a simulation.
+type Report struct {
+	// Tasks, Type and Queue describe the campaign.
+	Tasks       int
+	Type, Queue string
+	// Start is when the simulation started; TaskDuration the task length
+	// it assumed.
+	Start        time.Time
+	TaskDuration time.Duration
+	// Rules are the rules that apply to the campaign's tasks, in policy
+	// order; empty when none does.
+	Rules []RuleReport
+	// Binding names the rule that dominates the campaign's duration: the
+	// one that alone would hold it longest (RuleReport.Alone); "" when no
+	// rule delays any task.
+	Binding string
+	// Duration is from Start until the last task starts; End is Start
+	// plus Duration. The last task then runs for its own duration.
+	Duration time.Duration
+	End      time.Time
+	// Unmatched counts the tasks no rule applies to: they run at once.
+	Unmatched int
+	// Refused counts the tasks the worker would archive because no key
+	// can be rendered from their payload (a missing field without a
+	// default key, a null or object field, a payload that is not a JSON
+	// object); FirstRefused is the index of the first and RefusedReason
+	// its error, naming the rule and the field. Refused tasks take no
+	// quota.
+	Refused       int
+	FirstRefused  int
+	RefusedReason string
+}
+
+// RuleReport describes one rule in a Report.
+type RuleReport struct {
+	// Name and Limit are the rule's name and limit, e.g. "190 per 10s
+	// (fixed window)".
+	Name, Limit string
+	// Key is the rule's key template; "" for one global key.
+	Key string
+	// Keys is how many distinct keys the campaign's tasks used.
+	Keys int
+	// Alone is how long the campaign would take under this rule alone
+	// (until its last task starts).
+	Alone time.Duration
+}
+
+// Run simulates campaign c under policy p (see the package documentation).
+// The binding rule it reports is the one that alone would hold the campaign
+// longest; each rule is simulated alone for that, besides all together.
+// It fails on an invalid campaign or option; a task whose keys cannot be
+// rendered is counted as refused, not an error.
+func Run(p *taskrl.Policy, c Campaign, opt Options) (*Report, error) {
+	if c.N < 0 {
+		return nil, fmt.Errorf("estimate: %d tasks", c.N)
+	}
+	if c.N > 0 && c.Payload == nil {
+		return nil, errors.New("estimate: no payloads")
+	}
+	if opt.TaskDuration == 0 {
+		opt.TaskDuration = DefaultTaskDuration
+	}
+	if opt.TaskDuration < 0 || opt.TaskDuration > maxLease {
+		return nil, fmt.Errorf("estimate: task duration must be positive and at most %s (a concurrency lease), got %s", maxLease, opt.TaskDuration)
+	}
+	if opt.Start.IsZero() {
+		opt.Start = time.Now()
+	}
+	if us := opt.Start.UnixMicro(); us < 0 || us >= 1<<51 {
+		return nil, fmt.Errorf("estimate: start %s is outside 1970..2041", opt.Start.Format(time.RFC3339))
+	}
+	rep := &Report{Tasks: c.N, Type: c.Type, Queue: c.Queue, Start: opt.Start, TaskDuration: opt.TaskDuration, End: opt.Start, FirstRefused: -1}
+	b := p.Bind(c.Type, c.Queue)
+	if b == nil {
+		rep.Unmatched = c.N
+		return rep, nil
+	}
+	templates := map[string]string{}
+	for _, r := range p.Rules() {
+		templates[r.Name] = r.Key
+	}
+	rules := b.Set().Rules()
+	for _, r := range rules {
+		rep.Rules = append(rep.Rules, RuleReport{Name: r.Name, Limit: r.Limit.String(), Key: templates[r.Name]})
+	}
+
+	// Render every task's keys once; nil marks a refused task.
+	keys := make([][]string, c.N)
+	for i := range keys {
+		k, err := b.Keys(c.Payload(i))
+		if err != nil {
+			if rep.Refused == 0 {
+				rep.FirstRefused, rep.RefusedReason = i, err.Error()
+			}
+			rep.Refused++
+			continue
+		}
+		if k == nil {
+			k = make([]string, len(rules))
+		}
+		keys[i] = k
+	}
+	for j := range rules {
+		seen := map[string]struct{}{}
+		for _, k := range keys {
+			if k != nil {
+				seen[k[j]] = struct{}{}
+			}
+		}
+		rep.Rules[j].Keys = len(seen)
+	}
+
+	s := simulation{rules: rules, keys: keys, start: opt.Start, taskDur: opt.TaskDuration}
+	all := make([]int, len(rules))
+	for j := range all {
+		all[j] = j
+	}
+	d, err := s.run(all)
+	if err != nil {
+		return nil, err
+	}
+	rep.Duration = d
+	rep.End = opt.Start.Add(d)
+	var longest time.Duration
+	for j := range rules {
+		if rep.Rules[j].Alone, err = s.run([]int{j}); err != nil {
+			return nil, err
+		}
+		if rep.Rules[j].Alone > longest {
+			longest, rep.Binding = rep.Rules[j].Alone, rules[j].Name
+		}
+	}
+	return rep, nil
+}
+
+// simulation holds what every run of one campaign shares.
+type simulation struct {
+	rules   []quotas.Rule
+	keys    [][]string // per task, per rule; nil for a refused task
+	start   time.Time
+	taskDur time.Duration
+}
+
+// forever is the horizon of the simulation's reservations: a task is booked
+// however far ahead its moment lies.
+const forever = time.Duration(math.MaxInt64)
+
+// maxLease is the longest concurrency lease: the simulation's slots are
+// released by their tasks, never reclaimed.
+const maxLease = 7 * 24 * time.Hour
+
+// event is a step of the simulation at time at: a task reserves its rate
+// rules again, or takes its concurrency slots, or gives back the slots it
+// holds (leases).
+type event struct {
+	at     time.Time
+	kind   int // release, reserve, start: in this order at the same time
+	task   int
+	leases []quotas.Lease
+}
+
+const (
+	release = iota
+	reserve
+	start
+)
+
+// events is a min-heap of events by time, kind and task.
+type events []event
+
+func (h events) Len() int { return len(h) }
+func (h events) Less(i, j int) bool {
+	a, b := h[i], h[j]
+	if !a.at.Equal(b.at) {
+		return a.at.Before(b.at)
+	}
+	if a.kind != b.kind {
+		return a.kind < b.kind
+	}
+	return a.task < b.task
+}
+func (h events) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *events) Push(x any)   { *h = append(*h, x.(event)) }
+func (h *events) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// run simulates the campaign under the rules listed in use, from idle, on a
+// quotas.Model, and returns how long after the start the last task starts.
+func (s simulation) run(use []int) (time.Duration, error) {
+	var rateRules, slotRules []quotas.Rule
+	var rateIdx, slotIdx []int
+	for _, j := range use {
+		r := s.rules[j]
+		r.Fair = false
+		if c, ok := concurrency(r.Limit); ok {
+			c.Lease = maxLease
+			r.Limit = c
+			slotRules, slotIdx = append(slotRules, r), append(slotIdx, j)
+		} else {
+			rateRules, rateIdx = append(rateRules, r), append(rateIdx, j)
+		}
+	}
+	rates, err := newSet(rateRules)
+	if err != nil {
+		return 0, err
+	}
+	slots, err := newSet(slotRules)
+	if err != nil {
+		return 0, err
+	}
+	pick := func(k []string, idx []int) []string {
+		out := make([]string, len(idx))
+		for u, j := range idx {
+			out[u] = k[j]
+		}
+		return out
+	}
+	m := quotas.NewModel()
+	last := s.start
+	var h events
+	// waiting holds, per concurrency rule and key, the tasks waiting for a
+	// slot, by task; woken, the slot a woken task was woken for.
+	waiting := map[string][]int{}
+	woken := map[int]string{}
+	wake := func(slot string, at time.Time) {
+		if w := waiting[slot]; len(w) > 0 {
+			waiting[slot], woken[w[0]] = w[1:], slot
+			heap.Push(&h, event{at: at, kind: start, task: w[0]})
+		}
+	}
+	// booked moves task i on once its rate rules booked it for at.
+	booked := func(i int, at time.Time) {
+		if slots == nil {
+			last = maxTime(last, at)
+			return
+		}
+		heap.Push(&h, event{at: at, kind: start, task: i})
+	}
+	// book reserves task i's rate rules at time now: the earliest moment
+	// they all admit it; a reservation that gives up (the rules' moments
+	// lie too far apart to agree in one call) is made again at the moment
+	// found, as the worker reschedules the task.
+	book := func(i int, now time.Time) error {
+		if rates == nil {
+			booked(i, now)
+			return nil
+		}
+		d, err := m.Reserve(now, rates, quotas.Request{Keys: pick(s.keys[i], rateIdx)}, forever)
+		switch {
+		case err != nil:
+			return fmt.Errorf("estimate: task %d: %w", i, err)
+		case d.Allowed:
+			booked(i, now.Add(d.Delay))
+		case d.RetryAfter == quotas.Never:
+			return fmt.Errorf("estimate: task %d: rule %q never admits it", i, d.Rule)
+		default:
+			heap.Push(&h, event{at: now.Add(d.RetryAfter), kind: reserve, task: i})
+		}
+		return nil
+	}
+	for i, k := range s.keys {
+		if k != nil {
+			if err := book(i, s.start); err != nil {
+				return 0, err
+			}
+		}
+	}
+	// Then, in time order, the tasks take their slots when their moment
+	// comes (or wait for one to be released), as the worker does.
+	for h.Len() > 0 {
+		e := heap.Pop(&h).(event)
+		switch e.kind {
+		case reserve:
+			if err := book(e.task, e.at); err != nil {
+				return 0, err
+			}
+		case release:
+			for _, ls := range e.leases {
+				if _, err := m.Release(e.at, ls); err != nil {
+					return 0, fmt.Errorf("estimate: task %d: %w", e.task, err)
+				}
+				wake(ls.Rule+"\x00"+ls.Key, e.at)
+			}
+		case start:
+			keys := pick(s.keys[e.task], slotIdx)
+			d, err := m.Allow(e.at, slots, quotas.Request{Keys: keys, Holder: strconv.Itoa(e.task)})
+			if err != nil {
+				return 0, fmt.Errorf("estimate: task %d: %w", e.task, err)
+			}
+			from, ok := woken[e.task]
+			delete(woken, e.task)
+			if d.Allowed {
+				last = maxTime(last, e.at)
+				heap.Push(&h, event{at: e.at.Add(s.taskDur), kind: release, task: e.task, leases: d.Leases})
+				continue
+			}
+			// Wait for a slot of the rule that denied; a slot released
+			// for this task goes to the next one waiting.
+			u := slices.IndexFunc(slotRules, func(r quotas.Rule) bool { return r.Name == d.Rule })
+			slot := d.Rule + "\x00" + keys[u]
+			w := waiting[slot]
+			at, _ := slices.BinarySearch(w, e.task)
+			waiting[slot] = slices.Insert(w, at, e.task)
+			if ok && from != slot {
+				wake(from, e.at)
+			}
+		}
+	}
+	return last.Sub(s.start), nil
+}
+
+// newSet returns the set of rules, nil for none.
+func newSet(rules []quotas.Rule) (*quotas.Set, error) {
+	if len(rules) == 0 {
+		return nil, nil
+	}
+	set, err := quotas.NewSet(rules...)
+	if err != nil {
+		return nil, fmt.Errorf("estimate: %w", err)
+	}
+	return set, nil
+}
+
+// concurrency returns l as a concurrency limit, if it is one.
+func concurrency(l quotas.Limit) (quotas.Concurrency, bool) {
+	switch v := l.(type) {
+	case quotas.Concurrency:
+		return v, true
+	case *quotas.Concurrency:
+		return *v, true
+	}
+	return quotas.Concurrency{}, false
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}

@@ -1,0 +1,403 @@
+// Package httpcall is the worker's built-in "http:call" task handler: it
+// sends the HTTP request a task's payload describes and maps the answer onto
+// asynq's and taskrl's outcomes.
+//
+// The payload is JSON:
+//
+//	{"url": "https://api.example.com/v1/send", "method": "POST",
+//	 "business_id": "b7", "headers": {"Authorization": "Bearer ..."},
+//	 "body": {"any": "JSON"}}
+//
+// The request carries the payload's headers, Idempotency-Key set to the
+// task's origin ID (taskrl.OriginID: the asynq task ID, the same for every
+// copy the middleware reschedules), X-Business-ID when business_id is set,
+// and, when there is a body, the raw JSON of "body" with Content-Type
+// application/json (unless the payload's headers set another). The two
+// handler-set headers win over payload headers of the same name; a "Host"
+// payload header sets the request's host; the method (default POST) is
+// upper-cased.
+//
+// Answers:
+//   - 2xx: the task is done;
+//   - 429: taskrl.Throttled with the Retry-After the server sent (seconds or
+//     an HTTP date; missing, garbled or past means 0, which taskrl treats as
+//     1s): the middleware backs every worker off and reschedules the task;
+//   - any other 4xx, an unfollowed 1xx/3xx, or a status beyond 599: an error
+//     wrapping asynq.SkipRetry, so asynq archives the task with the status
+//     and up to 200 bytes of the response body as the reason;
+//   - 5xx and network errors: a plain error, retried by asynq as usual;
+//   - a payload that is not JSON, lacks a url, has a url that is not
+//     absolute http(s), a bad method or a bad header: an error wrapping
+//     asynq.SkipRetry naming the field.
+//
+// Application code of the binaries, imported by cmd/worker and internal/tools/metrics.
+package httpcall
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+// TypeHTTPCall is the asynq task type the handler serves.
+const TypeHTTPCall = "http:call"
+
+// Result classes passed to the hook of WithResultHook, one per attempt.
+const (
+	Class2xx   = "2xx"   // success
+	Class429   = "429"   // upstream throttled
+	Class4xx   = "4xx"   // client error other than 429: archived
+	Class5xx   = "5xx"   // server error: retried
+	ClassOther = "other" // unfollowed 1xx/3xx or a status beyond 599: archived
+	ClassError = "error" // no response: network error, timeout, cancellation
+)
+
+// Classes lists every result class, e.g. to pre-create metric series.
+var Classes = []string{Class2xx, Class429, Class4xx, Class5xx, ClassOther, ClassError}
+
+// DefaultTimeout is the per-request timeout of the client NewHandler builds
+// when given none.
+const DefaultTimeout = 30 * time.Second
+
+// snippetLen bounds the response body quoted in an error.
+const snippetLen = 200
+
+// drainLen bounds how much of a response body is read before closing it, so
+// that a huge error page cannot stall a worker while the connection can
+// usually still be reused.
+const drainLen = 64 << 10
+
+// Payload is the JSON payload of an http:call task.
+type Payload struct {
+	// URL is the absolute http or https URL to call. Required.
+	URL string `json:"url"`
+	// Method is the HTTP method. Default POST.
+	Method string `json:"method,omitempty"`
+	// BusinessID, if set, is sent as X-Business-ID (and is what policy key
+	// templates usually pick, as {{.business_id}}). A JSON string or a
+	// number, sent as written (as a policy key renders it).
+	BusinessID ID `json:"business_id,omitempty"`
+	// Headers are added to the request.
+	Headers map[string]string `json:"headers,omitempty"`
+	// Body is sent verbatim as the request body; absent or null means none.
+	Body json.RawMessage `json:"body,omitempty"`
+}
+
+// ID is a payload identifier given as a JSON string or number; a number
+// keeps its text as written (12345678901 stays 12345678901).
+type ID string
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (id *ID) UnmarshalJSON(b []byte) error {
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err == nil {
+		*id = ID(n)
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return errors.New("must be a string or a number")
+	}
+	*id = ID(s)
+	return nil
+}
+
+// Option configures NewHandler.
+type Option func(*handler)
+
+// WithResultHook makes the handler call f with the result class (one of
+// Classes) of every request it sends, e.g. to count them in metrics. f is
+// called on worker goroutines and must be safe for concurrent use and
+// quick.
+func WithResultHook(f func(class string)) Option {
+	return func(h *handler) { h.hook = f }
+}
+
+// NewClient returns the HTTP client NewHandler uses by default: the given
+// per-request timeout (DefaultTimeout when timeout <= 0) and a transport
+// that keeps up to 64 idle connections per host, so many workers calling
+// one API reuse their connections.
+func NewClient(timeout time.Duration) *http.Client {
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	return &http.Client{Timeout: timeout, Transport: tr}
+}
+
+// NewHandler returns the http:call handler. It sends requests with client,
+// or, when client is nil, with NewClient(DefaultTimeout); the task
+// context's deadline applies as well. The handler is safe for concurrent
+// use.
+func NewHandler(client *http.Client, opts ...Option) asynq.Handler {
+	if client == nil {
+		client = NewClient(DefaultTimeout)
+	}
+	h := &handler{client: client}
+	for _, o := range opts {
+		o(h)
+	}
+	return h
+}
+
+type handler struct {
+	client *http.Client
+	hook   func(string)
+}
+
+func (h *handler) report(class string) {
+	if h.hook != nil {
+		h.hook(class)
+	}
+}
+
+// ProcessTask implements asynq.Handler.
+func (h *handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	req, target, err := newRequest(ctx, t)
+	if err != nil {
+		return err
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.report(ClassError)
+		// *url.Error repeats the whole URL, query string included; name the
+		// target without it.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("http:call: %s: %w", target, err)
+	}
+	snippet := drain(resp.Body, resp.StatusCode/100 != 2)
+	code := resp.StatusCode
+	status := resp.Status
+	if status == "" {
+		status = strconv.Itoa(code)
+	}
+	answer := func() string {
+		if snippet == "" {
+			return fmt.Sprintf("%s: %s", target, status)
+		}
+		return fmt.Sprintf("%s: %s: %s", target, status, snippet)
+	}
+	switch {
+	case code >= 200 && code < 300:
+		h.report(Class2xx)
+		return nil
+	case code == http.StatusTooManyRequests:
+		h.report(Class429)
+		return taskrl.Throttled(retryAfter(resp.Header.Get("Retry-After"), time.Now()), errors.New(answer()))
+	case code >= 400 && code < 500:
+		h.report(Class4xx)
+		return fmt.Errorf("http:call: %s: %w", answer(), asynq.SkipRetry)
+	case code >= 500 && code < 600:
+		h.report(Class5xx)
+		return fmt.Errorf("http:call: %s", answer())
+	default:
+		h.report(ClassOther)
+		return fmt.Errorf("http:call: %s: unexpected status: %w", answer(), asynq.SkipRetry)
+	}
+}
+
+// newRequest builds the request an http:call task describes, with ctx as
+// its context, and a short description of its target for messages
+// ("POST https://host/path", without query string or credentials). A bad
+// payload is an error wrapping asynq.SkipRetry that names the field.
+func newRequest(ctx context.Context, t *asynq.Task) (*http.Request, string, error) {
+	var p Payload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+		return nil, "", payloadErr("not a valid JSON object: %v", err)
+	}
+	if p.URL == "" {
+		return nil, "", payloadErr("url: required")
+	}
+	u, err := url.Parse(p.URL)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, "", payloadErr("url: %v", err)
+	}
+	if scheme := strings.ToLower(u.Scheme); (scheme != "http" && scheme != "https") || u.Host == "" {
+		return nil, "", payloadErr("url: must be an absolute http or https URL, got %q", clip((&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()))
+	}
+	method := strings.ToUpper(p.Method)
+	if method == "" {
+		method = http.MethodPost
+	}
+	if !isToken(method) {
+		return nil, "", payloadErr("method: not a valid HTTP method: %q", clip(p.Method))
+	}
+	for k, v := range p.Headers {
+		if !isToken(k) {
+			return nil, "", payloadErr("headers: invalid header name %q", clip(k))
+		}
+		if !validValue(v) {
+			return nil, "", payloadErr("headers[%q]: value contains a control character", clip(k))
+		}
+	}
+	if !validValue(string(p.BusinessID)) {
+		return nil, "", payloadErr("business_id: contains a control character, cannot be sent as X-Business-ID")
+	}
+	var body io.Reader
+	raw := bytes.TrimSpace(p.Body)
+	hasBody := len(raw) > 0 && !bytes.Equal(raw, []byte("null"))
+	if hasBody {
+		body = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, p.URL, body)
+	if err != nil {
+		return nil, "", payloadErr("%v", err)
+	}
+	for k, v := range p.Headers {
+		if http.CanonicalHeaderKey(k) == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	if hasBody && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if req.Header.Get("User-Agent") == "" {
+		req.Header.Set("User-Agent", "taskrl-worker")
+	}
+	if id := taskrl.OriginID(ctx, t); id != "" {
+		req.Header.Set("Idempotency-Key", id)
+	}
+	if p.BusinessID != "" {
+		req.Header.Set("X-Business-ID", string(p.BusinessID))
+	}
+	target := method + " " + (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String()
+	return req, target, nil
+}
+
+func payloadErr(format string, args ...any) error {
+	return fmt.Errorf("http:call: payload: %s: %w", fmt.Sprintf(format, args...), asynq.SkipRetry)
+}
+
+// retryAfter returns the wait a Retry-After header value asks for, relative
+// to now: delta-seconds or an HTTP date (http.ParseTime). A missing or
+// garbled value, or a date not after now, is 0. Values beyond a year are
+// capped at a year.
+func retryAfter(v string, now time.Time) time.Duration {
+	const maxWait = 365 * 24 * time.Hour
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if v[0] >= '0' && v[0] <= '9' {
+		secs, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			// All digits but too large to parse: as long as we allow.
+			if allDigits(v) {
+				return maxWait
+			}
+			return 0
+		}
+		if secs > uint64(maxWait/time.Second) {
+			return maxWait
+		}
+		return time.Duration(secs) * time.Second
+	}
+	t, err := http.ParseTime(v)
+	if err != nil || !t.After(now) {
+		return 0
+	}
+	return min(t.Sub(now), maxWait)
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// drain reads (at most drainLen of) the body and closes it; when keep is
+// set it returns the start of the body as a one-line snippet of at most
+// snippetLen bytes.
+func drain(body io.ReadCloser, keep bool) string {
+	defer body.Close()
+	var head []byte
+	if keep {
+		head, _ = io.ReadAll(io.LimitReader(body, snippetLen+utf8.UTFMax))
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, drainLen))
+	return snippet(head)
+}
+
+// snippet turns raw bytes into one line of valid UTF-8 of at most
+// snippetLen bytes, control characters as spaces, runs of spaces collapsed,
+// "…" marking a cut.
+func snippet(b []byte) string {
+	s := strings.ToValidUTF8(string(b), "")
+	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f || r == ' ' }), " ")
+	if len(s) <= snippetLen && len(b) <= snippetLen {
+		return s
+	}
+	const ellipsis = "…"
+	cut := min(len(s), snippetLen-len(ellipsis))
+	for cut > 0 && cut < len(s) && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}
+
+// clip bounds user data quoted in an error message.
+func clip(s string) string {
+	if len(s) <= 100 {
+		return s
+	}
+	cut := 100
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// isToken reports whether s is a non-empty RFC 9110 token (method and
+// header field names).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validValue reports whether s may be sent as a header field value: no
+// control characters other than horizontal tab.
+func validValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}

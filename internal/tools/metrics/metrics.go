@@ -1,0 +1,141 @@
+// Package metrics exports the worker's Prometheus metrics: a taskrl.Observer
+// for the middleware's decisions and a hook for the http:call handler.
+//
+// Metrics (every label value is bounded: rule names come from the policy,
+// never from payloads, and entity keys are never a label):
+//
+//	taskrl_decisions_total{rule,outcome}        counter
+//	    One per middleware event (admitted: once per run of a task a rule
+//	    governs; rescheduled: each time one is moved). outcome is a
+//	    taskrl.Outcome: admitted, rescheduled, refused, upstream_throttled,
+//	    unlimited, local. rule is
+//	    the rule that made the task wait or refused it, "none" when none did
+//	    (always "none" for upstream_throttled: the block applies to all of the
+//	    task's rate rules). Redis errors are not decisions: see below.
+//	taskrl_hold_seconds                          histogram
+//	    How long admitted tasks waited in the worker for their turn, zero
+//	    waits included: the le="0" bucket counts tasks admitted at once, so
+//	    _count is the admission rate and the rest shows how much holding
+//	    costs in worker time.
+//	taskrl_reschedule_delay_seconds              histogram
+//	    How far ahead rescheduled tasks were moved (their booked slot, or
+//	    when the denying rule would next allow them).
+//	taskrl_upstream_throttle_seconds             histogram
+//	    The Retry-After of each upstream 429: how long the task's rules were
+//	    blocked for every worker.
+//	taskrl_redis_errors_total                    counter
+//	    Failed limiter calls deciding a task, rate or slot (one per failed
+//	    call; for a second after one, calls are not tried and not counted;
+//	    the task follows the policy's redis_unavailable mode).
+//	taskrl_quota_remaining{rule}                 gauge
+//	    The units left under each rate or window rule as of the last decision
+//	    that reported it. For a keyed rule (e.g. per business) this is the
+//	    last decided key's value, a sample rather than a minimum.
+//	taskrl_http_calls_total{code}                counter
+//	    Requests sent by the http:call handler by result class: 2xx, 429,
+//	    4xx (other than 429), 5xx, other (an unfollowed 1xx/3xx or a status
+//	    beyond 599), error (no response: network error, timeout).
+//
+// The worker also serves the Go runtime (go_*) and process (process_*)
+// collectors on the same endpoint.
+//
+// Application code of the binaries, imported by cmd/worker.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/taskrl/taskrl/internal/tools/httpcall"
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+// Metrics holds the worker's metrics. Build it with New; its methods are
+// safe for concurrent use.
+type Metrics struct {
+	decisions      *prometheus.CounterVec
+	hold           prometheus.Histogram
+	reschedule     prometheus.Histogram
+	upstream       prometheus.Histogram
+	redisErrors    prometheus.Counter
+	quotaRemaining *prometheus.GaugeVec
+	httpCalls      *prometheus.CounterVec
+}
+
+// New creates the metrics and registers them with reg (for example
+// prometheus.NewRegistry()). It fails when reg already holds metrics of the
+// same names.
+func New(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "taskrl_decisions_total",
+			Help: "Middleware decisions by outcome and by the rule that made the task wait or refused it (\"none\" if none did).",
+		}, []string{"rule", "outcome"}),
+		hold: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "taskrl_hold_seconds",
+			Help:    "Time admitted tasks waited in the worker for their turn; the le=\"0\" bucket counts tasks admitted at once.",
+			Buckets: []float64{0, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}),
+		reschedule: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "taskrl_reschedule_delay_seconds",
+			Help:    "How far ahead rescheduled tasks were moved.",
+			Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400},
+		}),
+		upstream: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "taskrl_upstream_throttle_seconds",
+			Help:    "Retry-After of upstream 429 answers: how long the task's rules were blocked for every worker.",
+			Buckets: []float64{.1, .5, 1, 2, 5, 10, 30, 60, 300, 900, 3600},
+		}),
+		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "taskrl_redis_errors_total",
+			Help: "Failed limiter calls of the rate-limit middleware.",
+		}),
+		quotaRemaining: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "taskrl_quota_remaining",
+			Help: "Units left under each rate or window rule as of its last decision (for keyed rules: the last decided key).",
+		}, []string{"rule"}),
+		httpCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "taskrl_http_calls_total",
+			Help: "Requests sent by the http:call handler by result class (2xx, 429, 4xx, 5xx, other, error).",
+		}, []string{"code"}),
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.upstream, m.redisErrors, m.quotaRemaining, m.httpCalls} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for _, class := range httpcall.Classes {
+		m.httpCalls.WithLabelValues(class)
+	}
+	return m, nil
+}
+
+// Observe implements taskrl.Observer: it counts the event. It is quick and
+// safe for concurrent use.
+func (m *Metrics) Observe(e taskrl.Event) {
+	if e.Outcome == taskrl.RedisError {
+		m.redisErrors.Inc()
+		return
+	}
+	rule := e.Rule
+	if rule == "" {
+		rule = "none"
+	}
+	m.decisions.WithLabelValues(rule, string(e.Outcome)).Inc()
+	switch e.Outcome {
+	case taskrl.Admitted:
+		m.hold.Observe(max(e.Wait, 0).Seconds())
+	case taskrl.Rescheduled:
+		m.reschedule.Observe(max(e.Wait, 0).Seconds())
+	case taskrl.UpstreamThrottled:
+		m.upstream.Observe(max(e.Wait, 0).Seconds())
+	}
+	for _, r := range e.Rules {
+		m.quotaRemaining.WithLabelValues(r.Name).Set(float64(r.Remaining))
+	}
+}
+
+// HTTPCall counts one request of the http:call handler with its result
+// class; pass it to httpcall.WithResultHook. Safe for concurrent use.
+func (m *Metrics) HTTPCall(class string) {
+	m.httpCalls.WithLabelValues(class).Inc()
+}
