@@ -1,0 +1,168 @@
+package taskrl
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/taskrl/taskrl/quotas"
+)
+
+// Binding is the rules of a policy that apply to one (task type, queue),
+// as one quotas.Set, with the key templates that pick each rule's entity
+// from a task's payload. Get it from Policy.Bind. A Binding is immutable
+// and safe for concurrent use.
+type Binding struct {
+	set      *quotas.Set
+	rules    []*crule
+	payload  bool // some key template references a payload field
+	critical bool
+}
+
+// Critical reports whether the policy's critical list selects the bound
+// (task type, queue): such tasks may use reserved concurrency slots
+// (quotas.Request.Critical). A nil *Binding is not critical.
+func (b *Binding) Critical() bool {
+	return b != nil && b.critical
+}
+
+// Set returns the bound rules, in policy order, as one quotas.Set to decide
+// with a quotas.Limiter. A nil *Binding returns nil.
+func (b *Binding) Set() *quotas.Set {
+	if b == nil {
+		return nil
+	}
+	return b.set
+}
+
+// Keys returns, for each rule of Set() in order, the entity key rendered
+// from the task's JSON payload, or "" for a rule without a key template
+// (its one global key): the value for quotas.Request.Keys. The payload is
+// decoded at most once, and only if some rule's template references a
+// field; so a binding of global rules accepts any payload.
+//
+// Field values render as follows: strings raw, numbers exactly as written
+// (12345678901 stays 12345678901), booleans as true or false. A field that
+// is absent makes the whole key the rule's DefaultKey, or, without one, a
+// *MissingFieldError. A field that is null, an object or an array, and a
+// payload that is not a JSON object, are errors naming the rule (and the
+// field). A nil *Binding returns nil, nil.
+func (b *Binding) Keys(payload []byte) ([]string, error) {
+	if b == nil {
+		return nil, nil
+	}
+	r, err := b.Request(payload)
+	return r.Keys, err
+}
+
+// Request returns the quotas.Request a task with payload makes of Set():
+// its Keys (see Keys), its Fair flows, rendered from the fair rules'
+// templates like keys (a flow that cannot be rendered, for want of a field
+// or an object, is ""), and Critical (see Critical). A nil *Binding
+// returns the zero Request.
+func (b *Binding) Request(payload []byte) (quotas.Request, error) {
+	if b == nil {
+		return quotas.Request{}, nil
+	}
+	req := quotas.Request{Keys: make([]string, len(b.rules)), Fair: make([]string, len(b.rules)), Critical: b.critical}
+	var obj map[string]json.RawMessage
+	var objErr error
+	decoded := false
+	object := func() (map[string]json.RawMessage, error) {
+		if !decoded {
+			obj, objErr = decodeObject(payload)
+			decoded = true
+		}
+		return obj, objErr
+	}
+	for i, r := range b.rules {
+		if t := r.ftmpl; t != nil {
+			if !t.fields {
+				req.Fair[i] = r.Fair
+			} else if o, err := object(); err == nil {
+				req.Fair[i], _ = t.render(o)
+			}
+		}
+		switch {
+		case r.tmpl == nil:
+		case !r.tmpl.fields:
+			req.Keys[i] = r.Key
+		default:
+			o, err := object()
+			if err != nil {
+				return quotas.Request{}, fmt.Errorf("taskrl: rule %q: payload is not a JSON object: %v", r.Name, err)
+			}
+			k, err := r.tmpl.render(o)
+			var missing *MissingFieldError
+			switch {
+			case errors.As(err, &missing) && r.DefaultKey != "":
+				k = r.DefaultKey
+			case errors.As(err, &missing):
+				missing.Rule = r.Name
+				return quotas.Request{}, missing
+			case err != nil:
+				return quotas.Request{}, fmt.Errorf("taskrl: rule %q: %w", r.Name, err)
+			}
+			req.Keys[i] = k
+		}
+	}
+	return req, nil
+}
+
+// MissingFieldError reports that a task's payload lacks a field a rule's
+// key template needs and the rule has no DefaultKey.
+type MissingFieldError struct {
+	// Rule is the rule's name.
+	Rule string
+	// Field is the field's path in the payload, e.g. "business_id" or
+	// "account.id".
+	Field string
+}
+
+// Error returns e.g. `taskrl: rule "per-business": payload has no field "business_id"`.
+func (e *MissingFieldError) Error() string {
+	return fmt.Sprintf("taskrl: rule %q: payload has no field %q", e.Rule, e.Field)
+}
+
+// decodeObject decodes a JSON object's top-level fields, leaving their
+// values undecoded.
+func decodeObject(payload []byte) (map[string]json.RawMessage, error) {
+	t := bytes.TrimLeft(payload, " \t\r\n")
+	if len(t) == 0 {
+		return nil, errors.New("empty payload")
+	}
+	if t[0] != '{' {
+		return nil, fmt.Errorf("payload is %s", jsonKind(t))
+	}
+	dec := json.NewDecoder(bytes.NewReader(t))
+	dec.UseNumber()
+	var m map[string]json.RawMessage
+	if err := dec.Decode(&m); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("data after the JSON object")
+	}
+	return m, nil
+}
+
+// jsonKind names the kind of the JSON value raw starts with.
+func jsonKind(raw []byte) string {
+	switch {
+	case raw[0] == '{':
+		return "an object"
+	case raw[0] == '[':
+		return "an array"
+	case raw[0] == '"':
+		return "a string"
+	case bytes.HasPrefix(raw, []byte("null")):
+		return "null"
+	case bytes.HasPrefix(raw, []byte("true")), bytes.HasPrefix(raw, []byte("false")):
+		return "a boolean"
+	case raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9':
+		return "a number"
+	}
+	return "not JSON"
+}

@@ -1,0 +1,105 @@
+package taskrl
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// PolicyError is one thing wrong with a policy. Errors from NewPolicy,
+// ParsePolicy and LoadPolicyFile are a *PolicyError or, when several rules
+// are wrong, an errors.Join of them (one per line; errors.As finds the
+// first).
+type PolicyError struct {
+	// File is the policy file's path; "" unless from LoadPolicyFile.
+	File string
+	// Line is the 1-based line in the YAML document; 0 when unknown
+	// (NewPolicy, or an error about the whole document).
+	Line int
+	// Rule is the rule's name; "" when the rule has no valid name or the
+	// error is not about one rule.
+	Rule string
+	// Index is the rule's 1-based position in the policy; 0 when the error
+	// is not about one rule.
+	Index int
+	// Field is the YAML path of the field at fault, e.g. "gcra.rate",
+	// "match.type", "redis_unavailable"; "" when the error is about the
+	// rule or document as a whole.
+	Field string
+	// Msg says what is wrong.
+	Msg string
+}
+
+// Error returns e.g.
+// `policy: line 7: rule "per-business": gcra.rate: must be a positive number, got -1`.
+func (e *PolicyError) Error() string {
+	var sb strings.Builder
+	sb.WriteString("policy")
+	if e.File != "" {
+		sb.WriteString(" " + e.File)
+	}
+	sb.WriteString(": ")
+	if e.Line > 0 {
+		sb.WriteString("line " + strconv.Itoa(e.Line) + ": ")
+	}
+	switch {
+	case e.Rule != "":
+		sb.WriteString("rule " + strconv.Quote(e.Rule) + ": ")
+	case e.Index > 0:
+		sb.WriteString("rule " + strconv.Itoa(e.Index) + ": ")
+	}
+	if e.Field != "" {
+		sb.WriteString(e.Field + ": ")
+	}
+	sb.WriteString(e.Msg)
+	return sb.String()
+}
+
+// maxErrors bounds how many problems one error reports.
+const maxErrors = 20
+
+// errList collects policy errors.
+type errList []*PolicyError
+
+func (l *errList) add(e *PolicyError) {
+	if len(*l) < maxErrors {
+		*l = append(*l, e)
+	}
+}
+
+func (l errList) err() error {
+	switch len(l) {
+	case 0:
+		return nil
+	case 1:
+		return l[0]
+	}
+	errs := make([]error, len(l))
+	for i, e := range l {
+		errs[i] = e
+	}
+	return errors.Join(errs...)
+}
+
+// lines maps a rule's field paths ("" for the rule itself) to YAML lines.
+type lines map[string]int
+
+func (ls lines) of(field string) int {
+	if ls == nil {
+		return 0
+	}
+	for f := field; ; {
+		if n, ok := ls[f]; ok {
+			return n
+		}
+		i := strings.LastIndexByte(f, '.')
+		if i < 0 {
+			if f == "" {
+				return 0
+			}
+			f = ""
+			continue
+		}
+		f = f[:i]
+	}
+}

@@ -1,0 +1,189 @@
+package taskrl
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/taskrl/taskrl/quotas"
+)
+
+// buildPolicy validates rules; pos, when not nil, holds each rule's YAML
+// lines, and skip marks rules already reported (they are only checked for
+// duplicate names).
+func buildPolicy(rules []Rule, pos []lines, skip []bool, mode FailureMode) (*Policy, errList) {
+	var errs errList
+	if len(rules) == 0 {
+		errs.add(&PolicyError{Field: "rules", Msg: "a policy needs at least one rule"})
+		return nil, errs
+	}
+	p := &Policy{mode: mode, rules: make([]*crule, len(rules))}
+	seen := map[string]int{}
+	for i, r := range rules {
+		var ls lines
+		if pos != nil {
+			ls = pos[i]
+		}
+		if skip != nil && skip[i] {
+			if _, dup := seen[r.Name]; !dup && checkName(r.Name) == nil {
+				seen[r.Name] = i + 1
+			}
+			continue
+		}
+		c, field, msg := compileRule(r)
+		if msg != "" {
+			e := &PolicyError{Line: ls.of(field), Index: i + 1, Field: field, Msg: msg}
+			if checkName(r.Name) == nil {
+				e.Rule = r.Name
+			}
+			errs.add(e)
+			continue
+		}
+		if j, dup := seen[r.Name]; dup {
+			errs.add(&PolicyError{Line: ls.of("name"), Index: i + 1, Field: "name", Msg: fmt.Sprintf("%q is already the name of rule %d", r.Name, j)})
+			continue
+		}
+		seen[r.Name] = i + 1
+		p.rules[i] = c
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return p, nil
+}
+
+// compileRule validates r. On failure it returns the field at fault and
+// what is wrong.
+func compileRule(r Rule) (c *crule, field, msg string) {
+	if err := checkName(r.Name); err != nil {
+		return nil, "name", err.Error()
+	}
+	if field, msg := checkMatch(r.Match); msg != "" {
+		return nil, field, msg
+	}
+	c = &crule{Rule: r}
+	if r.Key != "" {
+		t, err := parseKeyTemplate(r.Key)
+		if err != nil {
+			return nil, "key", "bad template " + err.Error()
+		}
+		c.tmpl = t
+	}
+	if r.DefaultKey != "" && (c.tmpl == nil || !c.tmpl.fields) {
+		return nil, "default_key", "set, but key references no payload field that could be missing"
+	}
+	lim, field, msg := checkLimit(r.Name, r.Limit)
+	if msg != "" {
+		return nil, field, msg
+	}
+	c.Limit = lim
+	if r.Fair != "" {
+		t, err := parseKeyTemplate(r.Fair)
+		if err != nil {
+			return nil, "fair", "bad template " + err.Error()
+		}
+		if _, ok := lim.(quotas.GCRA); !ok {
+			return nil, "fair", "only a gcra rate can be shared fairly; this rule's limit is " + lim.String()
+		}
+		c.ftmpl = t
+	}
+	return c, "", ""
+}
+
+// checkMatch validates m; on failure it returns the field at fault
+// ("match" or "match.type") and what is wrong.
+func checkMatch(m Match) (field, msg string) {
+	if m.Type == "" && m.Queue == "" {
+		return "match", "needs a task type (type: ...) or a queue (queue: ...) or both"
+	}
+	if m.Type != "" {
+		if _, err := path.Match(m.Type, ""); err != nil {
+			return "match.type", fmt.Sprintf("bad pattern %q: %v (see path.Match)", m.Type, err)
+		}
+	}
+	return "", ""
+}
+
+// checkName applies quotas' rule-name rules.
+func checkName(name string) error {
+	if name == "" {
+		return errors.New("missing; every rule needs a name")
+	}
+	var re *quotas.RuleError
+	if errors.As(quotas.Rule{Name: name}.Validate(), &re) && re.Field == "Rule.Name" {
+		return errors.New(re.Reason)
+	}
+	return nil
+}
+
+// yamlFields maps the fields of quotas' limits (quotas.RuleError.Field) to
+// their names in a policy's limit blocks.
+var yamlFields = map[string]string{
+	"Rate": "rate", "Period": "per", "Burst": "burst",
+	"Limit": "limit", "Every": "every", "Cron": "cron", "TZ": "tz",
+	"Max": "max", "Lease": "lease", "Reserved": "reserved",
+}
+
+// minLease is the shortest concurrency lease a policy accepts: asynq's own
+// lease on a running task. The middleware renews a slot every third of its
+// lease while the task runs.
+const minLease = 30 * time.Second
+
+// checkLimit validates the limit l of the rule named name (a valid name)
+// with quotas and returns it as a value (not a pointer), or the field at
+// fault and what is wrong.
+func checkLimit(name string, l quotas.Limit) (out quotas.Limit, field, msg string) {
+	var block string
+	switch v := l.(type) {
+	case *quotas.GCRA:
+		if v != nil {
+			return checkLimit(name, *v)
+		}
+	case *quotas.FixedWindow:
+		if v != nil {
+			return checkLimit(name, *v)
+		}
+	case *quotas.CalendarWindow:
+		if v != nil {
+			return checkLimit(name, *v)
+		}
+	case *quotas.SlidingWindow:
+		if v != nil {
+			return checkLimit(name, *v)
+		}
+	case *quotas.Concurrency:
+		if v != nil {
+			return checkLimit(name, *v)
+		}
+	case quotas.GCRA:
+		block = "gcra"
+	case quotas.FixedWindow, quotas.CalendarWindow:
+		block = "quota"
+	case quotas.SlidingWindow:
+		block = "sliding"
+	case quotas.Concurrency:
+		block = "concurrency"
+		if v.Lease < minLease {
+			return nil, "concurrency.lease", fmt.Sprintf("must be at least %v, asynq's own task lease (a shorter one could free the slot of a task still running on a stalled worker), got %v", minLease, v.Lease)
+		}
+	}
+	if block == "" {
+		return nil, "", "no limit; add one of gcra, quota, sliding or concurrency"
+	}
+	err := quotas.Rule{Name: name, Limit: l}.Validate()
+	if err == nil {
+		return l, "", ""
+	}
+	var re *quotas.RuleError
+	if !errors.As(err, &re) {
+		return nil, block, err.Error()
+	}
+	if f, ok := yamlFields[re.Field]; ok {
+		return nil, block + "." + f, re.Reason
+	}
+	// No one field is at fault (a GCRA's per/rate): the reason names the
+	// Go fields, which are the YAML ones but for Period.
+	return nil, block, strings.ReplaceAll(re.Reason, "period", "per")
+}
