@@ -121,12 +121,20 @@ func usagef(format string, args ...any) error {
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	// The first signal starts a graceful shutdown; a second one ends the
+	// process at once with the default action. Both are queued, so a
+	// second signal that arrives before the first is handled is not lost.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		// After the first signal, a second one gets the default action and
-		// ends the process at once.
-		<-ctx.Done()
-		stop()
+		<-sigs
+		cancel()
+		s := <-sigs
+		signal.Reset(syscall.SIGTERM, os.Interrupt)
+		if p, err := os.FindProcess(os.Getpid()); err == nil {
+			_ = p.Signal(s)
+		}
 	}()
 	os.Exit(cli(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
