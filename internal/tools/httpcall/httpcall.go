@@ -25,7 +25,9 @@
 //   - any other 4xx, an unfollowed 1xx/3xx, or a status beyond 599: an error
 //     wrapping asynq.SkipRetry, so asynq archives the task with the status
 //     and up to 200 bytes of the response body as the reason;
-//   - 5xx and network errors: a plain error, retried by asynq as usual;
+//   - 503 with a Retry-After in the future: taskrl.Throttled, as a 429 (the
+//     server said when to come back), reported as 5xx;
+//   - other 5xx and network errors: a plain error, retried by asynq as usual;
 //   - a payload that is not JSON, lacks a url, has a url that is not
 //     absolute http(s), a bad method or a bad header: an error wrapping
 //     asynq.SkipRetry naming the field.
@@ -206,6 +208,9 @@ func (h *handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return fmt.Errorf("http:call: %s: %w", answer(), asynq.SkipRetry)
 	case code >= 500 && code < 600:
 		h.report(Class5xx)
+		if wait := retryAfter(resp.Header.Get("Retry-After"), time.Now()); code == http.StatusServiceUnavailable && wait > 0 {
+			return taskrl.Throttled(wait, errors.New(answer()))
+		}
 		return fmt.Errorf("http:call: %s", answer())
 	default:
 		h.report(ClassOther)

@@ -271,6 +271,31 @@ func TestTooManyRequests(t *testing.T) {
 	}
 }
 
+// TestUnavailableRetryAfter: a 503 that says when to come back is a
+// throttle like a 429; without a usable Retry-After it is an ordinary
+// server error.
+func TestUnavailableRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		retryAfter string
+		want       time.Duration // 0: not a throttle
+	}{{"12", 12 * time.Second}, {"", 0}, {"soon", 0}, {"0", 0}} {
+		var hdr []string
+		if tc.retryAfter != "" {
+			hdr = []string{"Retry-After", tc.retryAfter}
+		}
+		srv := newRecorder(t, status(503, "overloaded", hdr...))
+		c, err := run(t, map[string]any{"url": srv.URL})
+		c.want(t, Class5xx)
+		var te *taskrl.ThrottledError
+		switch {
+		case tc.want > 0 && (!errors.As(err, &te) || te.RetryAfter != tc.want):
+			t.Errorf("503 Retry-After %q: got %v, want a throttle for %v", tc.retryAfter, err, tc.want)
+		case tc.want == 0 && (err == nil || errors.As(err, &te) || errors.Is(err, asynq.SkipRetry)):
+			t.Errorf("503 Retry-After %q: got %v, want a plain error", tc.retryAfter, err)
+		}
+	}
+}
+
 func TestRetryAfterParse(t *testing.T) {
 	now := time.Date(2025, 3, 10, 12, 0, 0, 0, time.UTC)
 	cases := map[string]time.Duration{
