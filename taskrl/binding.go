@@ -19,6 +19,7 @@ type Binding struct {
 	rules    []*crule
 	payload  bool // some key template references a payload field
 	critical bool
+	throttle []bool // per rule: the policy's throttle list names it
 }
 
 // Critical reports whether the policy's critical list selects the bound

@@ -123,6 +123,8 @@ type split struct {
 	rates, slots     *quotas.Set
 	local            [2]*quotas.Set // rates and slots at LocalShare (FailLocal)
 	rateIdx, slotIdx []int          // positions in the binding's set
+	throttle         *quotas.Set    // the rate rules an upstream throttle blocks
+	throttleIdx      []int          // their positions in the binding's set
 	critical         bool           // the binding's tasks may use reserved slots
 	fair             bool           // a rate rule is fair
 }
@@ -133,13 +135,22 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 	}
 	sp := &split{critical: b.Critical()}
 	var rates, slots []quotas.Rule
+	var scoped []quotas.Rule
 	for i, r := range b.Set().Rules() {
-		if _, ok := r.Limit.(quotas.Concurrency); ok {
+		if isConcurrency(r.Limit) {
 			slots, sp.slotIdx = append(slots, r), append(sp.slotIdx, i)
-		} else {
-			rates, sp.rateIdx = append(rates, r), append(sp.rateIdx, i)
-			sp.fair = sp.fair || r.Fair
+			continue
 		}
+		rates, sp.rateIdx = append(rates, r), append(sp.rateIdx, i)
+		sp.fair = sp.fair || r.Fair
+		if b.throttle[i] {
+			scoped, sp.throttleIdx = append(scoped, r), append(sp.throttleIdx, i)
+		}
+	}
+	if len(scoped) == 0 {
+		// No rule of the task in the policy's throttle list (or none is
+		// named): a throttle blocks all its rate and window rules.
+		scoped, sp.throttleIdx = rates, sp.rateIdx
 	}
 	for i, rules := range [][]quotas.Rule{rates, slots} {
 		if len(rules) == 0 {
@@ -160,6 +171,12 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 			sp.rates = set
 		} else {
 			sp.slots = set
+		}
+	}
+	if len(scoped) > 0 {
+		var err error
+		if sp.throttle, err = quotas.NewSet(scoped...); err != nil {
+			return nil, err
 		}
 	}
 	v, _ := m.splits.LoadOrStore(b, sp)

@@ -2,6 +2,7 @@ package taskrl
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -749,5 +750,77 @@ func TestUnmatchedThrottledIsRescheduled(t *testing.T) {
 	info, _ := asynq.NewInspectorFromRedisClient(c).GetQueueInfo("q")
 	if info.Archived != 0 || info.Failed != 0 {
 		t.Errorf("archived %d, failed %d", info.Archived, info.Failed)
+	}
+}
+
+// TestThrottleScope: a 429 for one business, under a throttle scope that
+// names only the per-business rule, holds back that business alone; without
+// the scope it holds back every business behind the shared vendor rule.
+func TestThrottleScope(t *testing.T) {
+	rules := []Rule{
+		{Name: "vendor", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 10})},
+		{Name: "per-business", Match: Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 2})},
+	}
+	const retryAfter = 2 * time.Second
+	for _, scope := range [][]string{{"per-business"}, nil} {
+		t.Run(fmt.Sprint(scope), func(t *testing.T) {
+			c := redistest.StartServer(t).Client(t)
+			p, err := mustPolicy(t, rules...).WithThrottle(scope...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := New(Config{Policy: p, Client: c, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			var throttledAt time.Time
+			earliest, latest := map[string]time.Duration{}, map[string]time.Duration{} // starts after the 429
+			throttled := make(chan struct{})
+			runWorkers(t, c, m, 1, 4, "q", func(ctx context.Context, task *asynq.Task) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if throttledAt.IsZero() {
+					throttledAt = time.Now()
+					close(throttled)
+					return Throttled(retryAfter, fmt.Errorf("429 for business a"))
+				}
+				var pl struct{ B string }
+				_ = json.Unmarshal(task.Payload(), &pl)
+				at := time.Since(throttledAt)
+				if e, ok := earliest[pl.B]; !ok || at < e {
+					earliest[pl.B] = at
+				}
+				latest[pl.B] = max(latest[pl.B], at)
+				return nil
+			})
+			client := asynq.NewClientFromRedisClient(c)
+			enqueue := func(b string) {
+				if _, err := client.Enqueue(asynq.NewTask("job", []byte(`{"b":"`+b+`"}`)), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			enqueue("a")
+			<-throttled
+			for i := 0; i < 5; i++ {
+				enqueue("a")
+				enqueue("b")
+			}
+			time.Sleep(retryAfter + time.Second)
+			mu.Lock()
+			defer mu.Unlock()
+			t.Logf("scope %v: after the 429, business a started from %v, business b until %v", scope, earliest["a"], latest["b"])
+			if a, ok := earliest["a"]; !ok || a < retryAfter-100*time.Millisecond {
+				t.Errorf("business a ran %v after its 429, before the %v it asked for (ran: %v)", a, retryAfter, ok)
+			}
+			switch b := latest["b"]; {
+			case b == 0:
+				t.Fatal("business b never ran")
+			case scope != nil && b > time.Second:
+				t.Errorf("business b waited %v behind business a's 429", b)
+			case scope == nil && b < retryAfter-100*time.Millisecond:
+				t.Errorf("without a scope, business b ran %v after a 429 that blocks the vendor rule", b)
+			}
+		})
 	}
 }

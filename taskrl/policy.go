@@ -97,6 +97,7 @@ type Policy struct {
 	rules    []*crule
 	mode     FailureMode
 	critical []Match
+	throttle []string // rules an upstream throttle blocks; nil: a task's rate rules
 
 	mu      sync.RWMutex
 	bound   map[bindKey]*Binding // nil values: no rule matches
@@ -133,7 +134,7 @@ func (p *Policy) with() *Policy {
 	if p == nil {
 		return &Policy{}
 	}
-	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical}
+	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical, throttle: p.throttle}
 }
 
 // WithFailureMode returns a copy of p that uses mode when Redis is
@@ -169,6 +170,62 @@ func (p *Policy) WithCritical(ms ...Match) (*Policy, error) {
 	q := p.with()
 	q.critical = slices.Clone(ms)
 	return q, nil
+}
+
+// WithThrottle returns a copy of p whose upstream throttles (Throttled)
+// block only the named rules (the policy file's throttle list): a task
+// throttled upstream blocks those of its rules that are named, so that a
+// per-customer 429 under throttle: [per-business] does not hold back the
+// other customers behind a shared rule. A task governed by none of them
+// blocks all its rate and window rules, as does every task when no rule is
+// named (the default). Names must be rules of p other than concurrency
+// rules; the error names the entry (throttle[1]) and what is wrong.
+func (p *Policy) WithThrottle(names ...string) (*Policy, error) {
+	var errs errList
+	for i, n := range names {
+		if msg := p.checkThrottle(n); msg != "" {
+			errs.add(&PolicyError{Field: fmt.Sprintf("throttle[%d]", i+1), Msg: msg})
+		}
+	}
+	if err := errs.err(); err != nil {
+		return nil, err
+	}
+	q := p.with()
+	q.throttle = slices.Clone(names)
+	return q, nil
+}
+
+// checkThrottle says what is wrong with name in a throttle list, or "".
+func (p *Policy) checkThrottle(name string) string {
+	var r *crule
+	if p != nil {
+		for _, c := range p.rules {
+			if c.Name == name {
+				r = c
+			}
+		}
+	}
+	switch {
+	case r == nil:
+		return fmt.Sprintf("no rule is named %q", name)
+	case isConcurrency(r.Limit):
+		return fmt.Sprintf("rule %q is a concurrency rule; a throttle blocks rate and window rules", name)
+	}
+	return ""
+}
+
+func isConcurrency(l quotas.Limit) bool {
+	_, ok := l.(quotas.Concurrency)
+	return ok
+}
+
+// Throttle returns a copy of the names of the rules an upstream throttle
+// blocks (see WithThrottle); nil means a task's rate and window rules.
+func (p *Policy) Throttle() []string {
+	if p == nil {
+		return nil
+	}
+	return slices.Clone(p.throttle)
 }
 
 // Critical returns a copy of the matchers that make a task critical.
@@ -251,7 +308,7 @@ func (p *Policy) bindSlow(k bindKey) *Binding {
 	if len(idx) > 0 {
 		b = p.subsets[id.String()]
 		if b == nil {
-			b = newBinding(p.rules, idx)
+			b = newBinding(p.rules, idx, p.throttle)
 			b.critical = critical
 			if len(p.subsets) < maxBindings {
 				if p.subsets == nil {
@@ -270,12 +327,13 @@ func (p *Policy) bindSlow(k bindKey) *Binding {
 	return b
 }
 
-func newBinding(all []*crule, idx []int) *Binding {
-	b := &Binding{rules: make([]*crule, len(idx))}
+func newBinding(all []*crule, idx []int, throttle []string) *Binding {
+	b := &Binding{rules: make([]*crule, len(idx)), throttle: make([]bool, len(idx))}
 	qs := make([]quotas.Rule, len(idx))
 	for j, i := range idx {
 		r := all[i]
 		b.rules[j] = r
+		b.throttle[j] = slices.Contains(throttle, r.Name)
 		qs[j] = quotas.Rule{Name: r.Name, Limit: r.Limit, Fair: r.ftmpl != nil}
 		b.payload = b.payload || (r.tmpl != nil && r.tmpl.fields)
 	}

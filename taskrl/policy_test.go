@@ -30,7 +30,11 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"empty document", "# nothing\n", `policy: the document is empty`},
 		{"two documents", "rules: []\n---\nrules: []\n", `policy: line 3: more than one YAML document`},
 		{"top level not a mapping", "- a\n- b\n", `policy: line 1: must be a mapping, got a list`},
-		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules, redis_unavailable or critical`},
+		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules, redis_unavailable, critical or throttle`},
+		{"throttle not a list", "throttle: a\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: throttle: must be a list of rule names such as [per-business], got the string "a"`},
+		{"throttle unknown rule", "throttle:\n  - a\n  - vendor\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 3: throttle[2]: no rule is named "vendor"`},
+		{"throttle concurrency rule", "throttle: [a]\n" + doc("concurrency: {max: 2, lease: 30s}"), `policy: line 1: throttle[1]: rule "a" is a concurrency rule; a throttle blocks rate and window rules`},
+		{"throttle not a name", "throttle: [{a: 1}]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: throttle[1]: must be a string, got a mapping`},
 		{"critical not a list", "critical: {queue: c}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: critical: must be a list of matchers such as - {queue: critical}, got a mapping`},
 		{"critical empty matcher", "critical:\n  - {queue: c}\n  - {}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 3: critical[2]: needs a task type (type: ...) or a queue`},
 		{"critical bad glob", "critical:\n  - {type: \"pay:[\"}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 2: critical[1].type: bad pattern "pay:[": syntax error in pattern`},
@@ -622,6 +626,36 @@ rules:
 		if _, err := p.WithCritical(m); err == nil || err.Error() != want && !strings.HasPrefix(err.Error(), want) {
 			t.Errorf("WithCritical(%+v) = %v, want %s", m, err, want)
 		}
+	}
+}
+
+func TestThrottleList(t *testing.T) {
+	p, err := ParsePolicy([]byte(`
+throttle: [per-business]
+rules:
+  - name: vendor
+    match: {type: "http:call"}
+    gcra: {rate: 18, per: 1s}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 2, per: 1s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Throttle(); len(got) != 1 || got[0] != "per-business" {
+		t.Fatalf("Throttle() = %v", got)
+	}
+	if b := p.Bind("http:call", "q"); b == nil || b.throttle[0] || !b.throttle[1] {
+		t.Fatalf("binding's throttle scope %v, want only per-business", b.throttle)
+	}
+	q, err := p.WithFailureMode(FailOpen)
+	if err != nil || len(q.Throttle()) != 1 {
+		t.Fatalf("WithFailureMode lost the throttle list: %v", err)
+	}
+	if _, err := p.WithThrottle("vendor", "nope"); err == nil || err.Error() != `policy: throttle[2]: no rule is named "nope"` {
+		t.Fatalf("WithThrottle with an unknown rule: %v", err)
 	}
 }
 

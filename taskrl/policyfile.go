@@ -25,6 +25,8 @@ import (
 //	redis_unavailable: closed            # optional: open | closed (default) | local
 //	critical:                            # optional: see Policy.WithCritical
 //	  - {queue: critical}                # matchers like a rule's match
+//	throttle: [per-business]             # optional: the rules an upstream throttle
+//	                                     # blocks; see Policy.WithThrottle
 //	rules:
 //	  - name: vendor-peak                # required, unique
 //	    match: {type: "http:*"}          # type (path.Match glob) and/or queue (exact)
@@ -434,14 +436,22 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	if fe != nil {
 		return top(fe)
 	}
-	if fe := known(es, "", "rules", "redis_unavailable", "critical"); fe != nil {
+	if fe := known(es, "", "rules", "redis_unavailable", "critical", "throttle"); fe != nil {
 		return top(fe)
 	}
 	mode := FailClosed
 	var rulesNode ast.Node
 	var critical []Match
+	var throttle []string
+	var throttleAt []int // line of each name
 	for _, e := range es {
 		switch e.key {
+		case "throttle":
+			var fe *ferr
+			throttle, throttleAt, fe = d.names(e.val, "throttle")
+			if fe != nil {
+				errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
+			}
 		case "critical":
 			var more errList
 			critical, more = d.critical(e.val)
@@ -500,6 +510,12 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	errs = append(errs, more...)
 	if p != nil {
 		p.critical = critical
+		for i, n := range throttle {
+			if msg := p.checkThrottle(n); msg != "" {
+				errs.add(&PolicyError{Line: throttleAt[i], Field: fmt.Sprintf("throttle[%d]", i+1), Msg: msg})
+			}
+		}
+		p.throttle = throttle
 	}
 	slices.SortStableFunc(errs, func(a, b *PolicyError) int {
 		return cmp.Or(cmp.Compare(a.Index, b.Index), cmp.Compare(a.Line, b.Line))
@@ -546,6 +562,33 @@ func (d *yamlDoc) critical(n ast.Node) ([]Match, errList) {
 		out = append(out, m)
 	}
 	return out, errs
+}
+
+// names reads a list of rule names at field, with the line of each.
+func (d *yamlDoc) names(n ast.Node, field string) (names []string, at []int, fe *ferr) {
+	ln, fe := d.resolve(n, field)
+	if fe != nil {
+		return nil, nil, fe
+	}
+	if _, ok := ln.(*ast.NullNode); ok {
+		return nil, nil, nil
+	}
+	seq, ok := ln.(*ast.SequenceNode)
+	if !ok {
+		return nil, nil, fail(ln, field, "must be a list of rule names such as [per-business], got %s", kindOf(ln))
+	}
+	for i, v := range seq.Values {
+		f := fmt.Sprintf("%s[%d]", field, i+1)
+		s, ok, fe := d.str(v, f)
+		if fe != nil {
+			return nil, nil, fe
+		}
+		if !ok || s == "" {
+			return nil, nil, fail(v, f, "must be a rule name")
+		}
+		names, at = append(names, s), append(at, lineOf(v))
+	}
+	return names, at, nil
 }
 
 // parseYAML parses data, turning the parser's errors (and, defensively,

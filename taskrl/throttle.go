@@ -41,9 +41,9 @@ func (e *ThrottledError) Error() string {
 func (e *ThrottledError) Unwrap() error { return e.Err }
 
 // backOff handles a task the remote side throttled: every worker backs off
-// the task's rate rules' keys (none for a task no rule matches) until it
-// said to retry, the charge of this call is refunded, and the task runs
-// again then.
+// the task's rules in the policy's throttle scope (by default its rate and
+// window rules; none for a task no rule matches) until it said to retry,
+// the charge of this call is refunded, and the task runs again then.
 func (j *job) backOff(te *ThrottledError) error {
 	wait := te.RetryAfter
 	if wait <= 0 {
@@ -61,18 +61,19 @@ func (j *job) backOff(te *ThrottledError) error {
 	return j.reschedule(wait, time.Time{}, "")
 }
 
-// block stops the task's rate rules for every worker until the given time:
-// new decisions through the limiter, and booked copies through a marker per
-// rule key that they read before their slot.
+// block stops the task's rules in the throttle scope for every worker
+// until the given time: new decisions through the limiter, and booked
+// copies through a marker per rule key that they read before their slot.
 func (j *job) block(until time.Time) error {
 	ctx := context.WithoutCancel(j.ctx)
-	if _, err := j.m.limiter.Block(ctx, j.sp.rates, quotas.Request{Keys: j.rates.Keys}, until); err != nil {
+	ks := pick(j.keys, j.sp.throttleIdx)
+	if _, err := j.m.limiter.Block(ctx, j.sp.throttle, quotas.Request{Keys: ks}, until); err != nil {
 		return err
 	}
 	ttl := max(until.Sub(j.m.cfg.Clock.Now()), 0) + time.Second // the server's clock may lag
 	_, err := j.m.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, r := range j.sp.rates.Rules() {
-			p.Set(ctx, keys.Block(j.m.prefix, r.Name, j.rates.Keys[i]), until.UnixMicro(), ttl)
+		for i, r := range j.sp.throttle.Rules() {
+			p.Set(ctx, keys.Block(j.m.prefix, r.Name, ks[i]), until.UnixMicro(), ttl)
 		}
 		return nil
 	})
