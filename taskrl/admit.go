@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -27,6 +28,7 @@ type job struct {
 	keys   []string        // the binding's keys, one per rule
 	rates  quotas.Request  // the request to the rate and window rules
 	charge quotas.Decision // the rate charge (or booking) the task runs under
+	pause  atomic.Int64    // the longest Pause the handler asked for, ns
 }
 
 func (j *job) observe(e Event) {

@@ -27,6 +27,9 @@ const (
 	// UpstreamThrottled: the handler reported an upstream 429; the task's
 	// rules are blocked for Event.Wait.
 	UpstreamThrottled Outcome = "upstream_throttled"
+	// Paused: the handler's call succeeded but the remote side said its
+	// quota is spent (Pause); the task's rules are blocked for Event.Wait.
+	Paused Outcome = "paused"
 	// Unlimited: Redis was unreachable and the policy fails open.
 	Unlimited Outcome = "unlimited"
 	// Local: Redis was unreachable and the task waited for its turn in this
@@ -47,7 +50,7 @@ type Event struct {
 	Rule string
 	// Wait is how long the task waited in the worker (Admitted), was
 	// rescheduled for (Rescheduled) or blocked its rules for
-	// (UpstreamThrottled).
+	// (UpstreamThrottled, Paused).
 	Wait time.Duration
 	// Rules is the state of the task's rate and window rules after its
 	// decision, when one was made: used, remaining, reset per rule.

@@ -223,7 +223,8 @@ func pick(keys []string, idx []int) []string {
 func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		queue, _ := asynq.GetQueueName(ctx)
-		j := &job{m: m, ctx: ctx, t: t, queue: queue}
+		j := &job{m: m, t: t, queue: queue}
+		j.ctx = context.WithValue(ctx, jobKey{}, j)
 		j.id, _ = asynq.GetTaskID(ctx)
 		b := m.cfg.Policy.Bind(t.Type(), queue)
 		if b == nil {
@@ -291,6 +292,7 @@ func (j *job) process(b *Binding, next asynq.Handler) error {
 	}
 	var te *ThrottledError
 	if !errors.As(err, &te) {
+		j.paused()
 		return err
 	}
 	return j.backOff(te)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -706,7 +707,7 @@ func TestBusySlotsKeepTheirCharge(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for p, n := range runs {
-		if n != 1 {
+		if n != 1 || len(runs) != 11 {
 			t.Errorf("task %s ran %d times", p, n)
 		}
 	}
@@ -822,5 +823,71 @@ func TestThrottleScope(t *testing.T) {
 				t.Errorf("without a scope, business b ran %v after a 429 that blocks the vendor rule", b)
 			}
 		})
+	}
+}
+
+// TestPause: a handler whose call succeeded but spent the remote quota
+// pauses its rules on every worker until the reset, without running again;
+// a context the middleware does not govern cannot pause anything.
+func TestPause(t *testing.T) {
+	c := redistest.StartServer(t).Client(t)
+	m := newMiddleware(t, c, Rule{Name: "vendor", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 10})})
+	const pause = 1500 * time.Millisecond
+	var mu sync.Mutex
+	var pausedAt time.Time
+	runs := map[string]int{}
+	var after []time.Duration
+	runWorkers(t, c, m, 2, 4, "q", func(ctx context.Context, task *asynq.Task) error {
+		mu.Lock()
+		defer mu.Unlock()
+		runs[string(task.Payload())]++
+		if pausedAt.IsZero() {
+			pausedAt = time.Now()
+			if !Pause(ctx, pause) {
+				t.Error("Pause in a governed task's context returned false")
+			}
+			return nil
+		}
+		after = append(after, time.Since(pausedAt))
+		return nil
+	})
+	if Pause(context.Background(), pause) {
+		t.Error("Pause outside a task returned true")
+	}
+	if _, err := asynq.NewClientFromRedisClient(c).Enqueue(asynq.NewTask("job", []byte("first")), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		p := !pausedAt.IsZero()
+		mu.Unlock()
+		if p {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the first task did not run")
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // the block is written when the handler returns
+	enqueueJobs(t, c, 10, asynq.MaxRetry(0))
+	time.Sleep(pause + time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(after) != 10 {
+		t.Fatalf("%d of 10 tasks ran after the pause", len(after))
+	}
+	slices.Sort(after)
+	t.Logf("after a %v pause, the next tasks started %v to %v later", pause, after[0], after[len(after)-1])
+	if after[0] < pause-50*time.Millisecond {
+		t.Errorf("a task started %v after a %v pause", after[0], pause)
+	}
+	for p, n := range runs {
+		if n != 1 {
+			t.Errorf("task %s ran %d times", p, n)
+		}
+	}
+	info, _ := asynq.NewInspectorFromRedisClient(c).GetQueueInfo("q")
+	if info.Archived != 0 || info.Failed != 0 {
+		t.Fatalf("archived %d, failed %d", info.Archived, info.Failed)
 	}
 }

@@ -40,6 +40,47 @@ func (e *ThrottledError) Error() string {
 // Unwrap returns Err.
 func (e *ThrottledError) Unwrap() error { return e.Err }
 
+// jobKey is the context key under which a task's context carries its job.
+type jobKey struct{}
+
+// Pause holds back, on every worker, the rules of the task whose context
+// is ctx (those in the policy's throttle scope, see Policy.WithThrottle)
+// for d from now, as a Throttled answer would, but without rescheduling
+// the task: for a call that succeeded while the remote side said its quota
+// is spent until then (RateLimit-Remaining: 0 with a reset), so that the
+// fleet slows down before the wall rather than at it. The block starts
+// when the handler returns; several calls keep the longest. It reports
+// whether ctx is the context of a task the middleware governs with rate
+// or window rules; d <= 0 does nothing. Safe for concurrent use.
+func Pause(ctx context.Context, d time.Duration) bool {
+	j, ok := ctx.Value(jobKey{}).(*job)
+	if !ok || j.sp == nil || j.sp.throttle == nil {
+		return false
+	}
+	for d > 0 {
+		old := j.pause.Load()
+		if int64(d) <= old || j.pause.CompareAndSwap(old, int64(d)) {
+			break
+		}
+	}
+	return true
+}
+
+// paused blocks the task's throttle scope for the pause its handler asked
+// for, if any.
+func (j *job) paused() {
+	d := time.Duration(j.pause.Load())
+	if d <= 0 {
+		return
+	}
+	if err := j.block(j.m.serverNow().Add(d)); err != nil {
+		j.m.cfg.Logger.Warn("taskrl: pausing rules failed", "err", err)
+		return
+	}
+	j.m.cfg.Logger.Info("taskrl: upstream quota spent; pausing", "task", j.id, "for", d)
+	j.observe(Event{Outcome: Paused, Wait: d})
+}
+
 // backOff handles a task the remote side throttled: every worker backs off
 // the task's rules in the policy's throttle scope (by default its rate and
 // window rules; none for a task no rule matches) until it said to retry,

@@ -25,6 +25,10 @@
 //   - any other 4xx, an unfollowed 1xx/3xx, or a status beyond 599: an error
 //     wrapping asynq.SkipRetry, so asynq archives the task with the status
 //     and up to 200 bytes of the response body as the reason;
+//   - rate-limit headers (RateLimit-Remaining/-Reset, RateLimit, or
+//     X-RateLimit-Remaining/-Reset) saying nothing remains: on a 2xx, the
+//     task succeeds and taskrl.Pause holds its rules until the reset; on a
+//     429 without Retry-After, the reset is the wait;
 //   - 503 with a Retry-After in the future: taskrl.Throttled, as a 429 (the
 //     server said when to come back), reported as 5xx;
 //   - other 5xx and network errors: a plain error, retried by asynq as usual;
@@ -44,6 +48,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -196,13 +201,21 @@ func (h *handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		}
 		return fmt.Sprintf("%s: %s: %s", target, status, snippet)
 	}
+	now := time.Now()
 	switch {
 	case code >= 200 && code < 300:
 		h.report(Class2xx)
+		if reset, spent := quotaSpent(resp.Header, now); spent {
+			taskrl.Pause(ctx, reset)
+		}
 		return nil
 	case code == http.StatusTooManyRequests:
 		h.report(Class429)
-		return taskrl.Throttled(retryAfter(resp.Header.Get("Retry-After"), time.Now()), errors.New(answer()))
+		wait := retryAfter(resp.Header.Get("Retry-After"), now)
+		if reset, spent := quotaSpent(resp.Header, now); wait == 0 && spent {
+			wait = reset
+		}
+		return taskrl.Throttled(wait, errors.New(answer()))
 	case code >= 400 && code < 500:
 		h.report(Class4xx)
 		return fmt.Errorf("http:call: %s: %w", answer(), asynq.SkipRetry)
@@ -325,6 +338,50 @@ func retryAfter(v string, now time.Time) time.Duration {
 		return 0
 	}
 	return min(t.Sub(now), maxWait)
+}
+
+// maxPause bounds the pause a rate-limit header can ask for.
+const maxPause = 24 * time.Hour
+
+// rateParam finds remaining (r) and reset (t) in the structured RateLimit
+// header of the IETF drafts: "limit=100, remaining=0, reset=30" or
+// "default";r=0;t=30.
+var rateParam = regexp.MustCompile(`(?:^|[\s,;])(remaining|reset|r|t)=(\d+)`)
+
+// quotaSpent reads the rate-limit headers of an answer: the IETF draft's
+// RateLimit-Remaining and RateLimit-Reset (or one RateLimit field) and the
+// common X-RateLimit-Remaining and X-RateLimit-Reset (delta seconds, or
+// Unix seconds when the value is past 10^9, as GitHub sends). It reports
+// whether they say nothing remains and, if so, how long until the quota
+// resets (at most maxPause; 0 when the reset is missing or past).
+func quotaSpent(h http.Header, now time.Time) (reset time.Duration, spent bool) {
+	remaining, resetV := h.Get("RateLimit-Remaining"), h.Get("RateLimit-Reset")
+	if remaining == "" {
+		for _, m := range rateParam.FindAllStringSubmatch(h.Get("RateLimit"), -1) {
+			switch m[1] {
+			case "remaining", "r":
+				remaining = m[2]
+			case "reset", "t":
+				resetV = m[2]
+			}
+		}
+	}
+	if remaining == "" {
+		remaining, resetV = h.Get("X-RateLimit-Remaining"), h.Get("X-RateLimit-Reset")
+	}
+	if n, err := strconv.ParseInt(strings.TrimSpace(remaining), 10, 64); err != nil || n > 0 {
+		return 0, false
+	}
+	secs, err := strconv.ParseInt(strings.TrimSpace(resetV), 10, 64)
+	switch {
+	case err != nil || secs <= 0:
+		return 0, true
+	case secs > 1e9:
+		reset = time.Unix(secs, 0).Sub(now)
+	default:
+		reset = time.Duration(min(secs, int64(maxPause/time.Second))) * time.Second
+	}
+	return min(max(reset, 0), maxPause), true
 }
 
 func allDigits(s string) bool {

@@ -590,3 +590,45 @@ func waitKey(t *testing.T, keys <-chan string, want string) {
 		t.Fatalf("no request with Idempotency-Key %q within 30s", want)
 	}
 }
+
+func TestQuotaSpent(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for _, tc := range []struct {
+		name  string
+		hdr   []string
+		reset time.Duration
+		spent bool
+	}{
+		{"no headers", nil, 0, false},
+		{"draft fields", []string{"RateLimit-Remaining", "0", "RateLimit-Reset", "30"}, 30 * time.Second, true},
+		{"draft fields, some left", []string{"RateLimit-Remaining", "3", "RateLimit-Reset", "30"}, 0, false},
+		{"structured, names", []string{"RateLimit", "limit=100, remaining=0, reset=12"}, 12 * time.Second, true},
+		{"structured, letters", []string{"RateLimit", `"default";r=0;t=7`}, 7 * time.Second, true},
+		{"structured, some left", []string{"RateLimit", `"default";r=5;t=7`}, 0, false},
+		{"x- delta", []string{"X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "45"}, 45 * time.Second, true},
+		{"x- unix seconds", []string{"X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1800000090"}, 90 * time.Second, true},
+		{"x- unix seconds past", []string{"X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1799999000"}, 0, true},
+		{"no reset", []string{"X-RateLimit-Remaining", "0"}, 0, true},
+		{"garbled remaining", []string{"RateLimit-Remaining", "none", "RateLimit-Reset", "30"}, 0, false},
+		{"reset beyond a day", []string{"RateLimit-Remaining", "0", "RateLimit-Reset", "999999999"}, 24 * time.Hour, true},
+	} {
+		h := http.Header{}
+		for i := 0; i+1 < len(tc.hdr); i += 2 {
+			h.Set(tc.hdr[i], tc.hdr[i+1])
+		}
+		if reset, spent := quotaSpent(h, now); reset != tc.reset || spent != tc.spent {
+			t.Errorf("%s: quotaSpent = %v, %v; want %v, %v", tc.name, reset, spent, tc.reset, tc.spent)
+		}
+	}
+}
+
+// TestTooManyRequestsResetHeader: a 429 without Retry-After waits for the
+// reset its rate-limit headers give.
+func TestTooManyRequestsResetHeader(t *testing.T) {
+	srv := newRecorder(t, status(429, "slow down", "RateLimit-Remaining", "0", "RateLimit-Reset", "9"))
+	_, err := run(t, map[string]any{"url": srv.URL})
+	var te *taskrl.ThrottledError
+	if !errors.As(err, &te) || te.RetryAfter != 9*time.Second {
+		t.Fatalf("got %v, want a throttle for 9s", err)
+	}
+}

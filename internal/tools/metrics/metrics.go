@@ -8,10 +8,10 @@
 //	    One per middleware event (admitted: once per run of a task a rule
 //	    governs; rescheduled: each time one is moved). outcome is a
 //	    taskrl.Outcome: admitted, rescheduled, refused, upstream_throttled,
-//	    unlimited, local. rule is
+//	    paused, unlimited, local. rule is
 //	    the rule that made the task wait or refused it, "none" when none did
-//	    (always "none" for upstream_throttled: the block applies to all of the
-//	    task's rate rules). Redis errors are not decisions: see below.
+//	    (always "none" for upstream_throttled and paused: the block applies
+//	    to the task's rules in the policy's throttle scope). Redis errors are not decisions: see below.
 //	taskrl_hold_seconds                          histogram
 //	    How long admitted tasks waited in the worker for their turn, zero
 //	    waits included: the le="0" bucket counts tasks admitted at once, so
