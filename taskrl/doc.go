@@ -41,10 +41,12 @@
 // and field named.
 //
 // A handler whose remote side answered 429 returns Throttled(retryAfter,
-// err): the middleware blocks the task's rate rules for every worker until
-// then (new decisions through quotas.Limiter.Block, booked and waiting
-// copies through a marker they read before they run) and reschedules the
-// task, without spending a retry.
+// err): the middleware blocks the task's rate rules (those the policy's
+// throttle list names, Policy.WithThrottle) for every worker until then
+// (new decisions through quotas.Limiter.Block, booked and waiting copies
+// through a marker they read before they run) and reschedules the task,
+// without spending a retry. A handler whose call succeeded but spent the
+// remote quota calls Pause to block the same rules without rescheduling.
 //
 // When Redis cannot be reached, Policy.FailureMode decides: FailClosed
 // (the default) keeps the task waiting in the worker, retrying with backoff,

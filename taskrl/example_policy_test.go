@@ -121,3 +121,29 @@ rules:
 	// ["12345678901"] <nil>
 	// taskrl: rule "per-business": payload has no field "business_id"
 }
+
+// A per-customer 429 should hold back that customer, not every customer
+// behind the shared vendor rule: the throttle list says which rules an
+// upstream throttle blocks.
+func ExamplePolicy_WithThrottle() {
+	p, err := taskrl.ParsePolicy([]byte(`
+throttle: [per-business]
+rules:
+  - name: vendor
+    match: {type: "http:call"}
+    gcra: {rate: 18, per: 1s}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 2, per: 1s}
+`))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(p.Throttle())
+	_, err = p.WithThrottle("per-customer")
+	fmt.Println(err)
+	// Output:
+	// [per-business]
+	// policy: throttle[1]: no rule is named "per-customer"
+}
