@@ -811,11 +811,14 @@ func (l *Limiter) Held(ctx context.Context, s *Set, req Request, d Decision) (bo
 	return true, nil
 }
 
-// Block makes the set's GCRA rules admit nothing for the request's keys
-// until the given time, then resume at their rate: use it when the remote
-// side answered "429 Too Many Requests, retry after ...", so that every
-// worker backs off together. Window and concurrency rules are left as they
-// are. until is compared with the server's clock (or Config.Now).
+// Block makes the set's rules admit nothing for the request's keys until
+// the given time: use it when the remote side answered "429 Too Many
+// Requests, retry after ...", so that every worker backs off together.
+// GCRA rules then resume at their rate (their TAT moves); window and
+// concurrency rules keep the end in a key of their own (NAME:block, which
+// lives until then), read by every decision, and their counts and slots
+// are left as they are. A block is never shortened by a later, shorter
+// one. until is compared with the server's clock (or Config.Now).
 func (l *Limiter) Block(ctx context.Context, s *Set, req Request, until time.Time) (Decision, error) {
 	calls, err := l.bind(s, req, false)
 	if err != nil {

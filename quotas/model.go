@@ -130,9 +130,8 @@ func (m *Model) charged(now time.Time, s *Set, req Request, d Decision, needHold
 	return calls, us, nil
 }
 
-// Block makes the GCRA rules of s admit nothing for req's keys until
-// until, as Limiter.Block does at time now, and reports every rule's state
-// after it.
+// Block makes the rules of s admit nothing for req's keys until until, as
+// Limiter.Block does at time now, and reports every rule's state after it.
 func (m *Model) Block(now time.Time, s *Set, req Request, until time.Time) (Decision, error) {
 	us, err := micros(now)
 	if err != nil {
@@ -202,6 +201,8 @@ type model struct {
 	holders map[string]map[string]int64 // key -> holder -> lease expiry
 	tokens  map[string]map[string]int64
 	seq     map[string]int64
+	// Other kinds than GCRA: per block key, until when a Block holds.
+	tills map[string]int64
 }
 
 // booking is an interval [x, e) of a GCRA rule's virtual time booked by a
@@ -227,7 +228,7 @@ type logEntry struct {
 func newModel() *model {
 	return &model{tats: map[string]int64{}, lasts: map[string]int64{}, books: map[string][]booking{}, changed: map[string]int64{},
 		blocks: map[string]int64{}, flows: map[string]map[string]int64{}, tags: map[string]fairTag{}, wins: map[string]map[int64]int64{}, logs: map[string][]logEntry{},
-		holders: map[string]map[string]int64{}, tokens: map[string]map[string]int64{}, seq: map[string]int64{}}
+		holders: map[string]map[string]int64{}, tokens: map[string]map[string]int64{}, seq: map[string]int64{}, tills: map[string]int64{}}
 }
 
 func (m *model) window(c call, t int64) (int64, int64) {
@@ -247,24 +248,33 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
+// winEarliest mirrors rules.lua's win_earliest: the earliest t' >= t at
+// which a window rule has room for n, regardless of a block.
+func (m *model) winEarliest(c call, t, n int64) int64 {
+	if n > c.c.limit {
+		return -1
+	}
+	for i := 0; i < 64; i++ {
+		s, e := m.window(c, t)
+		if m.wins[c.keys[0]][s]+n <= c.c.limit {
+			return t
+		}
+		t = e
+	}
+	return t
+}
+
 func (m *model) earliest(c call, t, n, now int64, holder string, critical bool) int64 {
 	k := c.keys[0]
+	if c.c.kind != kindGCRA {
+		t = max(t, m.tills[c.keys[len(c.keys)-1]])
+	}
 	switch c.c.kind {
 	case kindGCRA:
 		a, _, _ := m.fit(c, t, n, now)
 		return a
 	case kindFixed, kindCalendar:
-		if n > c.c.limit {
-			return -1
-		}
-		for i := 0; i < 64; i++ {
-			s, e := m.window(c, t)
-			if m.wins[k][s]+n <= c.c.limit {
-				return t
-			}
-			t = e
-		}
-		return t
+		return m.winEarliest(c, t, n)
 	case kindSliding:
 		return m.slidingEarliest(c, t, n)
 	}
@@ -280,7 +290,7 @@ func (m *model) earliest(c call, t, n, now int64, holder string, critical bool) 
 	for _, e := range hs {
 		first = min(first, e)
 	}
-	return first
+	return max(t, first)
 }
 
 // slidingEarliest mirrors rules.lua's sl_earliest: the earliest t' >= t at
@@ -482,7 +492,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				continue
 			}
 			start, stop := m.window(c, from)
-			if t >= stop && stop-start > horizon && m.earliest(c, from, n, now, holder, critical) >= stop {
+			if t >= stop && stop-start > horizon && m.winEarliest(c, from, n) >= stop {
 				deny = &[2]int64{t - now, int64(i + 1)}
 				break
 			}
@@ -846,6 +856,8 @@ func (m *model) block(calls []call, now, until int64) {
 				}
 				m.setTAT(k, tat, now)
 			}
+		} else if k := c.keys[len(c.keys)-1]; until > now && until > m.tills[k] {
+			m.tills[k] = until
 		}
 	}
 	m.flush()

@@ -5,10 +5,12 @@
 -- are read at most once per call and written back at its end. Composed
 -- after internal/script/lua/gcra.lua, booked.lua and rules.lua.
 --
--- KEYS     per request, its rules' keys in rule order: one per rule, two
---          for GCRA (TAT, bookings sorted set; see booked.lua; three for a
---          fair one: and the flows' finishes) and for concurrency (holders
---          sorted set, tokens hash)
+-- KEYS     per request, its rules' keys in rule order: for GCRA the TAT and
+--          the bookings sorted set (see booked.lua; and for a fair one the
+--          flows' finishes); for a window its state (a hash, or a sorted
+--          set for sliding) and for concurrency the holders sorted set and
+--          tokens hash, each then followed by the rule's block key (a
+--          string: until when a Block holds it, µs)
 -- ARGV[1]  number of requests; then per request, from its first argument:
 --   +1     op: 0 allow, 1 reserve, 2 refund, 3 status, 4 block, 5 held
 --   +2     explicit now in microseconds, or -1 for the server's TIME (read
@@ -22,7 +24,7 @@
 --          entries
 --   +9     refund, held: the time the charge was made at (reply field t);
 --          reserve: book no earlier than this time (0: now);
---          block: until when GCRA rules admit nothing
+--          block: until when the rules admit nothing
 --   +10    number of rules, then per rule its kind and its parameters, or
 --          0: the previous request's rules and parameters, unchanged;
 --            1 GCRA         em, burst, fair (1 shared fairly by flows)
@@ -69,6 +71,7 @@ end
 -- load reads each rule's state once; later steps use and update the cache.
 local function load(r, now, critical)
   local kind = r.kind
+  if kind ~= 1 then r.till = tonumber(call('GET', r.blk)) or 0 end
   if kind == 1 then
     gc_load(r, now, critical)
   elseif kind == 2 or kind == 3 then
@@ -82,17 +85,20 @@ end
 
 -- earliest time >= t at which rule r admits a request of cost n made at
 -- now; -1 never. A GCRA rule keeps where it would place the request
--- (gc_fit), which the charge then takes.
+-- (gc_fit), which the charge then takes. Other kinds admit nothing before
+-- the end of a block (r.till).
 local function earliest(r, t, n, now, critical, holder)
   local kind = r.kind
   if kind == 1 then
     return gc_fit(r, t, n, now)
-  elseif kind == 2 or kind == 3 then
+  end
+  if t < r.till then t = r.till end
+  if kind == 2 or kind == 3 then
     return win_earliest(r, t, n)
   elseif kind == 4 then
     return sl_earliest(r, t, n, now)
   end
-  return cc_earliest(r, t, critical, holder)
+  return max(t, cc_earliest(r, t, critical, holder))
 end
 
 -- status returns rule r's used, remaining and reset_after at now.
@@ -134,8 +140,12 @@ local function take_keys(r, k)
       r.fkey = KEYS[k]
       k = k + 1
     end
-  elseif r.kind == 5 then
-    r.hkey = KEYS[k]
+  else
+    if r.kind == 5 then
+      r.hkey = KEYS[k]
+      k = k + 1
+    end
+    r.blk = KEYS[k]
     k = k + 1
   end
   return k
@@ -191,7 +201,8 @@ local function decide(k0, a0)
       local r = {kind = tonumber(ARGV[a]), key = false, em = 0, burst = 0, limit = 0, p = false,
         max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, fair = false,
         flow = false, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
-        stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false}
+        stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
+        blk = false, till = 0}
       local kind = r.kind
       if kind == 1 then
         r.em, r.burst, r.fair = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'
@@ -277,12 +288,17 @@ local function decide(k0, a0)
   end
 
   if op == 4 then
-    -- Block: GCRA rules admit nothing before `till`, then resume at their
-    -- rate (the TAT is moved so that one unit conforms exactly then).
+    -- Block: the rules admit nothing before `till`. GCRA rules then resume
+    -- at their rate (the TAT is moved so that one unit conforms exactly
+    -- then); the others keep the end in their block key, never lowered.
     local till = tonumber(ARGV[a0 + 9])
     for i = 1, nrules do
       local r = rules[i]
-      if r.kind == 1 then gc_block(r, till, now, ttl_floor) end
+      if r.kind == 1 then
+        gc_block(r, till, now, ttl_floor)
+      elseif till > now and till > (tonumber(call('GET', r.blk)) or 0) then
+        call('SET', r.blk, fmt(till), 'PX', fmt(ttl_ms(till - now, ttl_floor)))
+      end
     end
     for i = 1, nrules do load(rules[i], now, critical) end
     return reply(rules, nrules, now, 1, 0, 0, now), k, a - 1

@@ -141,7 +141,8 @@ type compiled struct {
 	// args are the rule's script arguments that never change, boxed once.
 	args []any
 	// tails end the rule's keys: ":" NAME ":" SUFFIX, or for concurrency
-	// the holders set and the tokens hash.
+	// the holders set and the tokens hash; then, for every kind but GCRA
+	// (whose block moves its TAT), ":" NAME ":block", the end of a Block.
 	tails []string
 	ticks *tickCache // calendar
 	fair  bool       // GCRA shared fairly among flows
@@ -368,14 +369,14 @@ func NewSet(rules ...Rule) (*Set, error) {
 		c = c.withArgs()
 		switch c.kind {
 		case kindConcurrency:
-			c.tails = []string{":" + r.Name + ":holders", ":" + r.Name + ":tokens"}
+			c.tails = []string{":" + r.Name + ":holders", ":" + r.Name + ":tokens", ":" + r.Name + ":block"}
 		case kindGCRA:
 			c.tails = []string{":" + r.Name + ":gcra", ":" + r.Name + ":gcra:booked"}
 			if c.fair {
 				c.tails = append(c.tails, ":"+r.Name+":gcra:flows")
 			}
 		default:
-			c.tails = []string{":" + r.Name + ":" + c.suffix}
+			c.tails = []string{":" + r.Name + ":" + c.suffix, ":" + r.Name + ":block"}
 		}
 		s.comp = append(s.comp, c)
 		s.named = s.named || c.kind == kindSliding || c.kind == kindGCRA

@@ -123,7 +123,7 @@ type split struct {
 	rates, slots     *quotas.Set
 	local            [2]*quotas.Set // rates and slots at LocalShare (FailLocal)
 	rateIdx, slotIdx []int          // positions in the binding's set
-	throttle         *quotas.Set    // the rate rules an upstream throttle blocks
+	throttle         *quotas.Set    // the rules an upstream throttle blocks
 	throttleIdx      []int          // their positions in the binding's set
 	critical         bool           // the binding's tasks may use reserved slots
 	fair             bool           // a rate rule is fair
@@ -137,20 +137,25 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 	var rates, slots []quotas.Rule
 	var scoped []quotas.Rule
 	for i, r := range b.Set().Rules() {
+		if b.throttle[i] {
+			scoped, sp.throttleIdx = append(scoped, r), append(sp.throttleIdx, i)
+		}
 		if isConcurrency(r.Limit) {
 			slots, sp.slotIdx = append(slots, r), append(sp.slotIdx, i)
 			continue
 		}
 		rates, sp.rateIdx = append(rates, r), append(sp.rateIdx, i)
 		sp.fair = sp.fair || r.Fair
-		if b.throttle[i] {
-			scoped, sp.throttleIdx = append(scoped, r), append(sp.throttleIdx, i)
-		}
 	}
-	if len(scoped) == 0 {
+	switch {
+	case len(scoped) > 0:
+	case len(rates) > 0:
 		// No rule of the task in the policy's throttle list (or none is
-		// named): a throttle blocks all its rate and window rules.
+		// named): a throttle blocks all its rate and window rules...
 		scoped, sp.throttleIdx = rates, sp.rateIdx
+	default:
+		// ... or, without any, its concurrency rules.
+		scoped, sp.throttleIdx = slots, sp.slotIdx
 	}
 	for i, rules := range [][]quotas.Rule{rates, slots} {
 		if len(rules) == 0 {

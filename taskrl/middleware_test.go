@@ -3,6 +3,7 @@ package taskrl
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -889,5 +890,63 @@ func TestPause(t *testing.T) {
 	info, _ := asynq.NewInspectorFromRedisClient(c).GetQueueInfo("q")
 	if info.Archived != 0 || info.Failed != 0 {
 		t.Fatalf("archived %d, failed %d", info.Archived, info.Failed)
+	}
+}
+
+// TestThrottleBlocksWindowsAndSlots: a 429 holds back, on every worker,
+// tasks whose only rules are a window or a concurrency rule: new decisions
+// wait for the block as they do behind a GCRA rule.
+func TestThrottleBlocksWindowsAndSlots(t *testing.T) {
+	for _, rule := range []Rule{
+		{Name: "hourly", Match: Match{Type: "job"}, Limit: quotas.FixedWindow{Limit: 1000, Every: time.Hour}},
+		{Name: "slots", Match: Match{Type: "job"}, Limit: quotas.Concurrency{Max: 5, Lease: time.Minute}},
+	} {
+		t.Run(rule.Name, func(t *testing.T) {
+			c := redistest.StartServer(t).Client(t)
+			m := newMiddleware(t, c, rule)
+			const retryAfter = 1500 * time.Millisecond
+			var mu sync.Mutex
+			var throttledAt time.Time
+			var after []time.Duration
+			runWorkers(t, c, m, 2, 4, "q", func(ctx context.Context, task *asynq.Task) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if throttledAt.IsZero() {
+					throttledAt = time.Now()
+					return Throttled(retryAfter, errors.New("429"))
+				}
+				if string(task.Payload()) != "first" {
+					after = append(after, time.Since(throttledAt))
+				}
+				return nil
+			})
+			if _, err := asynq.NewClientFromRedisClient(c).Enqueue(asynq.NewTask("job", []byte("first")), asynq.Queue("q"), asynq.MaxRetry(0)); err != nil {
+				t.Fatal(err)
+			}
+			for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				mu.Lock()
+				p := !throttledAt.IsZero()
+				mu.Unlock()
+				if p {
+					break
+				}
+				if time.Now().After(end) {
+					t.Fatal("the first task did not run")
+				}
+			}
+			time.Sleep(50 * time.Millisecond) // the block is written as the handler returns
+			enqueueJobs(t, c, 10, asynq.MaxRetry(0))
+			time.Sleep(retryAfter + 1500*time.Millisecond)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(after) != 10 {
+				t.Fatalf("%d of 10 tasks ran", len(after))
+			}
+			slices.Sort(after)
+			t.Logf("%s: after a %v 429, the next tasks started %v to %v later", rule.Name, retryAfter, after[0], after[len(after)-1])
+			if after[0] < retryAfter-50*time.Millisecond {
+				t.Errorf("a task started %v after a %v 429", after[0], retryAfter)
+			}
+		})
 	}
 }

@@ -177,9 +177,10 @@ func (p *Policy) WithCritical(ms ...Match) (*Policy, error) {
 // throttled upstream blocks those of its rules that are named, so that a
 // per-customer 429 under throttle: [per-business] does not hold back the
 // other customers behind a shared rule. A task governed by none of them
-// blocks all its rate and window rules, as does every task when no rule is
-// named (the default). Names must be rules of p other than concurrency
-// rules; the error names the entry (throttle[1]) and what is wrong.
+// blocks all its rate and window rules (its concurrency rules if it has
+// no other), as does every task when no rule is named (the default).
+// Names must be rules of p; the error names the entry (throttle[1]) and
+// what is wrong.
 func (p *Policy) WithThrottle(names ...string) (*Policy, error) {
 	var errs errList
 	for i, n := range names {
@@ -205,11 +206,8 @@ func (p *Policy) checkThrottle(name string) string {
 			}
 		}
 	}
-	switch {
-	case r == nil:
+	if r == nil {
 		return fmt.Sprintf("no rule is named %q", name)
-	case isConcurrency(r.Limit):
-		return fmt.Sprintf("rule %q is a concurrency rule; a throttle blocks rate and window rules", name)
 	}
 	return ""
 }
@@ -220,7 +218,8 @@ func isConcurrency(l quotas.Limit) bool {
 }
 
 // Throttle returns a copy of the names of the rules an upstream throttle
-// blocks (see WithThrottle); nil means a task's rate and window rules.
+// blocks (see WithThrottle); nil means a task's rate and window rules, or
+// its concurrency rules if it has no other.
 func (p *Policy) Throttle() []string {
 	if p == nil {
 		return nil

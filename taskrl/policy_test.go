@@ -33,7 +33,6 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules, redis_unavailable, critical or throttle`},
 		{"throttle not a list", "throttle: a\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: throttle: must be a list of rule names such as [per-business], got the string "a"`},
 		{"throttle unknown rule", "throttle:\n  - a\n  - vendor\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 3: throttle[2]: no rule is named "vendor"`},
-		{"throttle concurrency rule", "throttle: [a]\n" + doc("concurrency: {max: 2, lease: 30s}"), `policy: line 1: throttle[1]: rule "a" is a concurrency rule; a throttle blocks rate and window rules`},
 		{"throttle not a name", "throttle: [{a: 1}]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: throttle[1]: must be a string, got a mapping`},
 		{"critical not a list", "critical: {queue: c}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: critical: must be a list of matchers such as - {queue: critical}, got a mapping`},
 		{"critical empty matcher", "critical:\n  - {queue: c}\n  - {}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 3: critical[2]: needs a task type (type: ...) or a queue`},

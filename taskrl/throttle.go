@@ -90,9 +90,11 @@ func (j *job) backOff(te *ThrottledError) error {
 	if wait <= 0 {
 		wait = time.Second
 	}
-	if j.sp != nil && j.sp.rates != nil {
+	if j.sp != nil {
 		// The remote side did not count the call: neither do the windows.
-		j.refund(j.charge)
+		if j.sp.rates != nil {
+			j.refund(j.charge)
+		}
 		if err := j.block(j.m.serverNow().Add(wait)); err != nil {
 			j.m.cfg.Logger.Warn("taskrl: blocking throttled rules failed", "err", err)
 		}
