@@ -45,7 +45,7 @@ func (j *job) step(s step) step {
 	s.now = j.m.serverNow()
 	s.left = noDeadline
 	if dl, ok := j.ctx.Deadline(); ok {
-		s.left = dl.Sub(j.m.cfg.Clock.Now())
+		s.left = time.Until(dl) // the context's deadline is on the wall clock
 	}
 	s.waited = waited(j.t)
 	return s
@@ -224,8 +224,14 @@ func (j *job) localTurn() error {
 		case err != nil:
 			return err
 		case d.Allowed:
-			return hold(j.ctx, d.Delay)
+			if err := hold(j.ctx, d.Delay); err != nil {
+				// The task does not run: its turn goes back.
+				_ = m.local.Refund(m.cfg.Clock.Now(), j.sp.local[0], j.rates, d)
+				return err
+			}
+			return nil
 		case d.RetryAfter == quotas.Never:
+			j.observe(Event{Outcome: Refused, Rule: d.Rule})
 			return fmt.Errorf("taskrl: task can never pass rule %q: %w", d.Rule, asynq.SkipRetry)
 		}
 		if err := hold(j.ctx, d.RetryAfter); err != nil {
@@ -274,13 +280,16 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		if err != nil && !errors.Is(err, errRedisDown) {
 			j.observe(Event{Outcome: RedisError, Err: err})
 		}
-		a := plan(m.limits, j.step(step{stage: stageSlots, decision: d, err: err, charged: j.charge.Allowed, holdEnd: holdEnd}))
+		a := plan(m.limits, j.step(step{stage: stageSlots, decision: d, err: err, charged: j.charge.Allowed, holdEnd: holdEnd, lease: j.sp.lease}))
 		switch a.verb {
 		case unlimited:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; running without a concurrency slot", "task", j.id, "err", err)
 			return next.ProcessTask(j.ctx, j.t)
 		case local:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; taking a concurrency slot in this process (fail local)", "task", j.id, "err", err)
+			if admit.Outcome == "" {
+				j.observe(Event{Outcome: Local})
+			}
 			leases, err := j.localSlots(req)
 			if err != nil {
 				return err

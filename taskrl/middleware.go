@@ -125,6 +125,7 @@ type split struct {
 	rateIdx, slotIdx []int          // positions in the binding's set
 	throttle         *quotas.Set    // the rules an upstream throttle blocks
 	throttleIdx      []int          // their positions in the binding's set
+	lease            time.Duration  // the longest lease of the slots
 	critical         bool           // the binding's tasks may use reserved slots
 	fair             bool           // a rate rule is fair
 }
@@ -140,8 +141,9 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 		if b.throttle[i] {
 			scoped, sp.throttleIdx = append(scoped, r), append(sp.throttleIdx, i)
 		}
-		if isConcurrency(r.Limit) {
+		if c, ok := r.Limit.(quotas.Concurrency); ok {
 			slots, sp.slotIdx = append(slots, r), append(sp.slotIdx, i)
+			sp.lease = max(sp.lease, c.Lease)
 			continue
 		}
 		rates, sp.rateIdx = append(rates, r), append(sp.rateIdx, i)
@@ -170,7 +172,9 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 			shares[k] = atShare(r, m.cfg.LocalShare)
 		}
 		if sp.local[i], err = quotas.NewSet(shares...); err != nil {
-			return nil, err
+			// A share past a limit's bounds (a GCRA burst at its floor
+			// of 1 over 35 years): the whole limit in each process.
+			sp.local[i] = set
 		}
 		if i == 0 {
 			sp.rates = set
@@ -311,12 +315,13 @@ var errRedisDown = errors.New("taskrl: Redis failed less than a second ago; not 
 // that while Redis is down each task pays the client's timeouts and retries
 // at most once a second per process, not every time.
 func guard(m *Middleware, call func() (quotas.Decision, error)) (quotas.Decision, error) {
-	if m.cfg.Clock.Now().UnixNano() < m.down.Load() {
+	// Real time: this is about the client's timeouts, not the limits.
+	if time.Now().UnixNano() < m.down.Load() {
 		return quotas.Decision{}, errRedisDown
 	}
 	d, err := call()
 	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-		m.down.Store(m.cfg.Clock.Now().Add(time.Second).UnixNano())
+		m.down.Store(time.Now().Add(time.Second).UnixNano())
 	}
 	return d, err
 }

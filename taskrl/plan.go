@@ -43,6 +43,7 @@ type step struct {
 	rule     string          // stageBlocked: the blocked rule
 	charged  bool            // stageSlots: the rate rules hold a charge
 	holdEnd  time.Time       // stageSlots: the worker stops waiting then
+	lease    time.Duration   // stageSlots: the longest lease of the slots
 }
 
 // verb is what plan tells the middleware to do.
@@ -141,7 +142,7 @@ func planRates(c limits, s step) action {
 			reason: "throttle budget " + c.budget.String() + " spent (waited " + s.waited.String() + ", would wait " + w.String() + " more)"}
 	}
 	switch {
-	case d.Allowed && d.Delay <= c.maxHold && d.Delay < s.left:
+	case d.Allowed && (d.Delay == 0 || d.Delay <= c.maxHold && d.Delay < s.left):
 		return action{verb: run, wait: d.Delay}
 	case d.Allowed:
 		return action{verb: reschedule, wait: d.Delay, booked: d.Now.Add(d.Delay)}
@@ -154,7 +155,8 @@ func planRates(c limits, s step) action {
 
 // planSlots acts on the concurrency slots: run when they are the task's,
 // wait for them in the worker briefly, or reschedule in slotRetry keeping
-// the rate charge as the copy's booking then.
+// the rate charge as the copy's booking then. A wait longer than any lease
+// is a block (an upstream throttle): the task is rescheduled to its end.
 func planSlots(c limits, s step) action {
 	if s.err != nil {
 		return redisDown(c.mode)
@@ -166,8 +168,11 @@ func planSlots(c limits, s step) action {
 	w := min(d.RetryAfter, 100*time.Millisecond)
 	if s.now.Add(w).After(s.holdEnd) {
 		a := action{verb: reschedule, wait: slotRetry, rule: d.Rule}
+		if d.RetryAfter > s.lease {
+			a.wait = d.RetryAfter
+		}
 		if s.charged {
-			a.booked = s.now.Add(slotRetry)
+			a.booked = s.now.Add(a.wait)
 		}
 		return a
 	}

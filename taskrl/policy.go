@@ -212,11 +212,6 @@ func (p *Policy) checkThrottle(name string) string {
 	return ""
 }
 
-func isConcurrency(l quotas.Limit) bool {
-	_, ok := l.(quotas.Concurrency)
-	return ok
-}
-
 // Throttle returns a copy of the names of the rules an upstream throttle
 // blocks (see WithThrottle); nil means a task's rate and window rules, or
 // its concurrency rules if it has no other.

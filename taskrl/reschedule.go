@@ -64,7 +64,8 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 	}
 	maxRetry, _ := asynq.GetMaxRetry(j.ctx)
 	copyID := formatID(org, round+1)
-	opts := []asynq.Option{asynq.Queue(j.queue), asynq.TaskID(copyID), asynq.MaxRetry(max(0, maxRetry-retryCount(j.ctx))), asynq.ProcessIn(in)}
+	at := time.Now().Add(in) // asynq's own clock, once: retries of the enqueue keep it
+	opts := []asynq.Option{asynq.Queue(j.queue), asynq.TaskID(copyID), asynq.MaxRetry(max(0, maxRetry-retryCount(j.ctx))), asynq.ProcessAt(at)}
 	// inherit adds the original's timeout, deadline and retention, once.
 	inherited := false
 	inherit := func() {

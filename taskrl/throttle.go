@@ -49,9 +49,10 @@ type jobKey struct{}
 // the task: for a call that succeeded while the remote side said its quota
 // is spent until then (RateLimit-Remaining: 0 with a reset), so that the
 // fleet slows down before the wall rather than at it. The block starts
-// when the handler returns; several calls keep the longest. It reports
-// whether ctx is the context of a task the middleware governs with rate
-// or window rules; d <= 0 does nothing. Safe for concurrent use.
+// when the handler returns (if it returns a Throttled error, the longer of
+// the two waits holds); several calls keep the longest. It reports whether
+// ctx is the context of a task some rule of the policy governs; d <= 0
+// does nothing. Safe for concurrent use.
 func Pause(ctx context.Context, d time.Duration) bool {
 	j, ok := ctx.Value(jobKey{}).(*job)
 	if !ok || j.sp == nil || j.sp.throttle == nil {
@@ -90,6 +91,7 @@ func (j *job) backOff(te *ThrottledError) error {
 	if wait <= 0 {
 		wait = time.Second
 	}
+	wait = max(wait, time.Duration(j.pause.Load()))
 	if j.sp != nil {
 		// The remote side did not count the call: neither do the windows.
 		if j.sp.rates != nil {

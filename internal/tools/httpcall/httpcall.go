@@ -344,27 +344,53 @@ func retryAfter(v string, now time.Time) time.Duration {
 const maxPause = 24 * time.Hour
 
 // rateParam finds remaining (r) and reset (t) in the structured RateLimit
-// header of the IETF drafts: "limit=100, remaining=0, reset=30" or
-// "default";r=0;t=30.
+// header of the IETF drafts: "limit=100, remaining=0, reset=30" (one
+// dictionary) or "default";r=0;t=30 (a list of policies, ';' parameters).
 var rateParam = regexp.MustCompile(`(?:^|[\s,;])(remaining|reset|r|t)=(\d+)`)
+
+// structured reads a structured RateLimit field: whether some policy in
+// it has nothing remaining, and the latest reset among those.
+func structured(v string) (remaining, reset string) {
+	items := []string{v} // the dictionary form is one policy
+	if strings.Contains(v, ";") {
+		items = strings.Split(v, ",")
+	}
+	spent := int64(-1)
+	for _, it := range items {
+		var r, t string
+		for _, m := range rateParam.FindAllStringSubmatch(it, -1) {
+			switch m[1] {
+			case "remaining", "r":
+				r = m[2]
+			case "reset", "t":
+				t = m[2]
+			}
+		}
+		switch {
+		case r == "0":
+			secs, _ := strconv.ParseInt(t, 10, 64)
+			if secs > spent {
+				spent, remaining, reset = secs, "0", t
+			}
+		case r != "" && remaining == "":
+			remaining = r
+		}
+	}
+	return remaining, reset
+}
 
 // quotaSpent reads the rate-limit headers of an answer: the IETF draft's
 // RateLimit-Remaining and RateLimit-Reset (or one RateLimit field) and the
-// common X-RateLimit-Remaining and X-RateLimit-Reset (delta seconds, or
-// Unix seconds when the value is past 10^9, as GitHub sends). It reports
+// common X-RateLimit-Remaining and X-RateLimit-Reset (delta seconds, Unix
+// seconds past 10^9 as GitHub sends, or Unix milliseconds past 10^12). A
+// structured field with several policies is spent when any is, until the
+// latest reset among those. It reports
 // whether they say nothing remains and, if so, how long until the quota
 // resets (at most maxPause; 0 when the reset is missing or past).
 func quotaSpent(h http.Header, now time.Time) (reset time.Duration, spent bool) {
 	remaining, resetV := h.Get("RateLimit-Remaining"), h.Get("RateLimit-Reset")
 	if remaining == "" {
-		for _, m := range rateParam.FindAllStringSubmatch(h.Get("RateLimit"), -1) {
-			switch m[1] {
-			case "remaining", "r":
-				remaining = m[2]
-			case "reset", "t":
-				resetV = m[2]
-			}
-		}
+		remaining, resetV = structured(h.Get("RateLimit"))
 	}
 	if remaining == "" {
 		remaining, resetV = h.Get("X-RateLimit-Remaining"), h.Get("X-RateLimit-Reset")
@@ -376,6 +402,8 @@ func quotaSpent(h http.Header, now time.Time) (reset time.Duration, spent bool) 
 	switch {
 	case err != nil || secs <= 0:
 		return 0, true
+	case secs > 1e12: // Unix milliseconds
+		reset = time.UnixMilli(secs).Sub(now)
 	case secs > 1e9:
 		reset = time.Unix(secs, 0).Sub(now)
 	default:
