@@ -348,6 +348,65 @@ func TestCampaign(t *testing.T) {
 	r.stop()
 }
 
+// TestScopedThrottle: one business calls an endpoint whose per-business
+// limit is stricter than the policy knows (1/s against the policy's
+// 1.8/s), so it draws 429s. Under throttle: [per-business] they hold back
+// that business alone: the other 20 businesses' 100 calls, to the usual
+// API, finish within 1.3x of the time the limits allow, with zero 429s.
+// Without the scope each 429 blocks the shared vendor rule for everyone,
+// and the same calls take longer: the test measures both, so it fails if
+// the scope makes no difference.
+func TestScopedThrottle(t *testing.T) {
+	const quiet, businesses, noisy = 100, 20, 40
+	var took [2]time.Duration
+	var best time.Duration
+	for i, head := range []string{"throttle: [per-business]\n", ""} {
+		strict, err := fakeapi.New(fakeapi.Limits{PerBusiness: gcra.Limit{Rate: 1, Period: time.Second, Burst: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		strictURL, err := strict.Start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness}, head+noisyPolicy, 3)
+		client := asynq.NewClientFromRedisClient(redistest.Client(t))
+		for k := 0; k < noisy; k++ {
+			payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "noisy"}`, strictURL+"/v1/charge")
+			if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(r.queue), asynq.MaxRetry(0)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		begin := time.Now()
+		r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(quiet), "--businesses", fmt.Sprint(businesses))
+		st := r.waitKeys(quiet, time.Minute)
+		took[i] = st.LastOK.Sub(begin)
+		calls := make([]ideal.Call, quiet)
+		for k := range calls {
+			calls[k] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", k%businesses+1)}
+		}
+		best = ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: peak}, {GCRA: perBusiness, Keyed: true}}, calls)).Sub(begin)
+		ns := strict.Stats()
+		t.Logf("%s: the other businesses' %d calls took %v (the limits allow %v: %.2fx), %d 429s among them; the noisy business: %d calls, %d answered 429",
+			map[bool]string{true: "throttle: [per-business]", false: "no throttle scope"}[head != ""], st.OK, took[i].Round(time.Millisecond), best.Round(time.Millisecond), float64(took[i])/float64(best), st.Throttled, ns.Calls, ns.Throttled)
+		if st.DistinctKeys != quiet {
+			t.Fatalf("%d of the %d other calls answered", st.DistinctKeys, quiet)
+		}
+		checkCalls(t, st)
+		if ns.Throttled == 0 {
+			t.Fatalf("the noisy business drew no 429: the test does not test the scope")
+		}
+		r.stop()
+		strict.Close()
+	}
+	if float64(took[0]) > 1.3*float64(best) {
+		t.Errorf("with the scope the other businesses took %v, more than 1.3x the %v the limits allow", took[0], best)
+	}
+	if took[1] < took[0]+took[0]/4 {
+		t.Errorf("without the scope the other businesses took %v, with it %v: the scope made no difference", took[1], took[0])
+	}
+}
+
 // TestNoisyBusiness: one business enqueues 300 calls, then 19 others 10
 // each, on three worker processes. The noisy business's own limit books
 // its calls far ahead, over nearly three minutes; the quiet businesses must
