@@ -318,6 +318,17 @@ rules:
     gcra: {rate: 1.8, per: 1s, burst: 1}
 `
 
+// bestTime is how long after begin the limits of noisyPolicy alone (package
+// ideal) allow n calls over businesses b1..bK, enqueued at begin in turn,
+// to finish.
+func bestTime(begin time.Time, n, businesses int) time.Duration {
+	calls := make([]ideal.Call, n)
+	for i := range calls {
+		calls[i] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", i%businesses+1)}
+	}
+	return ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: peak}, {GCRA: perBusiness, Keyed: true}}, calls)).Sub(begin)
+}
+
 // TestCampaign: the campaign of TestBinaries under the global and
 // per-business rates alone (18/s and 1.8/s), where the global rate binds:
 // 400 calls over 20 businesses in turn finish within 1.05x of the 22.1 s
@@ -330,11 +341,7 @@ func TestCampaign(t *testing.T) {
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(tasks, time.Minute)
-	calls := make([]ideal.Call, tasks)
-	for i := range calls {
-		calls[i] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", i%businesses+1)}
-	}
-	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: peak}, {GCRA: perBusiness, Keyed: true}}, calls)).Sub(begin)
+	best := bestTime(begin, tasks, businesses)
 	took := st.LastOK.Sub(begin)
 	t.Logf("%d calls answered 2xx, %d 429s; took %v from the enqueue, the limits allow %v: ratio %.3f; busiest second %d",
 		st.OK, st.Throttled, took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best), st.BusiestSecond().OK)
@@ -381,11 +388,7 @@ func TestScopedThrottle(t *testing.T) {
 		r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(quiet), "--businesses", fmt.Sprint(businesses))
 		st := r.waitKeys(quiet, time.Minute)
 		took[i] = st.LastOK.Sub(begin)
-		calls := make([]ideal.Call, quiet)
-		for k := range calls {
-			calls[k] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", k%businesses+1)}
-		}
-		best = ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: peak}, {GCRA: perBusiness, Keyed: true}}, calls)).Sub(begin)
+		best = bestTime(begin, quiet, businesses)
 		ns := strict.Stats()
 		t.Logf("%s: the other businesses' %d calls took %v (the limits allow %v: %.2fx), %d 429s among them; the noisy business: %d calls, %d answered 429",
 			map[bool]string{true: "throttle: [per-business]", false: "no throttle scope"}[head != ""], st.OK, took[i].Round(time.Millisecond), best.Round(time.Millisecond), float64(took[i])/float64(best), st.Throttled, ns.Calls, ns.Throttled)
