@@ -240,14 +240,6 @@ func (m *model) window(c call, t int64) (int64, int64) {
 	return s.UnixMicro(), e.UnixMicro()
 }
 
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && a < 0 {
-		q--
-	}
-	return q
-}
-
 // winEarliest mirrors rules.lua's win_earliest: the earliest t' >= t at
 // which a window rule has room for n, regardless of a block.
 func (m *model) winEarliest(c call, t, n int64) int64 {
