@@ -246,6 +246,20 @@ func checkCalls(t *testing.T, st fakeapi.Stats) {
 	}
 }
 
+// checkExact requires every one of n tasks called exactly once, with no
+// 429 (checkCalls), and the run within 1.05x of best, the time the limits
+// allow.
+func checkExact(t *testing.T, st fakeapi.Stats, n int, took, best time.Duration) {
+	t.Helper()
+	if st.DistinctKeys != n || st.Calls != n {
+		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", n, st.Calls, st.DistinctKeys)
+	}
+	checkCalls(t, st)
+	if float64(took) > 1.05*float64(best) {
+		t.Errorf("took %v, more than 1.05x the %v the limits allow", took, best)
+	}
+}
+
 // TestBinaries builds the worker and enqueue binaries and runs the product
 // as the README tells a user to: three worker processes with a policy just
 // under a strict API's limits (global 20/s burst 5, 2/s burst 2 per
@@ -272,13 +286,7 @@ func TestBinaries(t *testing.T) {
 	t.Logf("API: %d calls, %d answered 2xx, %d distinct keys, %d duplicates, %d 429s; busiest second %d; took %v from the enqueue, the limits allow %v: ratio %.3f",
 		st.Calls, st.OK, st.DistinctKeys, st.Duplicates, st.Throttled, st.BusiestSecond().OK,
 		took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best))
-	if st.DistinctKeys != tasks || st.Calls != tasks {
-		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", tasks, st.Calls, st.DistinctKeys)
-	}
-	checkCalls(t, st)
-	if float64(took) > 1.05*float64(best) {
-		t.Errorf("took %v, more than 1.05x the %v the limits allow", took, best)
-	}
+	checkExact(t, st, tasks, took, best)
 	r.stop()
 	info, err := r.insp.GetQueueInfo(r.queue)
 	if err != nil {
@@ -345,13 +353,7 @@ func TestCampaign(t *testing.T) {
 	took := st.LastOK.Sub(begin)
 	t.Logf("%d calls answered 2xx, %d 429s; took %v from the enqueue, the limits allow %v: ratio %.3f; busiest second %d",
 		st.OK, st.Throttled, took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best), st.BusiestSecond().OK)
-	if st.DistinctKeys != tasks || st.Calls != tasks {
-		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", tasks, st.Calls, st.DistinctKeys)
-	}
-	checkCalls(t, st)
-	if float64(took) > 1.05*float64(best) {
-		t.Errorf("took %v, more than 1.05x the %v the limits allow", took, best)
-	}
+	checkExact(t, st, tasks, took, best)
 	r.stop()
 }
 
