@@ -232,19 +232,26 @@ func pick(keys []string, idx []int) []string {
 func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		queue, _ := asynq.GetQueueName(ctx)
-		j := &job{m: m, t: t, queue: queue}
-		j.ctx = context.WithValue(ctx, jobKey{}, j)
-		j.id, _ = asynq.GetTaskID(ctx)
 		b := m.cfg.Policy.Bind(t.Type(), queue)
 		if b == nil {
+			// No job for a task no rule governs unless it is throttled.
 			err := next.ProcessTask(ctx, t)
 			if te := (*ThrottledError)(nil); errors.As(err, &te) {
-				return j.backOff(te)
+				return m.newJob(ctx, t, queue).backOff(te)
 			}
 			return err
 		}
-		return j.process(b, next)
+		return m.newJob(ctx, t, queue).process(b, next)
 	})
+}
+
+// newJob returns the job of a delivery of t from queue; its context
+// carries it, for Pause.
+func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string) *job {
+	j := &job{m: m, t: t, queue: queue}
+	j.ctx = context.WithValue(ctx, jobKey{}, j)
+	j.id, _ = asynq.GetTaskID(ctx)
+	return j
 }
 
 // ServerConfig returns cfg adjusted for paced tasks, and starts pacing its
