@@ -81,6 +81,11 @@ func TestClusterRoundTrips(t *testing.T) {
 func TestClusterMatchesStandalone(t *testing.T) {
 	single := newDiffer(t, redistest.Client(t), redistest.Prefix(t), 77)
 	cluster := newDiffer(t, redistest.Cluster(t), redistest.Prefix(t), 77)
+	// An adaptive rule in a slot that admitted grows even when another
+	// slot denies and the charge is undone (Adaptive's doc), so they are
+	// left out here.
+	single.sets = withoutAdaptive(single.sets)
+	cluster.sets = withoutAdaptive(cluster.sets)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(5, 5))
 	type held struct {
@@ -91,6 +96,9 @@ func TestClusterMatchesStandalone(t *testing.T) {
 	var hs []held
 	clean := func(d Decision) Decision {
 		d.nonce, d.undo = "", nil
+		if !d.Allowed {
+			d.ats = nil // the times the slots decided at; a denial charges none
+		}
 		for i := range d.Leases {
 			d.Leases[i].Token, d.Leases[i].zkey, d.Leases[i].hkey = 0, "", ""
 		}
@@ -135,6 +143,22 @@ func TestClusterMatchesStandalone(t *testing.T) {
 			t.Fatalf("op %d on %v keys %q:\n single  %+v\n cluster %+v", op, single.sets[si].rules, req.Keys, a, b)
 		}
 	}
+}
+
+// withoutAdaptive replaces the adaptive rules of sets by GCRA rules at
+// their Max.
+func withoutAdaptive(sets []*Set) []*Set {
+	out := make([]*Set, len(sets))
+	for i, s := range sets {
+		rules := s.Rules()
+		for j, r := range rules {
+			if a, ok := r.Limit.(Adaptive); ok {
+				rules[j].Limit = GCRA(gcra.Limit{Rate: a.Max, Period: a.Per, Burst: max(a.Burst, 1)})
+			}
+		}
+		out[i] = mustSet(rules...)
+	}
+	return out
 }
 
 func indexOf(sets []*Set, s *Set) int {

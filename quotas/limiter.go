@@ -27,7 +27,7 @@ import (
 var (
 	//go:embed quotas.lua
 	setLua    string
-	setText   = script.Text(setLua, "gcra", "booked", "rules")
+	setText   = script.Text(setLua, "gcra", "booked", "rules", "learn")
 	setScript = redis.NewScript(setText)
 	//go:embed lease.lua
 	leaseLua    string
@@ -141,6 +141,10 @@ type RuleStatus struct {
 	// ResetAfter is the time until the window ends, the bucket is full
 	// again, the oldest sliding entry leaves, or the first lease expires.
 	ResetAfter time.Duration
+	// Interval is, for a GCRA or Adaptive rule, the emission interval the
+	// decision used: for an Adaptive rule, the learned one (the rate is
+	// one unit per Interval). Zero for other kinds.
+	Interval time.Duration
 }
 
 // Lease is a concurrency slot taken by an admitted request; Renew keeps it,
@@ -195,6 +199,9 @@ type call struct {
 	keys []string
 	tag  string
 	flow string // a fair rule's flow, encoded
+	// em is a GCRA rule's emission interval: the rule's, or for an
+	// Adaptive rule the learned one, set by a Model when it loads it.
+	em int64
 	// digest names the request's global rules when the set has a fair
 	// rule (see digest); the same in every call of a request.
 	digest string
@@ -220,7 +227,7 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	calls := make([]call, len(s.rules))
 	size := 0
 	for i := range s.rules {
-		c := call{i: i, tag: keys.Global, c: &s.comp[i]}
+		c := call{i: i, tag: keys.Global, c: &s.comp[i], em: s.comp[i].em}
 		if r.Keys != nil {
 			c.key = r.Keys[i]
 		}
@@ -465,13 +472,13 @@ func b2i(b bool) int {
 // reply is one script call's parsed answer.
 type reply struct {
 	status, wait, rule, now, at int64
-	rules                       [][5]int64 // used, remaining, reset, u1, u2
+	rules                       [][6]int64 // used, remaining, reset, u1, u2, em
 }
 
 // parseReply reads one request's reply: v holds int64s.
 func parseReply(v []any, n int) (reply, error) {
 	bad := func() (reply, error) { return reply{}, fmt.Errorf("quotas: unexpected script reply %v", v) }
-	if len(v) < 5 || len(v) != 5 && len(v) != 5+5*n {
+	if len(v) < 5 || len(v) != 5 && len(v) != 5+6*n {
 		return bad()
 	}
 	var x [5]int64
@@ -486,14 +493,14 @@ func parseReply(v []any, n int) (reply, error) {
 		// A calendar miss (status -2) or a held reply: no rule states.
 		return r, nil
 	}
-	if len(v) != 5+5*n {
+	if len(v) != 5+6*n {
 		return bad()
 	}
-	r.rules = make([][5]int64, n)
+	r.rules = make([][6]int64, n)
 	for i := range n {
-		for k := range 5 {
+		for k := range 6 {
 			var ok bool
-			if r.rules[i][k], ok = v[5+5*i+k].(int64); !ok {
+			if r.rules[i][k], ok = v[5+6*i+k].(int64); !ok {
 				return bad()
 			}
 		}
@@ -716,8 +723,9 @@ func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
 	return d
 }
 
-func status(s *Set, c call, st [5]int64) RuleStatus {
-	return RuleStatus{Name: s.rules[c.i].Name, Key: c.key, Used: int(st[0]), Remaining: int(st[1]), ResetAfter: time.Duration(st[2]) * time.Microsecond}
+func status(s *Set, c call, st [6]int64) RuleStatus {
+	return RuleStatus{Name: s.rules[c.i].Name, Key: c.key, Used: int(st[0]), Remaining: int(st[1]), ResetAfter: time.Duration(st[2]) * time.Microsecond,
+		Interval: time.Duration(st[5]) * time.Microsecond}
 }
 
 // denied clears what only an admitted decision carries.

@@ -203,6 +203,13 @@ type model struct {
 	seq     map[string]int64
 	// Other kinds than GCRA: per block key, until when a Block holds.
 	tills map[string]int64
+	// Adaptive rules: per learn key, the state and until when it lives.
+	learns map[string]learnedUntil
+}
+
+type learnedUntil struct {
+	learned
+	exp int64
 }
 
 // booking is an interval [x, e) of a GCRA rule's virtual time booked by a
@@ -228,7 +235,8 @@ type logEntry struct {
 func newModel() *model {
 	return &model{tats: map[string]int64{}, lasts: map[string]int64{}, books: map[string][]booking{}, changed: map[string]int64{},
 		blocks: map[string]int64{}, flows: map[string]map[string]int64{}, tags: map[string]fairTag{}, wins: map[string]map[int64]int64{}, logs: map[string][]logEntry{},
-		holders: map[string]map[string]int64{}, tokens: map[string]map[string]int64{}, seq: map[string]int64{}, tills: map[string]int64{}}
+		holders: map[string]map[string]int64{}, tokens: map[string]map[string]int64{}, seq: map[string]int64{}, tills: map[string]int64{},
+		learns: map[string]learnedUntil{}}
 }
 
 func (m *model) window(c call, t int64) (int64, int64) {
@@ -348,7 +356,7 @@ func (m *model) status(c call, now int64) (used, rem, reset int64) {
 	k := c.keys[0]
 	switch c.c.kind {
 	case kindGCRA:
-		em := c.c.em
+		em := c.em
 		g1, till, rem := now, now+em*c.c.burst, int64(0)
 		if tat, ok := m.tats[k]; ok && tat > now {
 			g1 = tat
@@ -428,12 +436,17 @@ func (m *model) expire(k string, now int64) {
 // status. It returns the reply the script would give.
 func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, holder string, critical bool, nonce string) reply {
 	m.housekeep(calls, now)
+	m.learnLoad(calls, now)
 	m.load(calls, now, critical)
 	out := func(st, wait, rule, t int64, undo map[int][2]int64) reply {
 		r := reply{status: st, wait: wait, rule: rule, now: now, at: t}
 		for j, c := range calls {
 			u, rem, reset := m.status(c, now)
-			r.rules = append(r.rules, [5]int64{u, rem, reset, undo[j][0], undo[j][1]})
+			var em int64
+			if c.c.kind == kindGCRA {
+				em = c.em
+			}
+			r.rules = append(r.rules, [6]int64{u, rem, reset, undo[j][0], undo[j][1], em})
 		}
 		return r
 	}
@@ -526,7 +539,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			// Inherited from the booking's owner.
 			switch c.c.kind {
 			case kindGCRA:
-				till := t + c.c.burst*c.c.em
+				till := t + c.c.burst*c.em
 				for i, b := range m.books[k] {
 					if b.e <= t {
 						continue
@@ -559,7 +572,11 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			} else {
 				_, x, front = m.fit(c, t, n, now)
 			}
-			e := x + n*c.c.em
+			e := x + n*c.em
+			if p := c.c.learn; p != nil {
+				l := m.learned(c, now)
+				m.setLearned(c, now, l, p.grow(l, n, c.em, now))
+			}
 			if front && !c.c.fair {
 				undo[j] = [2]int64{e, m.tats[k]}
 				m.setTAT(k, e, now)
@@ -591,7 +608,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 					fs = map[string]int64{}
 					m.flows[c.keys[2]] = fs
 				}
-				fs[c.flow] = ft.tag + n*c.c.em*ft.nact
+				fs[c.flow] = ft.tag + n*c.em*ft.nact
 				for f, v := range fs {
 					if v <= now {
 						delete(fs, f)
@@ -671,7 +688,7 @@ const freeze, keep = 250000, 10000000
 // cost n and digest g may take over, in order, until visit returns true.
 func (m *model) takeable(c call, t0, n, now int64, visit func(t, x int64, i int) bool) {
 	k := c.keys[0]
-	need, ft := n*c.c.em, m.tags[k]
+	need, ft := n*c.em, m.tags[k]
 	low, over := max(t0, now+freeze), ft.tag+need*ft.nact
 	seen, skip := 0, len(m.books[k])-len(m.booked(k, low+need))
 	for i, b := range m.booked(k, low+need) {
@@ -689,7 +706,7 @@ func (m *model) takeable(c call, t0, n, now int64, visit func(t, x int64, i int)
 // which a GCRA request of cost n fits in free virtual time, its start x,
 // and whether it extends the TAT.
 func (m *model) fit(c call, t0, n, now int64) (a, x int64, front bool) {
-	em, burst := c.c.em, c.c.burst
+	em, burst := c.em, c.c.burst
 	if n > burst {
 		return -1, 0, false
 	}
@@ -768,6 +785,7 @@ func (m *model) flush() {
 // refund mirrors quotas.lua's refund of a charge made at ats[rule].
 func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64, holder, nonce string) {
 	m.housekeep(calls, now)
+	m.learnLoad(calls, now)
 	// A booking taken over gives back only the rules not shared.
 	taken := !m.held(calls, ats, undo, nonce)
 	for _, c := range calls {
@@ -796,8 +814,8 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 				if !ok {
 					cur = now
 				}
-				if tat = max(cur, now); tat <= now+c.c.em*c.c.burst {
-					low := tat - max(0, n*c.c.em-(now-t))
+				if tat = max(cur, now); tat <= now+c.em*c.c.burst {
+					low := tat - max(0, min(n*c.em, u[0]-max(u[1], t))-(now-t))
 					for _, b := range m.books[k] {
 						if b.e > low && b.x < tat {
 							low = max(low, b.e)
@@ -835,14 +853,22 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 // block mirrors quotas.lua's block op.
 func (m *model) block(calls []call, now, until int64) {
 	m.housekeep(calls, now)
-	for _, c := range calls {
+	m.learnLoad(calls, now)
+	for i, c := range calls {
+		if p := c.c.learn; p != nil {
+			l := m.learned(c, now)
+			cut := p.cut(l, now)
+			m.setLearned(c, now, l, cut)
+			c.em = intervalOf(cut.r)
+			calls[i].em = c.em
+		}
 		if c.c.kind == kindGCRA {
 			k := c.keys[0]
 			cur, ok := m.tats[k]
 			if !ok {
 				cur = now
 			}
-			if tat := max(cur, until+c.c.em*(c.c.burst-1)); tat > now {
+			if tat := max(cur, until+c.em*(c.c.burst-1)); tat > now {
 				if c.c.fair {
 					m.blocks[k] = max(m.blocks[k], tat)
 				}
@@ -888,4 +914,30 @@ func (m *model) renew(k, holder string, token, lease, now int64) bool {
 	}
 	m.holders[k][holder] = now + lease
 	return true
+}
+
+// learnLoad mirrors learn.lua's ad_load: each adaptive call's interval
+// is its learned rate's.
+func (m *model) learnLoad(calls []call, now int64) {
+	for i, c := range calls {
+		if c.c.learn != nil {
+			calls[i].em = intervalOf(m.learned(c, now).r)
+		}
+	}
+}
+
+// learned returns adaptive call c's state at now: the rule's start when it
+// has none or it expired.
+func (m *model) learned(c call, now int64) learned {
+	if l, ok := m.learns[c.keys[len(c.keys)-1]]; ok && l.exp > now {
+		return l.learned
+	}
+	return learned{r: c.c.learn.start}
+}
+
+// setLearned stores adaptive call c's state, changed at now, if it changed.
+func (m *model) setLearned(c call, now int64, old, l learned) {
+	if l != old {
+		m.learns[c.keys[len(c.keys)-1]] = learnedUntil{l, now + learnTTL.Microseconds()}
+	}
 }

@@ -3,11 +3,12 @@
 -- independent requests, decided one after the other (each atomically), so
 -- that concurrent callers share a round trip. GCRA TATs and window state
 -- are read at most once per call and written back at its end. Composed
--- after internal/script/lua/gcra.lua, booked.lua and rules.lua.
+-- after internal/script/lua/gcra.lua, booked.lua, rules.lua and learn.lua.
 --
 -- KEYS     per request, its rules' keys in rule order: for GCRA the TAT and
 --          the bookings sorted set (see booked.lua; and for a fair one the
---          flows' finishes); for a window its state (a hash, or a sorted
+--          flows' finishes, for an adaptive one its learned state, see
+--          learn.lua); for a window its state (a hash, or a sorted
 --          set for sliding) and for concurrency the holders sorted set and
 --          tokens hash, each then followed by the rule's block key (a
 --          string: until when a Block holds it, µs)
@@ -32,6 +33,8 @@
 --            3 calendar     limit, k, tick_1 .. tick_k
 --            4 sliding      limit, every
 --            5 concurrency  max, reserved, lease
+--            6 adaptive     min, max, start, per, burst (a GCRA rule
+--                           whose em is learned: learn.lua)
 --          and, for a refund or held only, per rule the two undo values
 --          u1, u2 the charge replied; then, per fair GCRA rule, the
 --          request's flow, and, if there is one, the digest g of the
@@ -40,7 +43,7 @@
 --          (booked.lua)
 --
 -- Reply: per request {status, wait, rule, now, t, then per rule: used,
---   remaining, reset_after, u1, u2}; held replies only the first five
+--   remaining, reset_after, u1, u2, em}; held replies only the first five
 --   status  1 admitted / booked / refunded / held, 0 denied, not booked or
 --           not held (rule: the fair rule whose booking was taken over),
 --           -2 a calendar rule has no tick range around now (retry with ticks
@@ -53,6 +56,8 @@
 --           TAT after and before the charge (0: none), or for a booking of
 --           its own -x and its tag (booked.lua); a concurrency rule's
 --           fencing token; else 0
+--   em      a GCRA rule's emission interval in this decision (learned, for
+--           an adaptive rule); else 0
 --
 -- A reserve of a set with a fair rule may take over another request's
 -- booking of the set's first fair rule instead of booking free time, when
@@ -115,15 +120,17 @@ local function status(r, now)
 end
 
 -- reply is a request's reply: st, wait, rule, now, t, then per rule its
--- status and the undo values (0 without undo).
+-- status, the undo values (0 without undo) and a GCRA rule's interval.
 local function reply(rules, nrules, now, st, wait, rule, t, undo)
   local out, j = {st, wait, rule, now, t}, 5
   for i = 1, nrules do
     local used, rem, reset = status(rules[i], now)
     local u1, u2 = 0, 0
     if undo then u1, u2 = undo[2 * i - 1], undo[2 * i] end
-    out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5] = used, rem, reset, u1, u2
-    j = j + 5
+    local em = 0
+    if rules[i].kind == 1 then em = rules[i].em end
+    out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] = used, rem, reset, u1, u2, em
+    j = j + 6
   end
   return out
 end
@@ -138,6 +145,10 @@ local function take_keys(r, k)
     k = k + 1
     if r.fair then
       r.fkey = KEYS[k]
+      k = k + 1
+    end
+    if r.adapt then
+      r.lkey = KEYS[k]
       k = k + 1
     end
   else
@@ -202,11 +213,17 @@ local function decide(k0, a0)
         max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, fair = false,
         flow = false, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
         stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
-        blk = false, till = 0}
+        blk = false, till = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
+        lr = 0, lc = 0, ld = 0}
       local kind = r.kind
       if kind == 1 then
         r.em, r.burst, r.fair = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'
         a = a + 4
+      elseif kind == 6 then
+        r.kind, r.adapt = 1, true
+        r.lmin, r.lmax, r.lstart = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+        r.lper, r.burst = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+        a = a + 6
       elseif kind == 2 or kind == 4 then
         r.limit, r.p = tonumber(ARGV[a + 1]), {tonumber(ARGV[a + 2])}
         a = a + 3
@@ -224,6 +241,10 @@ local function decide(k0, a0)
       rules[i] = r
     end
     last_rules = rules
+  end
+  -- An adaptive rule's interval is its learned rate's, for every op.
+  for i = 1, nrules do
+    if rules[i].adapt then ad_load(rules[i], now) end
   end
   if op == 2 or op == 5 then
     for i = 1, nrules do
@@ -295,6 +316,7 @@ local function decide(k0, a0)
     for i = 1, nrules do
       local r = rules[i]
       if r.kind == 1 then
+        if r.adapt then ad_cut(r, now) end
         gc_block(r, till, now, ttl_floor)
       elseif till > now and till > (tonumber(call('GET', r.blk)) or 0) then
         call('SET', r.blk, fmt(till), 'PX', fmt(ttl_ms(till - now, ttl_floor)))
@@ -395,6 +417,7 @@ local function decide(k0, a0)
       end
     elseif kind == 1 then
       u1, u2 = gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
+      if r.adapt then ad_grow(r, n, now) end
     elseif kind == 2 or kind == 3 then
       win_charge(r, t, n, now, ttl_floor)
     elseif kind == 4 then

@@ -61,9 +61,11 @@ func randomRule(rng *rand.Rand, name string, scale time.Duration) Rule {
 	limit := 1 + rng.IntN(6)
 	every := time.Duration(1+rng.IntN(20)) * scale
 	var l Limit
-	switch rng.IntN(5) {
+	switch rng.IntN(6) {
 	case 0:
 		l = GCRA(gcra.Limit{Rate: float64(limit), Period: every, Burst: 1 + rng.IntN(4)})
+	case 5:
+		l = randomAdaptive(rng, limit, every)
 	case 1:
 		l = FixedWindow{Limit: limit, Every: every}
 	case 2:
@@ -79,6 +81,16 @@ func randomRule(rng *rand.Rand, name string, scale time.Duration) Rule {
 		}
 	}
 	return Rule{Name: name, Limit: l}
+}
+
+// randomAdaptive is an adaptive limit up to max per every, starting
+// anywhere between its bounds.
+func randomAdaptive(rng *rand.Rand, max int, every time.Duration) Adaptive {
+	a := Adaptive{Max: float64(max) * 3, Min: float64(rng.IntN(2)), Per: every, Burst: rng.IntN(4)}
+	if rng.IntN(2) == 0 {
+		a.Start = a.min() + rng.Float64()*(a.Max-a.min())
+	}
+	return a
 }
 
 // held is an admitted decision the test may later refund or whose leases
@@ -146,6 +158,10 @@ func newBookingDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed
 				continue
 			}
 			rate := 1 + d.rng.IntN(6)
+			if d.rng.IntN(4) == 0 {
+				rules = append(rules, Rule{Name: name + "a", Limit: randomAdaptive(d.rng, rate, time.Duration(1+d.rng.IntN(5))*d.scale)})
+				continue
+			}
 			fair := d.rng.IntN(3) == 0
 			if fair {
 				name += "f"
@@ -335,7 +351,7 @@ func TestDifferential(t *testing.T) {
 func TestDifferentialBookings(t *testing.T) {
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
-	var booked, taken, steals atomic.Int64
+	var booked, taken, steals, cut atomic.Int64
 	redistest.Parallel(t, 8, func(t testing.TB, w int) {
 		d := newBookingDiffer(t, c, fmt.Sprintf("%sw%d:", prefix, w), uint64(w+100))
 		for i := 0; i < 3000; i++ {
@@ -346,15 +362,23 @@ func TestDifferentialBookings(t *testing.T) {
 		}
 		taken.Add(int64(d.taken))
 		steals.Add(int64(d.mod.m.steals))
+		for _, l := range d.mod.m.learns {
+			if l.d > 0 {
+				cut.Add(1)
+			}
+		}
 	})
 	// The test means something only if requests booked ahead of others and
 	// took over each other's bookings.
-	t.Logf("%d bookings of their own alive at the end, %d taken over; Held false %d times", booked.Load(), steals.Load(), taken.Load())
+	t.Logf("%d bookings of their own alive at the end, %d taken over; Held false %d times; %d adaptive keys cut", booked.Load(), steals.Load(), taken.Load(), cut.Load())
 	if n := booked.Load(); n < 500 {
 		t.Errorf("only %d bookings of their own were made", n)
 	}
 	if taken.Load() < 10 {
 		t.Errorf("Held answered false only %d times", taken.Load())
+	}
+	if cut.Load() < 10 {
+		t.Errorf("only %d adaptive keys were cut", cut.Load())
 	}
 	assertAllExpire(t, c, prefix)
 }

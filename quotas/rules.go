@@ -13,7 +13,7 @@ import (
 	"github.com/taskrl/taskrl/internal/calendar"
 )
 
-// Limit is one rule's limit: GCRA, FixedWindow, CalendarWindow,
+// Limit is one rule's limit: GCRA, Adaptive, FixedWindow, CalendarWindow,
 // SlidingWindow or Concurrency. The set of kinds is closed.
 type Limit interface {
 	// String describes the limit, e.g. "190 per 10s (fixed window)".
@@ -124,6 +124,7 @@ const (
 	kindCalendar
 	kindSliding
 	kindConcurrency
+	kindAdaptive // only in the script's arguments: a GCRA rule with learn
 )
 
 // compiled is a validated limit in the units the script takes.
@@ -144,8 +145,9 @@ type compiled struct {
 	// the holders set and the tokens hash; then, for every kind but GCRA
 	// (whose block moves its TAT), ":" NAME ":block", the end of a Block.
 	tails []string
-	ticks *tickCache // calendar
-	fair  bool       // GCRA shared fairly among flows
+	ticks *tickCache   // calendar
+	fair  bool         // GCRA shared fairly among flows
+	learn *learnParams // an Adaptive rule: a GCRA whose em is learned
 }
 
 // withArgs fills c.args from its parameters.
@@ -153,6 +155,9 @@ func (c compiled) withArgs() compiled {
 	switch c.kind {
 	case kindGCRA:
 		c.args = []any{kindGCRA, c.em, c.burst, b2i(c.fair)}
+		if p := c.learn; p != nil {
+			c.args = []any{kindAdaptive, p.min, p.max, p.start, p.per, c.burst}
+		}
 	case kindFixed, kindSliding:
 		c.args = []any{c.kind, c.limit, c.every}
 	case kindCalendar:
@@ -371,9 +376,12 @@ func NewSet(rules ...Rule) (*Set, error) {
 		case kindConcurrency:
 			c.tails = []string{":" + r.Name + ":holders", ":" + r.Name + ":tokens", ":" + r.Name + ":block"}
 		case kindGCRA:
-			c.tails = []string{":" + r.Name + ":gcra", ":" + r.Name + ":gcra:booked"}
+			c.tails = []string{":" + r.Name + ":" + c.suffix, ":" + r.Name + ":" + c.suffix + ":booked"}
 			if c.fair {
 				c.tails = append(c.tails, ":"+r.Name+":gcra:flows")
+			}
+			if c.learn != nil {
+				c.tails = append(c.tails, ":"+r.Name+":adaptive:learn")
 			}
 		default:
 			c.tails = []string{":" + r.Name + ":" + c.suffix, ":" + r.Name + ":block"}
@@ -418,7 +426,7 @@ func (r Rule) compile(seen map[string]bool) (compiled, *RuleError) {
 	if e != nil {
 		return fail(e)
 	}
-	if r.Fair && c.kind != kindGCRA {
+	if r.Fair && (c.kind != kindGCRA || c.learn != nil) {
 		msg := fmt.Sprintf("only a GCRA rule can be fair, not a %s", r.Limit)
 		return fail(&RuleError{Field: "Rule.Fair", Reason: msg, msg: msg})
 	}

@@ -356,7 +356,8 @@ end
 -- the future (the TAT is beyond now + burst), its slot is fixed and nothing
 -- can be given back; once every stacked charge is in the past, the bucket
 -- could have refilled for at most the time since this charge without it,
--- so it gives back n emissions less that time, but never the interval of a
+-- so it gives back n emissions less that time (no more than the TAT grew
+-- by: an adaptive rule's interval may have grown since), but never the interval of a
 -- booking the TAT has grown over: never more than this charge still holds,
 -- however refunds interleave.
 local function gc_refund(r, t, n, now, ttl_floor, nonce, g)
@@ -372,7 +373,7 @@ local function gc_refund(r, t, n, now, ttl_floor, nonce, g)
   if cur ~= r.u1 then
     tat = max(cur or now, now)
     if tat <= now + r.em * r.burst then
-      local low = tat - max(0, n * r.em - (now - t))
+      local low = tat - max(0, min(n * r.em, r.u1 - max(r.u2, t)) - (now - t))
       if lasts[r.key] > low then
         walk(r, low + 1, function(x, e)
           if x >= tat then return true end

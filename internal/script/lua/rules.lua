@@ -220,8 +220,10 @@ local function sl_inherit(r, n, victim, nonce)
   for i = 1, n do
     local at = call('ZSCORE', r.key, victim .. i)
     if at then
-      call('ZREM', r.key, victim .. i)
+      -- Added before the old one goes: a set emptied for a moment would
+      -- be deleted, and come back without its TTL.
       call('ZADD', r.key, at, nonce .. i)
+      call('ZREM', r.key, victim .. i)
     end
   end
 end

@@ -1,0 +1,158 @@
+package quotas
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
+)
+
+// rateOf is the rate per second of a decision's rule i.
+func rateOf(t *testing.T, d Decision, i int) float64 {
+	t.Helper()
+	iv := d.Rules[i].Interval
+	if iv <= 0 {
+		t.Fatalf("rule %d has no interval: %+v", i, d.Rules[i])
+	}
+	return float64(time.Second) / float64(iv)
+}
+
+func near(t *testing.T, what string, got, want float64) {
+	t.Helper()
+	if math.Abs(got-want) > want*0.002 {
+		t.Fatalf("%s: rate %.4f/s, want %.4f/s", what, got, want)
+	}
+}
+
+// TestAdaptiveLearns walks an adaptive rule through every phase of its
+// algorithm on explicit times, with the figures Adaptive's doc states.
+func TestAdaptiveLearns(t *testing.T) {
+	s := mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 100, Min: 1, Start: 40, Per: time.Second}})
+	m := NewModel()
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	status := func(at time.Time) float64 {
+		d, err := m.Status(at, s, Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rateOf(t, d, 0)
+	}
+	block := func(at time.Time) float64 {
+		d, err := m.Block(at, s, Request{}, at.Add(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rateOf(t, d, 0)
+	}
+	// admit takes every unit the rule admits from..to, one per interval,
+	// and returns the time after the last.
+	admit := func(from, to time.Time) time.Time {
+		at := from
+		for at.Before(to) {
+			d, err := m.Allow(at, s, Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed {
+				at = at.Add(d.RetryAfter)
+				continue
+			}
+			at = at.Add(d.Rules[0].Interval)
+		}
+		return at
+	}
+	near(t, "start", status(t0), 40)
+	near(t, "first cut", block(t0), 36)
+	near(t, "a throttle 0.5s later is the same event", block(t0.Add(500*time.Millisecond)), 36)
+	at := t0.Add(2 * time.Second)
+	near(t, "a second cut within 4 P is deep", block(at), 36*0.6)
+	// Recovery: back to 0.95 c (c = 36) at 0.1 c per P of traffic.
+	at = admit(at.Add(time.Second), at.Add(5*time.Second))
+	near(t, "recovered", status(at), 0.95*36)
+	// Probe: 0.003 c per P of traffic.
+	r0 := status(at)
+	at = admit(at, at.Add(10*time.Second))
+	if got := status(at); got < r0+36*0.003*9 || got > r0+36*0.003*11 {
+		t.Fatalf("probing 10s: %.4f/s from %.4f/s, want +%.3f/s", got, r0, 36*0.003*10)
+	}
+	// Idle time is no evidence: the rate stays.
+	r1 := status(at)
+	at = at.Add(time.Hour)
+	near(t, "after an idle hour", status(at), r1)
+	// Climb (20 P after the last cut): 30 % per P of traffic, up to Max.
+	at = admit(at, at.Add(time.Second))
+	if got := status(at); got < r1*1.28 || got > r1*1.37 {
+		t.Fatalf("climbing 1s: %.4f/s from %.4f/s, want about +30%%", got, r1)
+	}
+	at = admit(at, at.Add(10*time.Second))
+	near(t, "climbed to max", status(at), 100)
+	// Cuts never go below Min; a day later the state is forgotten.
+	for i := 0; i < 20; i++ {
+		at = at.Add(2 * time.Second)
+		block(at)
+	}
+	near(t, "floor", status(at), 1)
+	near(t, "a day later", status(at.Add(24*time.Hour)), 40)
+}
+
+// TestAdaptiveOnRedis checks what only Redis shows: the learned rate is
+// shared by every Limiter on the prefix (another worker, or this one after
+// a restart), per key, and its key expires.
+func TestAdaptiveOnRedis(t *testing.T) {
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	ctx := context.Background()
+	s := mustSet(Rule{Name: "per-business", Limit: Adaptive{Max: 10, Per: time.Second, Burst: 2}})
+	a, err := New(Config{Client: c, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b7 := Request{Keys: []string{"b7"}}
+	if _, err := a.Block(ctx, s, b7, time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Config{Client: c, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := b.Status(ctx, s, b7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "b7 on another limiter", rateOf(t, d, 0), 9)
+	d, err = b.Status(ctx, s, Request{Keys: []string{"b8"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "b8", rateOf(t, d, 0), 10)
+	assertAllExpire(t, c, prefix)
+}
+
+func TestAdaptiveErrors(t *testing.T) {
+	for _, tc := range []struct {
+		a     Adaptive
+		field string
+	}{
+		{Adaptive{Per: time.Second}, "Max"},
+		{Adaptive{Max: math.Inf(1), Per: time.Second}, "Max"},
+		{Adaptive{Max: 2e6, Per: time.Second}, "Max"},
+		{Adaptive{Max: 10}, "Per"},
+		{Adaptive{Max: 10, Min: 11, Per: time.Second}, "Min"},
+		{Adaptive{Max: 10, Min: 1e-12, Per: time.Second}, "Min"},
+		{Adaptive{Max: 10, Start: 20, Per: time.Second}, "Start"},
+		{Adaptive{Max: 10, Min: 2, Start: 1, Per: time.Second}, "Start"},
+		{Adaptive{Max: 10, Per: time.Second, Burst: -1}, "Burst"},
+	} {
+		err := Rule{Name: "a", Limit: tc.a}.Validate()
+		var re *RuleError
+		if !errors.As(err, &re) || re.Field != tc.field {
+			t.Errorf("%+v: got %v, want a fault in %s", tc.a, err, tc.field)
+		}
+	}
+	if _, err := NewSet(Rule{Name: "a", Fair: true, Limit: Adaptive{Max: 1, Per: time.Second}}); err == nil {
+		t.Error("a fair adaptive rule was accepted")
+	}
+}
