@@ -156,3 +156,49 @@ func TestAdaptiveErrors(t *testing.T) {
 		t.Error("a fair adaptive rule was accepted")
 	}
 }
+
+// TestAdaptiveStaleBookings: a booking decided before a cut, for a slot
+// after it, is no longer held (it was booked at a rate the remote side
+// refused); one decided after the cut, or for a slot before it, is; a
+// receipt carries what Held needs.
+func TestAdaptiveStaleBookings(t *testing.T) {
+	c := redistest.Client(t)
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	l := newClocked(t, c, redistest.Prefix(t), t0)
+	ctx := context.Background()
+	s := mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 10, Per: time.Second}})
+	reserve := func() Decision {
+		d, err := l.Reserve(ctx, s, Request{}, time.Minute)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+		return d
+	}
+	held := func(what string, d Decision, want bool) {
+		t.Helper()
+		r, err := ParseReceipt(d.Receipt())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := l.Held(ctx, s, Request{}, r); err != nil || got != want {
+			t.Fatalf("%s: Held %v %v, want %v", what, got, err, want)
+		}
+	}
+	var before []Decision
+	for i := 0; i < 5; i++ {
+		before = append(before, reserve()) // slots 0, 100ms, ..., 400ms
+	}
+	l.now = t0.Add(150 * time.Millisecond)
+	if _, err := l.Block(ctx, s, Request{}, l.now.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	held("slot before the cut", before[1], true)
+	held("slot after the cut, decided before", before[2], false)
+	held("after the cut", reserve(), true)
+	// Without an adaptive rule Held makes no call and says true.
+	plain := mustSet(Rule{Name: "p", Limit: FixedWindow{Limit: 5, Every: time.Second}})
+	d, err := l.Reserve(ctx, plain, Request{}, time.Minute)
+	if ok, err2 := l.Held(ctx, plain, Request{}, d); err != nil || err2 != nil || !ok {
+		t.Fatalf("%v %v %v", ok, err, err2)
+	}
+}

@@ -162,6 +162,14 @@ type Lease struct {
 	zkey, hkey string
 }
 
+// decided is when d was decided, µs (0: unknown).
+func (d Decision) decided() int64 {
+	if d.Now.IsZero() {
+		return 0
+	}
+	return d.Now.UnixMicro()
+}
+
 // Decision is the outcome of deciding a set. Denied is a result, not an
 // error.
 type Decision struct {
@@ -353,6 +361,8 @@ type params struct {
 	// values.
 	ats  []int64
 	undo [][2]int64
+	// Held: when the charge was decided (µs, 0: unknown).
+	decided int64
 }
 
 // args builds one group's script keys and arguments, as a script call of
@@ -374,7 +384,11 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 	ks = make([]string, 0, nk)
 	argv = make([]any, 0, na+1)
 	// One request: the script's request count, then the request.
-	argv = append(argv, 1, p.op, now, tm.floor, p.n, p.horizon.Microseconds(), holderField(p.req.Holder), b2i(p.req.Critical), p.nonce, at, len(g))
+	horizon := p.horizon.Microseconds()
+	if p.op == opHeld {
+		horizon = p.decided
+	}
+	argv = append(argv, 1, p.op, now, tm.floor, p.n, horizon, holderField(p.req.Holder), b2i(p.req.Critical), p.nonce, at, len(g))
 	for _, c := range g {
 		ks = append(ks, c.keys...)
 		if c.c.kind == kindCalendar {
@@ -788,10 +802,14 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 // once a request of a flow with less than its share took it over. A
 // booking's owner asks before it runs; on false it has no slot and should
 // refund d (which then gives back only its own, keyed rules: the taker
-// inherited the rest) and decide again. With no fair rule in the set it
-// reports true without a call.
+// inherited the rest) and decide again. A booking of an Adaptive rule is
+// no longer held once the rule's rate was cut after d was decided, if its
+// slot comes after the cut: it was booked at a rate the remote side
+// refused; the owner refunds it (all of it) and decides again at the
+// learned rate. With no fair or adaptive rule in the set it reports true
+// without a call.
 func (l *Limiter) Held(ctx context.Context, s *Set, req Request, d Decision) (bool, error) {
-	if !d.Allowed || !s.fair {
+	if !d.Allowed || !s.fair && !s.adaptive {
 		return true, nil
 	}
 	calls, err := l.bind(s, req, false)
@@ -803,11 +821,11 @@ func (l *Limiter) Held(ctx context.Context, s *Set, req Request, d Decision) (bo
 	}
 	var gs [][]call
 	for _, g := range l.groups(calls) {
-		if slices.ContainsFunc(g, func(c call) bool { return c.c.fair }) {
+		if slices.ContainsFunc(g, func(c call) bool { return c.c.fair || c.c.learn != nil }) {
 			gs = append(gs, g)
 		}
 	}
-	rs, err := l.run(ctx, gs, params{op: opHeld, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo})
+	rs, err := l.run(ctx, gs, params{op: opHeld, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo, decided: d.decided()})
 	if err != nil {
 		return false, err
 	}

@@ -102,15 +102,19 @@ func (m *Model) Refund(now time.Time, s *Set, req Request, d Decision) error {
 // Decision d made for req on the first fair rule of s is still its own, as
 // Limiter.Held does. With no fair rule in s it reports true.
 func (m *Model) Held(now time.Time, s *Set, req Request, d Decision) (bool, error) {
-	if !d.Allowed || !s.fair {
+	if !d.Allowed || !s.fair && !s.adaptive {
 		return true, nil
 	}
-	calls, _, err := m.charged(now, s, req, d, false)
+	calls, us, err := m.charged(now, s, req, d, false)
 	if err != nil {
 		return false, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.m.learnLoad(calls, us)
+	if !m.m.fresh(calls, us, d.ats, d.decided()) {
+		return false, nil
+	}
 	return m.m.held(calls, d.ats, d.undo, d.nonce), nil
 }
 
@@ -913,6 +917,19 @@ func (m *model) renew(k, holder string, token, lease, now int64) bool {
 		return false
 	}
 	m.holders[k][holder] = now + lease
+	return true
+}
+
+// fresh mirrors quotas.lua's held op for adaptive rules: false if one
+// was cut after the charge was decided and before its time.
+func (m *model) fresh(calls []call, now int64, ats []int64, decided int64) bool {
+	for _, c := range calls {
+		if c.c.learn != nil {
+			if d := m.learned(c, now).d; decided > 0 && d > decided && ats[c.i] > d {
+				return false
+			}
+		}
+	}
 	return true
 }
 

@@ -18,7 +18,8 @@
 --          for each request: each is decided at its own time)
 --   +3     TTL floor in milliseconds (0 in production)
 --   +4     cost n
---   +5     reserve horizon, microseconds
+--   +5     reserve horizon, microseconds; held: when the charge was
+--          decided (0: unknown)
 --   +6     holder id (concurrency)
 --   +7     1 if the request may use a concurrency rule's critical reserve
 --   +8     nonce naming this request's GCRA bookings and sliding-window
@@ -270,8 +271,17 @@ local function decide(k0, a0)
 
   if op == 5 then
     -- Bookings are taken over by way of the set's first fair rule.
-    if fair > 0 and not gc_held(rules[fair], nonce, tonumber(ARGV[a0 + 9]), g) then
+    local t = tonumber(ARGV[a0 + 9])
+    if fair > 0 and not gc_held(rules[fair], nonce, t, g) then
       return {0, 0, fair, now, now}, k, a - 1
+    end
+    -- A booking decided before an adaptive rule's cut, for after it, was
+    -- made at a rate the remote side refused.
+    for i = 1, nrules do
+      local r = rules[i]
+      if r.adapt and r.ld > horizon and horizon > 0 and t > r.ld then
+        return {0, 0, i, now, now}, k, a - 1
+      end
     end
     return {1, 0, 0, now, now}, k, a - 1
   end

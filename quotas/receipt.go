@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Receipt returns what Refund needs of an admitted or booked Decision as a
@@ -20,7 +21,9 @@ func (d Decision) Receipt() string {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString("r1 ")
+	b.WriteString("r2 ")
+	b.WriteString(strconv.FormatInt(d.decided(), 10))
+	b.WriteByte(' ')
 	b.WriteString(strconv.Itoa(d.cost))
 	b.WriteByte(' ')
 	if d.nonce == "" {
@@ -40,11 +43,23 @@ func (d Decision) Receipt() string {
 }
 
 // ParseReceipt returns the Decision a Receipt was made from, as far as
-// Refund needs it: Allowed is true and the charges are those of the
-// original; the other exported fields are zero. Refund then fails if the
-// receipt is not for the Set it is given (a different number of rules).
+// Refund and Held need it: Allowed is true, Now and the charges are those
+// of the original; the other exported fields are zero. Refund then fails
+// if the receipt is not for the Set it is given (a different number of
+// rules). Receipts of earlier versions ("r1", without Now) are accepted.
 func ParseReceipt(s string) (Decision, error) {
 	f := strings.Split(s, " ")
+	var now int64
+	if len(f) > 0 && f[0] == "r2" {
+		var err error
+		if len(f) < 2 {
+			return Decision{}, errors.New("quotas: not a receipt")
+		}
+		if now, err = strconv.ParseInt(f[1], 10, 64); err != nil || now < 0 {
+			return Decision{}, errors.New("quotas: receipt: bad time")
+		}
+		f = append([]string{"r1"}, f[2:]...)
+	}
 	if len(f) < 3 || f[0] != "r1" {
 		return Decision{}, errors.New("quotas: not a receipt")
 	}
@@ -53,6 +68,9 @@ func ParseReceipt(s string) (Decision, error) {
 		return Decision{}, errors.New("quotas: receipt: bad cost")
 	}
 	d := Decision{Allowed: true, cost: cost, nonce: f[2]}
+	if now > 0 {
+		d.Now = time.UnixMicro(now)
+	}
 	if d.nonce == "-" {
 		d.nonce = ""
 	}

@@ -107,7 +107,7 @@ func TestReceiptRefundsLikeTheDecision(t *testing.T) {
 }
 
 func TestParseReceiptErrors(t *testing.T) {
-	for _, s := range []string{"", "r1", "r1 1", "r2 1 - 1,2,3", "r1 0 - 1,2,3", "r1 x - 1,2,3", "r1 1 - 1,2", "r1 1 - 1,2,x"} {
+	for _, s := range []string{"", "r1", "r1 1", "r2", "r2 x 1 - 1,2,3", "r2 -5 1 - 1,2,3", "r2 1 - 1,2,3", "r3 1 - 1,2,3", "r1 0 - 1,2,3", "r1 x - 1,2,3", "r1 1 - 1,2", "r1 1 - 1,2,x"} {
 		if _, err := ParseReceipt(s); err == nil {
 			t.Errorf("ParseReceipt(%q) accepted", s)
 		}
@@ -116,7 +116,15 @@ func TestParseReceiptErrors(t *testing.T) {
 	if err != nil || !d.Allowed || d.cost != 2 || d.nonce != "abc:" || !reflect.DeepEqual(d.ats, []int64{5, 8}) || !reflect.DeepEqual(d.undo, [][2]int64{{6, 7}, {9, 10}}) {
 		t.Fatalf("%+v %v", d, err)
 	}
-	if got := d.Receipt(); got != "r1 2 abc: 5,6,7 8,9,10" {
+	// An r1 receipt (before Now was kept) comes back as r2 without a time.
+	if got := d.Receipt(); got != "r2 0 2 abc: 5,6,7 8,9,10" {
+		t.Fatalf("round trip: %q", got)
+	}
+	d, err = ParseReceipt("r2 1795000000123456 2 abc: 5,6,7 8,9,10")
+	if err != nil || d.Now.UnixMicro() != 1795000000123456 || d.cost != 2 {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if got := d.Receipt(); got != "r2 1795000000123456 2 abc: 5,6,7 8,9,10" {
 		t.Fatalf("round trip: %q", got)
 	}
 }

@@ -350,8 +350,9 @@ func (c Concurrency) compile() (compiled, *RuleError) {
 type Set struct {
 	rules []Rule
 	comp  []compiled
-	named bool // GCRA and sliding rules name their charges with a nonce per request
-	fair  bool // a rule is fair
+	named    bool // GCRA and sliding rules name their charges with a nonce per request
+	fair     bool // a rule is fair
+	adaptive bool // a rule is Adaptive
 }
 
 // NewSet validates rules and returns a Set. The error, a *RuleError unless
@@ -389,6 +390,7 @@ func NewSet(rules ...Rule) (*Set, error) {
 		s.comp = append(s.comp, c)
 		s.named = s.named || c.kind == kindSliding || c.kind == kindGCRA
 		s.fair = s.fair || c.fair
+		s.adaptive = s.adaptive || c.learn != nil
 	}
 	return s, nil
 }
