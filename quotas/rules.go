@@ -348,8 +348,8 @@ func (c Concurrency) compile() (compiled, *RuleError) {
 // Set is a validated, immutable list of rules decided together. Build it
 // with NewSet. A Set is safe for concurrent use.
 type Set struct {
-	rules []Rule
-	comp  []compiled
+	rules    []Rule
+	comp     []compiled
 	named    bool // GCRA and sliding rules name their charges with a nonce per request
 	fair     bool // a rule is fair
 	adaptive bool // a rule is Adaptive
