@@ -85,7 +85,7 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 	backoff := 50 * time.Millisecond
 	for taken := 0; ; {
 		d, err := guard(j.m, func() (quotas.Decision, error) {
-			return j.m.limiter.Reserve(j.ctx, j.sp.rates, j.rates, j.m.cfg.MaxReserve)
+			return j.m.limiter.Reserve(j.ctx, j.sp.rates, j.rates, j.sp.horizon)
 		})
 		if err != nil && !errors.Is(err, errRedisDown) {
 			j.observe(Event{Outcome: RedisError, Err: err})
@@ -135,7 +135,8 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 			return false, nil
 		}
 		// A slot a fair rule booked, taken over meanwhile by a task with
-		// less than its share, is decided again (a few times at most).
+		// less than its share, or booked at an adaptive rate cut since, is
+		// decided again (a few times at most).
 		taken++
 		done, again, err := j.await(a.wait, taken <= 3, true)
 		if !again {
@@ -176,14 +177,15 @@ func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, 
 	return true, false, j.reschedule(a.wait, time.Time{}, "")
 }
 
-// held reports whether the slot a fair rule booked for the task (j.charge)
-// is still the task's: a task with less than its share may have taken it
-// over since (quotas.Limiter.Held). If it was, or Redis cannot tell, the
-// charge is given back (only the task's own rules: the taker inherited the
-// rest) and the task must be decided again. Without a fair rule it is true
-// at no cost.
+// held reports whether the slot booked for the task (j.charge) is still
+// the task's (quotas.Limiter.Held): a task with less than its share may
+// have taken a fair rule's booking over since, or an adaptive rule's rate
+// was cut since the booking was made. If not, or Redis cannot tell, the
+// charge is given back (of a booking taken over, only the task's own
+// rules: the taker inherited the rest) and the task must be decided again.
+// Without a fair or adaptive rule it is true at no cost.
 func (j *job) held() bool {
-	if !j.sp.fair {
+	if !j.sp.fair && !j.sp.adaptive {
 		return true
 	}
 	ok, err := j.m.limiter.Held(j.ctx, j.sp.rates, j.rates, j.charge)
@@ -191,9 +193,9 @@ func (j *job) held() bool {
 		return true
 	}
 	if err != nil {
-		j.m.cfg.Logger.Warn("taskrl: checking a fair booking failed; deciding again", "err", err)
+		j.m.cfg.Logger.Warn("taskrl: checking a booking failed; deciding again", "err", err)
 	} else {
-		j.m.cfg.Logger.Debug("taskrl: a task with less than its share took this task's slot; deciding again")
+		j.m.cfg.Logger.Debug("taskrl: the task's slot was taken over or booked before an adaptive rule was cut; deciding again")
 	}
 	j.refund(j.charge)
 	return false

@@ -4,8 +4,9 @@
 // A Policy is a validated list of Rules; each rule
 // has a name, a Match (task type glob and/or queue), an optional key template
 // that picks the entity it limits (a business id, a tenant) from the task's
-// JSON payload, and exactly one limit: quotas.GCRA, quotas.FixedWindow,
-// quotas.CalendarWindow, quotas.SlidingWindow or quotas.Concurrency. Build one
+// JSON payload, and exactly one limit: quotas.GCRA, quotas.Adaptive,
+// quotas.FixedWindow, quotas.CalendarWindow, quotas.SlidingWindow or
+// quotas.Concurrency. Build one
 // in Go with NewPolicy, or from the YAML policy file the worker reads with
 // ParsePolicy or LoadPolicyFile; a policy that is wrong in any way is refused
 // whole, with errors naming the line, the rule, the field and what is wrong.

@@ -128,15 +128,24 @@ type split struct {
 	lease            time.Duration  // the longest lease of the slots
 	critical         bool           // the binding's tasks may use reserved slots
 	fair             bool           // a rate rule is fair
+	adaptive         bool           // a rate rule is adaptive
+	horizon          time.Duration  // how far ahead the rate rules are booked
 }
+
+// adaptiveReserve is how far ahead a task with an adaptive rule is booked
+// at most: a booking keeps the rate it was made at, so after a cut the
+// bookings beyond it are decided again (Limiter.Held); the shorter the
+// horizon, the fewer they are.
+const adaptiveReserve = 10 * time.Second
 
 func (m *Middleware) split(b *Binding) (*split, error) {
 	if v, ok := m.splits.Load(b); ok {
 		return v.(*split), nil
 	}
-	sp := &split{critical: b.Critical()}
-	var rates, slots []quotas.Rule
+	sp := &split{critical: b.Critical(), horizon: m.cfg.MaxReserve}
+	var rates, slots, adaptive []quotas.Rule
 	var scoped []quotas.Rule
+	var adaptiveIdx []int
 	for i, r := range b.Set().Rules() {
 		if b.throttle[i] {
 			scoped, sp.throttleIdx = append(scoped, r), append(sp.throttleIdx, i)
@@ -148,12 +157,21 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 		}
 		rates, sp.rateIdx = append(rates, r), append(sp.rateIdx, i)
 		sp.fair = sp.fair || r.Fair
+		if _, ok := r.Limit.(quotas.Adaptive); ok {
+			adaptive, adaptiveIdx = append(adaptive, r), append(adaptiveIdx, i)
+		}
+	}
+	if len(adaptive) > 0 {
+		sp.adaptive, sp.horizon = true, min(sp.horizon, adaptiveReserve)
 	}
 	switch {
 	case len(scoped) > 0:
+	case len(adaptive) > 0:
+		// No rule of the task in the policy's throttle list: a throttle
+		// teaches its adaptive rules...
+		scoped, sp.throttleIdx = adaptive, adaptiveIdx
 	case len(rates) > 0:
-		// No rule of the task in the policy's throttle list (or none is
-		// named): a throttle blocks all its rate and window rules...
+		// ... or, without any, blocks all its rate and window rules...
 		scoped, sp.throttleIdx = rates, sp.rateIdx
 	default:
 		// ... or, without any, its concurrency rules.
@@ -200,6 +218,11 @@ func atShare(r quotas.Rule, share int) quotas.Rule {
 	case quotas.GCRA:
 		l.Rate /= float64(share)
 		l.Burst = part(l.Burst)
+		r.Limit = l
+	case quotas.Adaptive:
+		// A share of the bounds; what the fleet learned is in Redis.
+		l.Max, l.Min, l.Start = l.Max/float64(share), l.Min/float64(share), l.Start/float64(share)
+		l.Burst = part(max(l.Burst, 1))
 		r.Limit = l
 	case quotas.FixedWindow:
 		l.Limit = part(l.Limit)

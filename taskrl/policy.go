@@ -39,8 +39,9 @@ type Rule struct {
 	// can be fair.
 	Fair string
 	// Limit is the rule's limit, exactly one of quotas.GCRA,
-	// quotas.FixedWindow, quotas.CalendarWindow, quotas.SlidingWindow or
-	// quotas.Concurrency (a pointer to one is accepted and copied). Required.
+	// quotas.Adaptive, quotas.FixedWindow, quotas.CalendarWindow,
+	// quotas.SlidingWindow or quotas.Concurrency (a pointer to one is
+	// accepted and copied). Required.
 	Limit quotas.Limit
 }
 
@@ -177,8 +178,10 @@ func (p *Policy) WithCritical(ms ...Match) (*Policy, error) {
 // throttled upstream blocks those of its rules that are named, so that a
 // per-customer 429 under throttle: [per-business] does not hold back the
 // other customers behind a shared rule. A task governed by none of them
-// blocks all its rate and window rules (its concurrency rules if it has
-// no other), as does every task when no rule is named (the default).
+// (as every task when no rule is named, the default) teaches its adaptive
+// rules (quotas.Adaptive: the throttle cuts their learned rate) and blocks
+// them, or without any blocks all its rate and window rules, or without
+// those its concurrency rules. A named adaptive rule learns too.
 // Names must be rules of p; the error names the entry (throttle[1]) and
 // what is wrong.
 func (p *Policy) WithThrottle(names ...string) (*Policy, error) {
@@ -213,8 +216,8 @@ func (p *Policy) checkThrottle(name string) string {
 }
 
 // Throttle returns a copy of the names of the rules an upstream throttle
-// blocks (see WithThrottle); nil means a task's rate and window rules, or
-// its concurrency rules if it has no other.
+// blocks (see WithThrottle); nil means a task's adaptive rules, else its
+// rate and window rules, else its concurrency rules.
 func (p *Policy) Throttle() []string {
 	if p == nil {
 		return nil

@@ -43,6 +43,9 @@ import (
 //	    key: "{{.business_id}}"          # optional; see Rule.Key
 //	    default_key: unknown             # optional; see Rule.DefaultKey
 //	    gcra: {rate: 1.8, per: 1s}
+//	  - name: vendor-learned
+//	    match: {type: "http:call"}
+//	    adaptive: {max: 40, min: 1, per: 1s}  # learned between min and max
 //	  - name: recent
 //	    match: {queue: bulk}
 //	    sliding: {limit: 100, every: 1m}
@@ -54,6 +57,10 @@ import (
 // Each rule has exactly one limit:
 //   - gcra: rate (a positive number, fractions allowed), per (a duration),
 //     burst (a whole number, at least 1; default 1): quotas.GCRA;
+//   - adaptive: max and per, optional min (default max/100), start
+//     (default max) and burst (default 1): quotas.Adaptive, a GCRA rate
+//     the fleet learns from the remote side's throttles (numbers, fractions
+//     allowed); it may have a key, a rate learned per key, but not fair;
 //   - quota: limit and every (a duration): quotas.FixedWindow; or limit and
 //     cron (a 5-field cron spec or a descriptor such as @daily) with an
 //     optional tz (an IANA zone; default UTC): quotas.CalendarWindow;
@@ -636,7 +643,7 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.Name = s
 		}
 	}
-	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "gcra", "quota", "sliding", "concurrency"); fe != nil {
+	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
 		return r, ls, fe
 	}
 	var limitKey string
@@ -652,7 +659,7 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.DefaultKey, _, fe = d.str(e.val, "default_key")
 		case "fair":
 			r.Fair, _, fe = d.str(e.val, "fair")
-		case "gcra", "quota", "sliding", "concurrency":
+		case "gcra", "adaptive", "quota", "sliding", "concurrency":
 			if limitKey != "" {
 				return r, ls, fail(e.knode, "", "has both %s and %s; a rule has exactly one limit", limitKey, e.key)
 			}
@@ -705,6 +712,7 @@ func (d *yamlDoc) limit(block string, n ast.Node, ls lines) (quotas.Limit, *ferr
 	}
 	fields := map[string][]string{
 		"gcra":        {"rate", "per", "burst"},
+		"adaptive":    {"max", "min", "start", "per", "burst"},
 		"quota":       {"limit", "every", "cron", "tz"},
 		"sliding":     {"limit", "every"},
 		"concurrency": {"max", "lease", "reserved"},
@@ -724,14 +732,14 @@ func (d *yamlDoc) limit(block string, n ast.Node, ls lines) (quotas.Limit, *ferr
 		ls[f] = lineOf(e.val)
 		var ok bool
 		var fe *ferr
-		switch e.key {
-		case "rate":
+		switch {
+		case e.key == "rate" || block == "adaptive" && (e.key == "max" || e.key == "min" || e.key == "start"):
 			num[e.key], ok, fe = d.number(e.val, f)
-		case "burst", "limit", "max", "reserved":
+		case e.key == "burst" || e.key == "limit" || e.key == "max" || e.key == "reserved":
 			ints[e.key], ok, fe = d.integer(e.val, f)
-		case "per", "every", "lease":
+		case e.key == "per" || e.key == "every" || e.key == "lease":
 			durs[e.key], ok, fe = d.duration(e.val, f)
-		case "cron", "tz":
+		case e.key == "cron" || e.key == "tz":
 			strs[e.key], ok, fe = d.str(e.val, f)
 		}
 		if fe != nil {
@@ -757,6 +765,11 @@ func (d *yamlDoc) limit(block string, n ast.Node, ls lines) (quotas.Limit, *ferr
 			burst = ints["burst"]
 		}
 		return quotas.GCRA{Rate: num["rate"], Period: durs["per"], Burst: burst}, nil
+	case "adaptive":
+		if fe := need("max", "per"); fe != nil {
+			return nil, fe
+		}
+		return quotas.Adaptive{Max: num["max"], Min: num["min"], Start: num["start"], Per: durs["per"], Burst: ints["burst"]}, nil
 	case "quota":
 		if fe := need("limit"); fe != nil {
 			return nil, fe

@@ -14,7 +14,9 @@ import (
 
 // ThrottledError reports that the remote side throttled a task (HTTP 429)
 // and asked to be called again after RetryAfter. A handler returns one with
-// Throttled; the middleware then blocks the task's rate rules for every
+// Throttled; the middleware then blocks the task's rules in the policy's
+// throttle scope (by default its adaptive rules, whose learned rate it
+// cuts, else its rate and window rules; see Policy.WithThrottle) for every
 // worker until then and reschedules the task, without spending a retry.
 type ThrottledError struct {
 	// RetryAfter is the wait the remote side asked for; 0 means 1s.
@@ -83,8 +85,9 @@ func (j *job) paused() {
 }
 
 // backOff handles a task the remote side throttled: every worker backs off
-// the task's rules in the policy's throttle scope (by default its rate and
-// window rules; none for a task no rule matches) until it said to retry,
+// the task's rules in the policy's throttle scope (by default its adaptive
+// rules, else its rate and window rules; none for a task no rule matches)
+// until it said to retry,
 // the charge of this call is refunded, and the task runs again then.
 func (j *job) backOff(te *ThrottledError) error {
 	wait := te.RetryAfter

@@ -121,7 +121,7 @@ func checkName(name string) error {
 // yamlFields maps the fields of quotas' limits (quotas.RuleError.Field) to
 // their names in a policy's limit blocks.
 var yamlFields = map[string]string{
-	"Rate": "rate", "Period": "per", "Burst": "burst",
+	"Rate": "rate", "Period": "per", "Burst": "burst", "Min": "min", "Start": "start", "Per": "per",
 	"Limit": "limit", "Every": "every", "Cron": "cron", "TZ": "tz",
 	"Max": "max", "Lease": "lease", "Reserved": "reserved",
 }
@@ -138,6 +138,10 @@ func checkLimit(name string, l quotas.Limit) (out quotas.Limit, field, msg strin
 	var block string
 	switch v := l.(type) {
 	case *quotas.GCRA:
+		if v != nil {
+			return checkLimit(name, *v)
+		}
+	case *quotas.Adaptive:
 		if v != nil {
 			return checkLimit(name, *v)
 		}
@@ -159,6 +163,8 @@ func checkLimit(name string, l quotas.Limit) (out quotas.Limit, field, msg strin
 		}
 	case quotas.GCRA:
 		block = "gcra"
+	case quotas.Adaptive:
+		block = "adaptive"
 	case quotas.FixedWindow, quotas.CalendarWindow:
 		block = "quota"
 	case quotas.SlidingWindow:
@@ -170,7 +176,7 @@ func checkLimit(name string, l quotas.Limit) (out quotas.Limit, field, msg strin
 		}
 	}
 	if block == "" {
-		return nil, "", "no limit; add one of gcra, quota, sliding or concurrency"
+		return nil, "", "no limit; add one of gcra, adaptive, quota, sliding or concurrency"
 	}
 	err := quotas.Rule{Name: name, Limit: l}.Validate()
 	if err == nil {
