@@ -9,38 +9,47 @@ import (
 )
 
 // Adaptive is a GCRA limit whose rate is learned, for the whole fleet, in
-// the rule's own state: it starts at Start (default Max), is lowered by
-// Limiter.Block (the remote side throttled a call: the rate was too high)
-// and raised while requests are admitted, always between Min and Max per
-// Per. Burst (default 1) is the burst of the GCRA at every rate. The rate
-// lives in Redis beside the rule's TAT, so every worker sees one learned
-// rate and it survives their restarts (a key idle for a day starts at
-// Start again).
+// the rule's own state: it starts at Start (default Max), is lowered when
+// Limiter.Block reports that the remote side throttled a call, and raised
+// step by step while admitted traffic flows without one, always between
+// Min and Max per Per. Burst (default 1) is the burst of the GCRA at every
+// rate. The state lives in Redis beside the rule's TAT, so every worker
+// sees one learned rate and it survives their restarts (a key idle for a
+// day starts at Start again).
 //
-// The algorithm, in units of Per (P) and of the rate c at the last cut:
+// The algorithm keeps a rate known to be good and probes above it. P is
+// Per; em the interval of the current rate; a dwell is the longer of P/2
+// and 4 em; the hold the longer of 12 P and 60 em.
 //
-//   - Cut. A Block lowers the rate to 0.9 of what it was (to 0.6 when the
-//     previous cut was less than 4 P ago: the limit fell further than one
-//     step), and remembers that rate as c. Blocks less than a second after
-//     a cut are the same congestion event (the answers to the calls that
-//     were in flight together) and change nothing.
-//   - Recovery. Below 0.95 c the rate climbs back by 0.1 c per P of
-//     admitted traffic: in about half a P after the block.
-//   - Probe. From 0.95 c it creeps up by 0.003 c per P, reaching c again
-//     after about 17 P; the remote side's limit is usually near c, so a
-//     cut happens about every 20 P, each costing the block the remote side
-//     asks for.
-//   - Climb. With no cut yet, or 20 P after the last one, it grows by 30 %
-//     per P (compounded per request): a limit that was raised is found in
-//     seconds, a start far below the limit climbs tenfold in about 8 P.
+//   - Good. A rate is good once the rule has been busy at it for a dwell
+//     (the time its admitted units occupied, as the TAT shows, from the
+//     first unit booked at that rate: an idle rule learns nothing) with
+//     no throttle.
+//   - Probe. When the rate is good and a probe is due, the rate is raised
+//     by the step (25 % at first). A probe that stays good for a dwell is
+//     kept and the next is due at once; after two good probes in a row
+//     the step doubles, up to 100 %: a limit far above is found in a few
+//     dwells (1/s to 300/s in about 18 s of traffic).
+//   - Throttled while probing. Back to the last good rate at once, the
+//     step halved (at least 2 %); the next probe is due after a dwell
+//     while the step is above 4 %, after the hold once it is not: at a
+//     stable limit the rule stays within 2 % below it and probes once a
+//     hold.
+//   - Throttled at a good rate (the limit fell). The rate is cut to 0.7 of
+//     it (again after each block while too high), the step is 2 % and the
+//     next probe is due after the hold. The rate that was good is
+//     remembered: probes go straight back to it, and each that fails
+//     remembers 3 % less, so a limit that comes back is found at the next
+//     probe.
 //
-// Growth is counted in admitted units (each unit counts its emission
-// interval), so an idle rule does not creep up on no evidence. A refund
-// does not undo growth: on Redis Cluster, a set whose rules span slots and
-// that one slot denies may have grown an adaptive rule in another slot by
-// the request's units. A Set with
-// an adaptive rule should book at most a few seconds ahead (see
-// Limiter.Reserve): a booking keeps the rate it was made at.
+// Throttles less than a second after a cut are the same congestion event
+// (the answers to the calls in flight together) and change nothing; the
+// time a Block holds counts as idle. A cut starts the rule's time afresh
+// from the block's end: what was booked at the refused rate is dropped
+// (Held reports those bookings, Refund gives nothing back for them).
+// Every failed probe costs the block the remote side asks for, so the
+// hold is the price of noticing a raised limit; BENCHMARKS.md has a
+// simulated day's figures.
 //
 // The zero value is not valid: Max and Per are required.
 type Adaptive struct {
@@ -58,19 +67,20 @@ type Adaptive struct {
 }
 
 // Constants of the learning algorithm (see Adaptive); learn.lua has the
-// same values.
+// same values. P is the rule's Per; em the interval of the current rate.
 const (
-	learnCut     = 0.9     // cut to this share of the rate
-	learnCutDeep = 0.6     // ... when the last cut was recent
-	learnAgain   = 4       // P: a cut within this of the last is "recent"
-	learnCool    = 1000000 // µs: blocks within this of a cut are one event
-	learnNear    = 0.95    // share of c where recovery ends and probing starts
-	learnFast    = 0.1     // recovery: c per P
-	learnProbe   = 0.003   // probe: c per P
-	learnHold    = 20      // P after a cut before climbing
-	learnClimb   = 0.3     // climb: share of the rate per P
-	learnScale   = 1e9     // rates are stored in billionths of a unit per second
-	learnTTL     = 24 * time.Hour
+	learnDwell      = 2       // a rate is good after P/learnDwell busy...
+	learnDwellUnits = 4       // ... and at least this many em
+	learnHold       = 12      // P to the next probe after one failed at the smallest step...
+	learnHoldUnits  = 60      // ... and at least this many em
+	learnStep0      = 0.25    // the first probe step
+	learnStepMin    = 0.02    // the smallest probe step
+	learnStepMax    = 1.0     // the largest probe step
+	learnCut        = 0.7     // a throttle at a good rate cuts it to this share
+	learnForget     = 0.97    // a failed probe at the remembered rate lowers it by this share
+	learnCool       = 1000000 // µs: throttles within this of a cut are one event
+	learnScale      = 1e9     // rates are stored in billionths of a unit per second
+	learnTTL        = 24 * time.Hour
 )
 
 // learnParams are an adaptive rule's bounds in the units the script takes:
@@ -138,10 +148,19 @@ func (a Adaptive) compile() (compiled, *RuleError) {
 	return compiled{kind: kindGCRA, suffix: "adaptive", em: intervalOf(p.start), burst: int64(burst), learn: &p}, nil
 }
 
-// learned is an adaptive rule's state: the rate r, the rate c at the last
-// cut (0: none), both in billionths of a unit per second, and the time d
-// of the last cut (µs, 0: none).
-type learned struct{ r, c, d int64 }
+// learned is an adaptive rule's state (learn.lua): the rate r and the last
+// good rate g while probing (0: not probing), in billionths of a unit per
+// second; the probe step s in millionths; when the next probe is due (n),
+// the time of the last cut (d), the time busy time is counted from (w),
+// the busy time at the current rate (a), all in µs; k, 1 after a good
+// probe; h, the rate that was good before the limit fell (0: none), as r;
+// c, 1 once the current rate was good for a dwell.
+type learned struct{ r, g, s, n, d, w, a, k, h, c int64 }
+
+// fresh is the state of a key with none.
+func (p *learnParams) fresh(now int64) learned {
+	return learned{r: p.start, s: learnStep0 * 1e6, w: now}
+}
 
 // intervalOf is the emission interval, in µs, of a rate in billionths of
 // a unit per second: learn.lua's ad_em.
@@ -149,34 +168,68 @@ func intervalOf(r int64) int64 {
 	return max(1, int64(math.Ceil(1e15/float64(r))))
 }
 
-// grow is learn.lua's ad_grow: the state after n units admitted at now
-// with the rule's interval em.
-func (p *learnParams) grow(s learned, n, em, now int64) learned {
-	per := float64(p.per)
-	span := float64(n*em) / per // P of traffic these units stand for
-	r, c := float64(s.r), float64(s.c)
-	switch {
-	case s.c == 0 || now-s.d >= learnHold*p.per:
-		r = r + r*(learnClimb*span)
-	case r < learnNear*c:
-		r = math.Min(learnNear*c, r+c*(learnFast*span))
-	default:
-		r = r + c*(learnProbe*span)
+// credit is learn.lua's ad_credit: the busy time since w (up to the TAT)
+// is counted at the current rate.
+func (p *learnParams) credit(s learned, now, tat int64) learned {
+	if busy := min(now, tat) - s.w; busy > 0 {
+		s.a += busy
 	}
-	s.r = min(p.max, max(p.min, int64(math.Floor(r))))
+	s.w = max(s.w, now)
 	return s
 }
 
-// cut is learn.lua's ad_cut: the state after a Block at now.
-func (p *learnParams) cut(s learned, now int64) learned {
-	if s.d > 0 && now-s.d < learnCool {
+// grow is learn.lua's ad_grow: after a charge at now, a rate busy for a
+// dwell is good (a probe that was is kept, and the next is due at once);
+// then a due probe starts. Its units come after the TAT tat, so busy time
+// counts for it from there.
+func (p *learnParams) grow(s learned, now, tat int64) learned {
+	if s.a < max(p.per/learnDwell, learnDwellUnits*intervalOf(s.r)) {
 		return s
 	}
-	f := learnCut
-	if s.d > 0 && now-s.d < learnAgain*p.per {
-		f = learnCutDeep
+	s.a, s.c = 0, 1
+	if s.g > 0 {
+		s.g, s.n = 0, now
+		if s.k == 1 {
+			s.s = min(learnStepMax*1e6, 2*s.s)
+		}
+		s.k = 1
+		if s.r >= s.h {
+			s.h = 0
+		}
 	}
-	s.c, s.d = s.r, now
-	s.r = max(p.min, int64(math.Floor(float64(s.r)*f)))
+	if now >= s.n && s.r < p.max {
+		s.g, s.w, s.c = s.r, max(s.w, tat), 0
+		s.r = max(s.h, min(p.max, int64(math.Floor(float64(s.r)*(1+float64(s.s)/1e6)))))
+	}
 	return s
+}
+
+// cut is learn.lua's ad_cut: the state after a Block at now until till,
+// and whether it cut (rather than taking the block for the same event).
+func (p *learnParams) cut(s learned, now, till int64) (learned, bool) {
+	if s.d > 0 && now-s.d < learnCool {
+		return s, false
+	}
+	if s.g > 0 {
+		if s.h > 0 && s.r >= s.h {
+			// The level that was good before the limit fell is not yet.
+			if s.h = int64(math.Floor(float64(s.h) * learnForget)); s.h <= s.g {
+				s.h = 0
+			}
+		}
+		s.r, s.g = s.g, 0
+		s.n = now + max(learnHold*p.per, learnHoldUnits*intervalOf(s.r))
+		if s.s > 2*learnStepMin*1e6 {
+			s.n = now + p.per/learnDwell
+		}
+		s.s = max(learnStepMin*1e6, s.s/2)
+	} else {
+		if s.c == 1 {
+			s.h = max(s.h, s.r)
+		}
+		s.r = max(p.min, int64(math.Floor(float64(s.r)*learnCut)))
+		s.s, s.n = learnStepMin*1e6, now+max(learnHold*p.per, learnHoldUnits*intervalOf(s.r))
+	}
+	s.k, s.c, s.d, s.a, s.w = 0, 0, now, 0, max(s.w, till)
+	return s, true
 }

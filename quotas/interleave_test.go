@@ -97,7 +97,7 @@ func TestShardedInterleavings(t *testing.T) {
 				}
 				switch {
 				case !ok:
-					m.refund(g, now, 1, ats, undo, p.holder, "n")
+					m.refund(g, now, 1, ats, undo, p.holder, "n", 0)
 					for _, ch := range p.charges[gi] {
 						ch.gone = true
 					}

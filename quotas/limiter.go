@@ -385,7 +385,7 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 	argv = make([]any, 0, na+1)
 	// One request: the script's request count, then the request.
 	horizon := p.horizon.Microseconds()
-	if p.op == opHeld {
+	if p.op == opHeld || p.op == opRefund {
 		horizon = p.decided
 	}
 	argv = append(argv, 1, p.op, now, tm.floor, p.n, horizon, holderField(p.req.Holder), b2i(p.req.Critical), p.nonce, at, len(g))
@@ -793,7 +793,7 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 	if len(d.ats) != len(calls) {
 		return errors.New("quotas: the Decision is not from this Set")
 	}
-	_, err = l.run(ctx, l.groups(calls), params{op: opRefund, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo})
+	_, err = l.run(ctx, l.groups(calls), params{op: opRefund, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo, decided: d.decided()})
 	return err
 }
 

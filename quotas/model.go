@@ -94,7 +94,7 @@ func (m *Model) Refund(now time.Time, s *Set, req Request, d Decision) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.m.refund(calls, us, int64(d.cost), d.ats, d.undo, req.Holder, d.nonce)
+	m.m.refund(calls, us, int64(d.cost), d.ats, d.undo, req.Holder, d.nonce, d.decided())
 	return nil
 }
 
@@ -111,7 +111,7 @@ func (m *Model) Held(now time.Time, s *Set, req Request, d Decision) (bool, erro
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.m.learnLoad(calls, us)
+	m.m.learnLoad(calls, us, false)
 	if !m.m.fresh(calls, us, d.ats, d.decided()) {
 		return false, nil
 	}
@@ -208,12 +208,7 @@ type model struct {
 	// Other kinds than GCRA: per block key, until when a Block holds.
 	tills map[string]int64
 	// Adaptive rules: per learn key, the state and until when it lives.
-	learns map[string]learnedUntil
-}
-
-type learnedUntil struct {
-	learned
-	exp int64
+	learns map[string]learned
 }
 
 // booking is an interval [x, e) of a GCRA rule's virtual time booked by a
@@ -240,7 +235,7 @@ func newModel() *model {
 	return &model{tats: map[string]int64{}, lasts: map[string]int64{}, books: map[string][]booking{}, changed: map[string]int64{},
 		blocks: map[string]int64{}, flows: map[string]map[string]int64{}, tags: map[string]fairTag{}, wins: map[string]map[int64]int64{}, logs: map[string][]logEntry{},
 		holders: map[string]map[string]int64{}, tokens: map[string]map[string]int64{}, seq: map[string]int64{}, tills: map[string]int64{},
-		learns: map[string]learnedUntil{}}
+		learns: map[string]learned{}}
 }
 
 func (m *model) window(c call, t int64) (int64, int64) {
@@ -440,7 +435,7 @@ func (m *model) expire(k string, now int64) {
 // status. It returns the reply the script would give.
 func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, holder string, critical bool, nonce string) reply {
 	m.housekeep(calls, now)
-	m.learnLoad(calls, now)
+	m.learnLoad(calls, now, op != opStatus)
 	m.load(calls, now, critical)
 	out := func(st, wait, rule, t int64, undo map[int][2]int64) reply {
 		r := reply{status: st, wait: wait, rule: rule, now: now, at: t}
@@ -577,10 +572,6 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				_, x, front = m.fit(c, t, n, now)
 			}
 			e := x + n*c.em
-			if p := c.c.learn; p != nil {
-				l := m.learned(c, now)
-				m.setLearned(c, now, l, p.grow(l, n, c.em, now))
-			}
 			if front && !c.c.fair {
 				undo[j] = [2]int64{e, m.tats[k]}
 				m.setTAT(k, e, now)
@@ -650,6 +641,12 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			m.seq[k] = max(m.seq[k]+1, now)
 			m.tokens[k][holder] = m.seq[k]
 			undo[j] = [2]int64{m.seq[k], 0}
+		}
+	}
+	for j, c := range calls {
+		if p := c.c.learn; p != nil && !(victim >= 0 && j != fair && !own(c)) {
+			// learn.lua's ad_grow, after the charge.
+			m.learns[learnKey(c)] = p.grow(m.learned(c, now), now, m.tats[c.keys[0]])
 		}
 	}
 	m.flush()
@@ -787,14 +784,15 @@ func (m *model) flush() {
 }
 
 // refund mirrors quotas.lua's refund of a charge made at ats[rule].
-func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64, holder, nonce string) {
+func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64, holder, nonce string, decided int64) {
 	m.housekeep(calls, now)
-	m.learnLoad(calls, now)
+	m.learnLoad(calls, now, false)
 	// A booking taken over gives back only the rules not shared.
 	taken := !m.held(calls, ats, undo, nonce)
 	for _, c := range calls {
 		k, t, u := c.keys[0], ats[c.i], undo[c.i]
-		if taken && !own(c) {
+		if taken && !own(c) || c.c.learn != nil && decided > 0 && m.learned(c, now).d > decided {
+			// Taken over; or decided before a cut that reset the rule.
 			continue
 		}
 		switch c.c.kind {
@@ -857,14 +855,21 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 // block mirrors quotas.lua's block op.
 func (m *model) block(calls []call, now, until int64) {
 	m.housekeep(calls, now)
-	m.learnLoad(calls, now)
+	m.learnLoad(calls, now, true)
 	for i, c := range calls {
 		if p := c.c.learn; p != nil {
-			l := m.learned(c, now)
-			cut := p.cut(l, now)
-			m.setLearned(c, now, l, cut)
-			c.em = intervalOf(cut.r)
+			l, cut := p.cut(m.learned(c, now), now, until)
+			m.learns[learnKey(c)] = l
+			c.em = intervalOf(l.r)
 			calls[i].em = c.em
+			if cut {
+				// learn.lua's ad_reset.
+				k := c.keys[0]
+				delete(m.books, k)
+				delete(m.lasts, k)
+				m.setTAT(k, until+c.em*(c.c.burst-1), now)
+				continue
+			}
 		}
 		if c.c.kind == kindGCRA {
 			k := c.keys[0]
@@ -934,27 +939,28 @@ func (m *model) fresh(calls []call, now int64, ats []int64, decided int64) bool 
 }
 
 // learnLoad mirrors learn.lua's ad_load: each adaptive call's interval
-// is its learned rate's.
-func (m *model) learnLoad(calls []call, now int64) {
+// is its learned rate's; with credit, the busy time since w is counted
+// and the state stored.
+func (m *model) learnLoad(calls []call, now int64, credit bool) {
 	for i, c := range calls {
-		if c.c.learn != nil {
-			calls[i].em = intervalOf(m.learned(c, now).r)
+		if p := c.c.learn; p != nil {
+			l := m.learned(c, now)
+			calls[i].em = intervalOf(l.r)
+			if credit {
+				m.learns[learnKey(c)] = p.credit(l, now, m.tats[c.keys[0]])
+			}
 		}
 	}
 }
 
-// learned returns adaptive call c's state at now: the rule's start when it
-// has none or it expired.
-func (m *model) learned(c call, now int64) learned {
-	if l, ok := m.learns[c.keys[len(c.keys)-1]]; ok && l.exp > now {
-		return l.learned
-	}
-	return learned{r: c.c.learn.start}
-}
+// learnKey is the key of adaptive call c's learned state.
+func learnKey(c call) string { return c.keys[len(c.keys)-1] }
 
-// setLearned stores adaptive call c's state, changed at now, if it changed.
-func (m *model) setLearned(c call, now int64, old, l learned) {
-	if l != old {
-		m.learns[c.keys[len(c.keys)-1]] = learnedUntil{l, now + learnTTL.Microseconds()}
+// learned returns adaptive call c's state at now: the rule's start when it
+// has none or it is a day old.
+func (m *model) learned(c call, now int64) learned {
+	if l, ok := m.learns[learnKey(c)]; ok && now-l.w < learnTTL.Microseconds() {
+		return l
 	}
+	return c.c.learn.fresh(now)
 }

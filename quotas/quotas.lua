@@ -18,8 +18,8 @@
 --          for each request: each is decided at its own time)
 --   +3     TTL floor in milliseconds (0 in production)
 --   +4     cost n
---   +5     reserve horizon, microseconds; held: when the charge was
---          decided (0: unknown)
+--   +5     reserve horizon, microseconds; refund, held: when the charge
+--          was decided (0: unknown)
 --   +6     holder id (concurrency)
 --   +7     1 if the request may use a concurrency rule's critical reserve
 --   +8     nonce naming this request's GCRA bookings and sliding-window
@@ -215,7 +215,7 @@ local function decide(k0, a0)
         flow = false, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
         stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
         blk = false, till = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
-        lr = 0, lc = 0, ld = 0}
+        lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0}
       local kind = r.kind
       if kind == 1 then
         r.em, r.burst, r.fair = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'
@@ -245,7 +245,7 @@ local function decide(k0, a0)
   end
   -- An adaptive rule's interval is its learned rate's, for every op.
   for i = 1, nrules do
-    if rules[i].adapt then ad_load(rules[i], now) end
+    if rules[i].adapt then ad_load(rules[i], now, op == 0 or op == 1 or op == 4) end
   end
   if op == 2 or op == 5 then
     for i = 1, nrules do
@@ -304,6 +304,9 @@ local function decide(k0, a0)
       local r = rules[i]
       local kind = r.kind
       if taken and not r.own then
+      elseif r.adapt and horizon > 0 and r.ld > horizon then
+        -- Decided before a cut, which reset the rule's time: nothing to
+        -- give back.
       elseif kind == 1 then
         gc_refund(r, t, n, now, ttl_floor, nonce, g)
       elseif kind == 2 or kind == 3 then
@@ -326,8 +329,11 @@ local function decide(k0, a0)
     for i = 1, nrules do
       local r = rules[i]
       if r.kind == 1 then
-        if r.adapt then ad_cut(r, now) end
-        gc_block(r, till, now, ttl_floor)
+        if r.adapt and ad_cut(r, now, till) then
+          ad_reset(r, till, now, ttl_floor)
+        else
+          gc_block(r, till, now, ttl_floor)
+        end
       elseif till > now and till > (tonumber(call('GET', r.blk)) or 0) then
         call('SET', r.blk, fmt(till), 'PX', fmt(ttl_ms(till - now, ttl_floor)))
       end
@@ -427,7 +433,7 @@ local function decide(k0, a0)
       end
     elseif kind == 1 then
       u1, u2 = gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
-      if r.adapt then ad_grow(r, n, now) end
+      if r.adapt then ad_grow(r, now) end
     elseif kind == 2 or kind == 3 then
       win_charge(r, t, n, now, ttl_floor)
     elseif kind == 4 then

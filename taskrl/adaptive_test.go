@@ -75,9 +75,9 @@ func TestAdaptiveThrottle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Three 429s within a second are one congestion event: 50 -> 45.
-	if got := float64(time.Second) / float64(d.Rules[0].Interval); got < 44.9 || got > 45.1 {
-		t.Errorf("learned rate %.2f/s after 3 throttles together, want 45/s", got)
+	// Three 429s within a second are one congestion event: 50 -> 35.
+	if got := float64(time.Second) / float64(d.Rules[0].Interval); got < 34.9 || got > 35.1 {
+		t.Errorf("learned rate %.2f/s after 3 throttles together, want 35/s", got)
 	}
 	if d.Rules[1].Remaining != 2 {
 		t.Errorf("per-business was blocked: %+v", d.Rules[1])

@@ -136,7 +136,7 @@ type split struct {
 // at most: a booking keeps the rate it was made at, so after a cut the
 // bookings beyond it are decided again (Limiter.Held); the shorter the
 // horizon, the fewer they are.
-const adaptiveReserve = 10 * time.Second
+const adaptiveReserve = time.Second
 
 func (m *Middleware) split(b *Binding) (*split, error) {
 	if v, ok := m.splits.Load(b); ok {

@@ -4,71 +4,113 @@
 -- script: composed after gcra.lua; it touches only the learn key of the
 -- rule tables passed to it.
 --
--- State of an adaptive rule r: the string at r.lkey, "r:c:d:w": the rate
--- r and the rate c at the last cut (0: none), in billionths of a unit per
--- second, the time d of the last cut (µs, 0: none) and the time w it was
--- written at. Absent, or a day after w (also on an explicit clock), it is
--- r.lstart, 0, 0; the key lives a day. r.em is the emission interval of
--- the rate, in µs.
+-- State of an adaptive rule r: the string at r.lkey,
+-- "r:g:s:n:d:w:a:k:h:c" (quotas/adaptive.go, learned): the rate r and the
+-- last good rate g while probing (0: not), in billionths of a unit per
+-- second; the probe step s in millionths; when the next probe is due (n),
+-- the last cut (d), the time busy time is counted from (w) and the busy
+-- time at the current rate (a), in µs; k, 1 after a good probe; h, the
+-- rate that was good before the limit fell (0: none); c, 1 once the
+-- current rate was good for a dwell. Absent, or a day after w (also on an
+-- explicit clock), it is the rule's start. The key lives a day. r.em is
+-- the emission interval of the rate, in µs.
 --
 -- Rule parameters (from the arguments): r.lmin, r.lmax, r.lstart (rates,
 -- as r) and r.lper (the rule's Per, µs).
 
-local min = math.min
-
-local learn_cut, learn_cut_deep, learn_again, learn_cool = 0.9, 0.6, 4, 1000000
-local learn_near, learn_fast, learn_probe, learn_hold, learn_climb = 0.95, 0.1, 0.003, 20, 0.3
-local learn_ttl = 86400000000
+local learn_dwell, learn_dwell_units, learn_hold, learn_hold_units = 2, 4, 12, 60
+local learn_step0, learn_step_min, learn_step_max = 0.25, 0.02, 1.0
+local learn_cut, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 1000000, 86400000000
 
 -- ad_em is the emission interval, in µs, of rate r.
 local function ad_em(r)
   return max(1, ceil(1e15 / r))
 end
 
--- ad_load reads rule r's learned state at now and sets its interval.
-local function ad_load(r, now)
+local function ad_store(r)
+  call('SET', r.lkey, fmt(r.lr) .. ':' .. fmt(r.lg) .. ':' .. fmt(r.ls) .. ':' .. fmt(r.ln) .. ':' .. fmt(r.ld) ..
+    ':' .. fmt(r.lw) .. ':' .. fmt(r.la) .. ':' .. fmt(r.lk) .. ':' .. fmt(r.lh) .. ':' .. fmt(r.lc),
+    'PX', fmt(learn_ttl / 1000))
+end
+
+-- ad_load reads rule r's learned state at now and sets its interval; with
+-- credit (a decision or a block), the rule's busy time since w, up to its
+-- TAT, is counted at the current rate and stored.
+local function ad_load(r, now, credit)
   local s = call('GET', r.lkey)
-  r.lr, r.lc, r.ld = r.lstart, 0, 0
+  local f = false
   if s then
-    local f = {}
+    f = {}
     for p in string.gmatch(s, '[^:]+') do f[#f + 1] = tonumber(p) end
-    if now - f[4] < learn_ttl then r.lr, r.lc, r.ld = f[1], f[2], f[3] end
+    if now - f[6] >= learn_ttl then f = false end
   end
-  r.em = ad_em(r.lr)
-end
-
-local function ad_store(r, now)
-  call('SET', r.lkey, fmt(r.lr) .. ':' .. fmt(r.lc) .. ':' .. fmt(r.ld) .. ':' .. fmt(now), 'PX', learn_ttl / 1000)
-end
-
--- ad_grow raises the rate for n units admitted at now, each standing for
--- the interval r.em of traffic.
-local function ad_grow(r, n, now)
-  local per = r.lper
-  local span = (n * r.em) / per
-  local rate, c = r.lr, r.lc
-  if c == 0 or now - r.ld >= learn_hold * per then
-    rate = rate + rate * (learn_climb * span)
-  elseif rate < learn_near * c then
-    rate = min(learn_near * c, rate + c * (learn_fast * span))
+  if f then
+    r.lr, r.lg, r.ls, r.ln, r.ld, r.lw, r.la, r.lk, r.lh, r.lc = f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]
   else
-    rate = rate + c * (learn_probe * span)
+    r.lr, r.lg, r.ls, r.ln, r.ld, r.lw, r.la, r.lk, r.lh, r.lc = r.lstart, 0, learn_step0 * 1e6, 0, 0, now, 0, 0, 0, 0
   end
-  rate = min(r.lmax, max(r.lmin, floor(rate)))
-  if rate ~= r.lr then
-    r.lr = rate
-    ad_store(r, now)
+  r.em = ad_em(r.lr)
+  if credit then
+    local busy = min(now, tat_get(r.key) or 0) - r.lw
+    if busy > 0 then r.la = r.la + busy end
+    r.lw = max(r.lw, now)
+    ad_store(r)
   end
 end
 
--- ad_cut lowers the rate for a block at now, unless a cut less than
--- learn_cool ago already answered the same congestion, and sets r.em.
-local function ad_cut(r, now)
-  if r.ld > 0 and now - r.ld < learn_cool then return end
-  local f = learn_cut
-  if r.ld > 0 and now - r.ld < learn_again * r.lper then f = learn_cut_deep end
-  r.lc, r.ld = r.lr, now
-  r.lr = max(r.lmin, floor(r.lr * f))
+-- ad_grow, after a charge at now: a rate busy for a dwell is good (a probe
+-- that was is kept, the next due at once; two in a row double the step);
+-- then a due probe starts, straight to the remembered rate if higher.
+local function ad_grow(r, now)
+  if r.la < max(floor(r.lper / learn_dwell), learn_dwell_units * ad_em(r.lr)) then return end
+  r.la, r.lc = 0, 1
+  if r.lg > 0 then
+    r.lg, r.ln = 0, now
+    if r.lk == 1 then r.ls = min(learn_step_max * 1e6, 2 * r.ls) end
+    r.lk = 1
+    if r.lr >= r.lh then r.lh = 0 end
+  end
+  if now >= r.ln and r.lr < r.lmax then
+    -- The probe's units come after the TAT: busy time counts from there.
+    r.lg, r.lw, r.lc = r.lr, max(r.lw, tat_get(r.key) or 0), 0
+    r.lr = max(r.lh, min(r.lmax, floor(r.lr * (1 + r.ls / 1e6))))
+  end
+  ad_store(r)
+end
+
+-- ad_cut lowers the rate for a block at now until till, unless a cut less
+-- than learn_cool ago answered the same congestion, and sets r.em: a
+-- failed probe goes back to the last good rate, a good rate is cut. It
+-- reports whether it cut.
+local function ad_cut(r, now, till)
+  if r.ld > 0 and now - r.ld < learn_cool then return false end
+  if r.lg > 0 then
+    if r.lh > 0 and r.lr >= r.lh then
+      -- The rate that was good before the limit fell is not yet.
+      r.lh = floor(r.lh * learn_forget)
+      if r.lh <= r.lg then r.lh = 0 end
+    end
+    r.lr, r.lg = r.lg, 0
+    r.ln = now + max(learn_hold * r.lper, learn_hold_units * ad_em(r.lr))
+    if r.ls > 2 * learn_step_min * 1e6 then r.ln = now + floor(r.lper / learn_dwell) end
+    r.ls = max(learn_step_min * 1e6, floor(r.ls / 2))
+  else
+    if r.lc == 1 then r.lh = max(r.lh, r.lr) end
+    r.lr = max(r.lmin, floor(r.lr * learn_cut))
+    r.ls, r.ln = learn_step_min * 1e6, now + max(learn_hold * r.lper, learn_hold_units * ad_em(r.lr))
+  end
+  r.lk, r.lc, r.ld, r.la, r.lw = 0, 0, now, 0, max(r.lw, till)
   r.em = ad_em(r.lr)
-  ad_store(r, now)
+  ad_store(r)
+  return true
+end
+
+-- ad_reset starts the rule's time afresh after a cut: nothing conforms
+-- before till, one unit exactly then, at the new rate. What was booked
+-- before (at the rate refused) is forgotten: Held tells its owners, who
+-- decide again, and their refunds give nothing back (quotas.lua).
+local function ad_reset(r, till, now, ttl_floor)
+  call('DEL', r.bkey)
+  lasts[r.key] = 0
+  tat_set(r.key, till + r.em * (r.burst - 1), now, ttl_floor)
 end
