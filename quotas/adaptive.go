@@ -38,9 +38,9 @@ import (
 //   - Throttled at a good rate (the limit fell). The rate is cut to 0.7 of
 //     it (again after each block while too high), the step is 2 % and the
 //     next probe is due after the hold. The rate that was good is
-//     remembered: probes go straight back to it, and each that fails
-//     remembers 3 % less, so a limit that comes back is found at the next
-//     probe.
+//     remembered: every other probe goes straight back to it (the others
+//     step up from the good rate), and each that fails remembers 3 % less,
+//     so a limit that comes back is found within two probes.
 //
 // Throttles less than a second after a cut are the same congestion event
 // (the answers to the calls in flight together) and change nothing; the
@@ -154,8 +154,9 @@ func (a Adaptive) compile() (compiled, *RuleError) {
 // the time of the last cut (d), the time busy time is counted from (w),
 // the busy time at the current rate (a), all in µs; k, 1 after a good
 // probe; h, the rate that was good before the limit fell (0: none), as r;
-// c, 1 once the current rate was good for a dwell.
-type learned struct{ r, g, s, n, d, w, a, k, h, c int64 }
+// c, 1 once the current rate was good for a dwell; m, 1 when the next
+// probe is a step even below h (after a probe to h failed).
+type learned struct{ r, g, s, n, d, w, a, k, h, c, m int64 }
 
 // fresh is the state of a key with none.
 func (p *learnParams) fresh(now int64) learned {
@@ -199,7 +200,13 @@ func (p *learnParams) grow(s learned, now, tat int64) learned {
 	}
 	if now >= s.n && s.r < p.max {
 		s.g, s.w, s.c = s.r, max(s.w, tat), 0
-		s.r = max(s.h, min(p.max, int64(math.Floor(float64(s.r)*(1+float64(s.s)/1e6)))))
+		up := min(p.max, int64(math.Floor(float64(s.r)*(1+float64(s.s)/1e6))))
+		if s.m == 1 {
+			s.m = 0
+		} else {
+			up = max(up, s.h)
+		}
+		s.r = up
 	}
 	return s
 }
@@ -216,6 +223,7 @@ func (p *learnParams) cut(s learned, now, till int64) (learned, bool) {
 			if s.h = int64(math.Floor(float64(s.h) * learnForget)); s.h <= s.g {
 				s.h = 0
 			}
+			s.m = 1 // the next probe steps from the good rate
 		}
 		s.r, s.g = s.g, 0
 		s.n = now + max(learnHold*p.per, learnHoldUnits*intervalOf(s.r))

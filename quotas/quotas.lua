@@ -215,7 +215,7 @@ local function decide(k0, a0)
         flow = false, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
         stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
         blk = false, till = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
-        lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0}
+        lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0}
       local kind = r.kind
       if kind == 1 then
         r.em, r.burst, r.fair = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'

@@ -5,13 +5,14 @@
 -- rule tables passed to it.
 --
 -- State of an adaptive rule r: the string at r.lkey,
--- "r:g:s:n:d:w:a:k:h:c" (quotas/adaptive.go, learned): the rate r and the
+-- "r:g:s:n:d:w:a:k:h:c:m" (quotas/adaptive.go, learned): the rate r and the
 -- last good rate g while probing (0: not), in billionths of a unit per
 -- second; the probe step s in millionths; when the next probe is due (n),
 -- the last cut (d), the time busy time is counted from (w) and the busy
 -- time at the current rate (a), in µs; k, 1 after a good probe; h, the
 -- rate that was good before the limit fell (0: none); c, 1 once the
--- current rate was good for a dwell. Absent, or a day after w (also on an
+-- current rate was good for a dwell; m, 1 when the next probe steps from
+-- the good rate even below h. Absent, or a day after w (also on an
 -- explicit clock), it is the rule's start. The key lives a day. r.em is
 -- the emission interval of the rate, in µs.
 --
@@ -29,7 +30,7 @@ end
 
 local function ad_store(r)
   call('SET', r.lkey, fmt(r.lr) .. ':' .. fmt(r.lg) .. ':' .. fmt(r.ls) .. ':' .. fmt(r.ln) .. ':' .. fmt(r.ld) ..
-    ':' .. fmt(r.lw) .. ':' .. fmt(r.la) .. ':' .. fmt(r.lk) .. ':' .. fmt(r.lh) .. ':' .. fmt(r.lc),
+    ':' .. fmt(r.lw) .. ':' .. fmt(r.la) .. ':' .. fmt(r.lk) .. ':' .. fmt(r.lh) .. ':' .. fmt(r.lc) .. ':' .. fmt(r.lm),
     'PX', fmt(learn_ttl / 1000))
 end
 
@@ -45,9 +46,9 @@ local function ad_load(r, now, credit)
     if now - f[6] >= learn_ttl then f = false end
   end
   if f then
-    r.lr, r.lg, r.ls, r.ln, r.ld, r.lw, r.la, r.lk, r.lh, r.lc = f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]
+    r.lr, r.lg, r.ls, r.ln, r.ld, r.lw, r.la, r.lk, r.lh, r.lc, r.lm = f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11]
   else
-    r.lr, r.lg, r.ls, r.ln, r.ld, r.lw, r.la, r.lk, r.lh, r.lc = r.lstart, 0, learn_step0 * 1e6, 0, 0, now, 0, 0, 0, 0
+    r.lr, r.lg, r.ls, r.ln, r.ld, r.lw, r.la, r.lk, r.lh, r.lc, r.lm = r.lstart, 0, learn_step0 * 1e6, 0, 0, now, 0, 0, 0, 0, 0
   end
   r.em = ad_em(r.lr)
   if credit then
@@ -60,7 +61,8 @@ end
 
 -- ad_grow, after a charge at now: a rate busy for a dwell is good (a probe
 -- that was is kept, the next due at once; two in a row double the step);
--- then a due probe starts, straight to the remembered rate if higher.
+-- then a due probe starts, straight to the remembered rate if higher
+-- (unless the last probe to it failed).
 local function ad_grow(r, now)
   if r.la < max(floor(r.lper / learn_dwell), learn_dwell_units * ad_em(r.lr)) then return end
   r.la, r.lc = 0, 1
@@ -73,7 +75,9 @@ local function ad_grow(r, now)
   if now >= r.ln and r.lr < r.lmax then
     -- The probe's units come after the TAT: busy time counts from there.
     r.lg, r.lw, r.lc = r.lr, max(r.lw, tat_get(r.key) or 0), 0
-    r.lr = max(r.lh, min(r.lmax, floor(r.lr * (1 + r.ls / 1e6))))
+    local up = min(r.lmax, floor(r.lr * (1 + r.ls / 1e6)))
+    if r.lm == 1 then r.lm = 0 else up = max(up, r.lh) end
+    r.lr = up
   end
   ad_store(r)
 end
@@ -89,6 +93,7 @@ local function ad_cut(r, now, till)
       -- The rate that was good before the limit fell is not yet.
       r.lh = floor(r.lh * learn_forget)
       if r.lh <= r.lg then r.lh = 0 end
+      r.lm = 1 -- the next probe steps from the good rate
     end
     r.lr, r.lg = r.lg, 0
     r.ln = now + max(learn_hold * r.lper, learn_hold_units * ad_em(r.lr))

@@ -1,0 +1,570 @@
+// Package simulate runs a day of a fleet's traffic in seconds: N virtual
+// workers take tasks of one type from a backlog that never runs dry and
+// admit them under a policy the way the middleware does, on quotas.Model
+// and a virtual clock, against a simulated vendor whose limit changes on a
+// schedule (Vendor). It reports, per interval, the vendor's limit, the rate
+// an adaptive rule has learned, the calls, the share answered 429 and the
+// share of the vendor's limit used. enqueue --simulate is its command line.
+//
+// What it models of the middleware (taskrl/admit.go, plan.go, throttle.go):
+// every attempt decides the task's rate and window rules with Reserve
+// (horizon MaxReserve, at most 1 s for a task with an adaptive rule);
+// a turn within MaxHold is waited for in the worker slot, a later one is
+// booked and the copy comes back 150 ms before its slot (the pacer's lead)
+// and waits for it; a copy more than 25 ms late decides again; before a
+// call that waited, Held (fair and adaptive rules) and the block markers
+// are checked; a 429 refunds the call's charge, blocks the throttle scope
+// (cutting adaptive rules) until Retry-After and reschedules the task
+// then. Concurrency rules are taken before the call and released at its
+// answer; a task that finds no slot gives its charge back and tries again
+// a second later. Not modelled: asynq's own polling delays, Redis round
+// trips, the throttle budget, failure modes.
+//
+// Tool code, imported by cmd/enqueue.
+package simulate
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+// Spec is one simulation.
+type Spec struct {
+	// Policy, Type and Queue: the tasks' rules are Policy.Bind(Type, Queue),
+	// which must bind some rule. Payload is every task's payload (nil: {}).
+	Policy      *taskrl.Policy
+	Type, Queue string
+	Payload     []byte
+	// Vendor is the remote side's limit over time; required.
+	Vendor Vendor
+	// Workers × Concurrency task slots (defaults 3 and 16).
+	Workers, Concurrency int
+	// Latency is the vendor's answer time (default 20ms).
+	Latency time.Duration
+	// Duration is how long the simulated day lasts; required.
+	Duration time.Duration
+	// Interval is the report's row length (default: Duration/24, at least
+	// 1s).
+	Interval time.Duration
+	// Backlog is how many tasks wait at all times: each task answered 200
+	// is replaced by a new one. Default: 1.5 s of the vendor's highest
+	// rate, at least 50 (always more work than the vendor allows).
+	Backlog int
+	// MaxHold and MaxReserve as in taskrl.Config (defaults 500ms and 1h).
+	MaxHold, MaxReserve time.Duration
+	// Start is the simulated clock's start (default 2026-01-01 00:00 UTC).
+	Start time.Time
+}
+
+// Row is one interval of the report.
+type Row struct {
+	From, To time.Duration // offsets from the start
+	// Limit is the vendor's rate per second at the end of the interval.
+	Limit float64
+	// Learned is the rate per second the first adaptive rule (its global
+	// key, or the payload's) had learned at the end of the interval; 0
+	// without one.
+	Learned float64
+	// Calls made to the vendor, and those answered 429.
+	Calls, Throttled int
+	// Used is the calls answered 200 over what the vendor's limits allowed
+	// in the interval (its rate times the time each limit was in force).
+	Used float64
+}
+
+// Report is a simulation's outcome.
+type Report struct {
+	Rows []Row
+	// Calls, Throttled: totals; Done: tasks answered 200; Archived: tasks
+	// no wait could admit (a rule that never admits them).
+	Calls, Throttled, Done, Archived int
+	// Decisions counts the limiter operations (decide, refund, block,
+	// held, slots) the middleware would have made of Redis.
+	Decisions int
+}
+
+// ThrottledShare is Throttled/Calls (0 without calls).
+func (r Report) ThrottledShare() float64 {
+	if r.Calls == 0 {
+		return 0
+	}
+	return float64(r.Throttled) / float64(r.Calls)
+}
+
+// Constants of the middleware the simulation follows (taskrl: paceLead,
+// lateBooking, slotRetry, adaptiveReserve).
+const (
+	paceLead        = 150 * time.Millisecond
+	lateBooking     = 25 * time.Millisecond
+	slotRetry       = time.Second
+	adaptiveReserve = time.Second
+)
+
+func (s *Spec) defaults() error {
+	if s.Policy == nil {
+		return errors.New("simulate: a policy is required")
+	}
+	if len(s.Vendor.Phases) == 0 {
+		return errors.New("simulate: a vendor is required")
+	}
+	if s.Duration <= 0 {
+		return errors.New("simulate: the duration must be positive")
+	}
+	if s.Workers == 0 {
+		s.Workers = 3
+	}
+	if s.Concurrency == 0 {
+		s.Concurrency = 16
+	}
+	if s.Latency == 0 {
+		s.Latency = 20 * time.Millisecond
+	}
+	if s.Interval == 0 {
+		s.Interval = max(time.Second, s.Duration/24)
+	}
+	if s.Backlog == 0 {
+		peak := 0.0
+		for _, p := range s.Vendor.Phases {
+			peak = max(peak, p.Limit.Rate/p.Limit.Period.Seconds())
+		}
+		s.Backlog = max(50, int(math.Ceil(1.5*peak)))
+	}
+	if s.MaxHold == 0 {
+		s.MaxHold = 500 * time.Millisecond
+	}
+	if s.MaxReserve == 0 {
+		s.MaxReserve = time.Hour
+	}
+	if s.Start.IsZero() {
+		s.Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
+	if s.Payload == nil {
+		s.Payload = []byte("{}")
+	}
+	switch {
+	case s.Workers < 1 || s.Concurrency < 1 || s.Backlog < 1:
+		return errors.New("simulate: workers, concurrency and backlog must be at least 1")
+	case s.Latency < 0 || s.Interval < 0 || s.MaxHold < 0 || s.MaxReserve < 0:
+		return errors.New("simulate: durations must not be negative")
+	case s.Duration/s.Interval > 100_000:
+		return errors.New("simulate: more than 100000 intervals")
+	}
+	return nil
+}
+
+// task is one task in the simulation.
+type task struct {
+	booked time.Time       // the copy's booked slot; zero: none
+	charge quotas.Decision // the rate charge it runs or is booked under
+	taken  int             // decisions again after a booking was not held
+}
+
+// event is something that happens at a time; seq keeps events of one time
+// in the order they were scheduled.
+type event struct {
+	at  time.Time
+	seq int
+	fn  func()
+}
+
+type events []event
+
+func (e events) Len() int { return len(e) }
+func (e events) Less(i, j int) bool {
+	return e[i].at.Before(e[j].at) || e[i].at.Equal(e[j].at) && e[i].seq < e[j].seq
+}
+func (e events) Swap(i, j int) { e[i], e[j] = e[j], e[i] }
+func (e *events) Push(x any)   { *e = append(*e, x.(event)) }
+func (e *events) Pop() any {
+	old := *e
+	x := old[len(old)-1]
+	*e = old[:len(old)-1]
+	return x
+}
+
+type sim struct {
+	spec    Spec
+	m       *quotas.Model
+	vendor  *gcra.Model
+	now     time.Time
+	q       events
+	seq     int
+	pending []*task
+	free    int
+	markers map[string]time.Time
+
+	rates, slots, scope       *quotas.Set
+	rateReq, slotReq, scopReq quotas.Request
+	rateNames                 []string
+	fair, adaptive            bool
+	learned                   int // index in rates of the reported adaptive rule; -1 none
+	horizon                   time.Duration
+
+	rep Report
+	row *Row
+}
+
+// Run runs spec and returns its report.
+func Run(spec Spec) (Report, error) {
+	if err := spec.defaults(); err != nil {
+		return Report{}, err
+	}
+	s := &sim{spec: spec, m: quotas.NewModel(), vendor: &gcra.Model{}, now: spec.Start, free: spec.Workers * spec.Concurrency,
+		markers: map[string]time.Time{}, learned: -1}
+	if err := s.bind(); err != nil {
+		return Report{}, err
+	}
+	end := spec.Start.Add(spec.Duration)
+	for from := time.Duration(0); from < spec.Duration; from += spec.Interval {
+		to := min(from+spec.Interval, spec.Duration)
+		s.at(spec.Start.Add(from), func() { s.startRow(from, to) })
+	}
+	s.at(end, s.endRow)
+	for i := 0; i < spec.Backlog; i++ {
+		s.ready(&task{})
+	}
+	for len(s.q) > 0 {
+		e := heap.Pop(&s.q).(event)
+		if e.at.After(end) {
+			break
+		}
+		s.now = e.at
+		e.fn()
+		s.dispatch()
+	}
+	return s.rep, nil
+}
+
+// bind splits the bound rules as the middleware does: rate and window
+// rules, concurrency rules, and the throttle scope.
+func (s *sim) bind() error {
+	b := s.spec.Policy.Bind(s.spec.Type, s.spec.Queue)
+	if b == nil {
+		return fmt.Errorf("simulate: no rule of the policy matches type %q in queue %q", s.spec.Type, s.spec.Queue)
+	}
+	req, err := b.Request(s.spec.Payload)
+	if err != nil {
+		return fmt.Errorf("simulate: the payload: %w", err)
+	}
+	named := map[string]bool{}
+	for _, n := range s.spec.Policy.Throttle() {
+		named[n] = true
+	}
+	var rates, slots, scoped, adaptive []quotas.Rule
+	var rateIdx, slotIdx, scopedIdx, adaptiveIdx []int
+	for i, r := range b.Set().Rules() {
+		if named[r.Name] {
+			scoped, scopedIdx = append(scoped, r), append(scopedIdx, i)
+		}
+		switch r.Limit.(type) {
+		case quotas.Concurrency:
+			slots, slotIdx = append(slots, r), append(slotIdx, i)
+			continue
+		case quotas.Adaptive:
+			if s.learned < 0 {
+				s.learned = len(rates)
+			}
+			adaptive, adaptiveIdx = append(adaptive, r), append(adaptiveIdx, i)
+		}
+		s.fair = s.fair || r.Fair
+		rates, rateIdx = append(rates, r), append(rateIdx, i)
+		s.rateNames = append(s.rateNames, r.Name)
+	}
+	s.adaptive = len(adaptive) > 0
+	s.horizon = s.spec.MaxReserve
+	if s.adaptive {
+		s.horizon = min(s.horizon, adaptiveReserve)
+	}
+	switch {
+	case len(scoped) > 0:
+	case len(adaptive) > 0:
+		scoped, scopedIdx = adaptive, adaptiveIdx
+	case len(rates) > 0:
+		scoped, scopedIdx = rates, rateIdx
+	default:
+		scoped, scopedIdx = slots, slotIdx
+	}
+	sub := func(idx []int) quotas.Request {
+		r := quotas.Request{Critical: req.Critical, Holder: "task"}
+		for _, i := range idx {
+			r.Keys = append(r.Keys, req.Keys[i])
+			r.Fair = append(r.Fair, req.Fair[i])
+		}
+		return r
+	}
+	for _, x := range []struct {
+		rules []quotas.Rule
+		idx   []int
+		set   **quotas.Set
+		req   *quotas.Request
+	}{{rates, rateIdx, &s.rates, &s.rateReq}, {slots, slotIdx, &s.slots, &s.slotReq}, {scoped, scopedIdx, &s.scope, &s.scopReq}} {
+		if len(x.rules) == 0 {
+			continue
+		}
+		if *x.set, err = quotas.NewSet(x.rules...); err != nil {
+			return err
+		}
+		*x.req = sub(x.idx)
+	}
+	return nil
+}
+
+func (s *sim) at(t time.Time, fn func()) {
+	s.seq++
+	heap.Push(&s.q, event{at: t, seq: s.seq, fn: fn})
+}
+
+func (s *sim) after(d time.Duration, fn func()) { s.at(s.now.Add(d), fn) }
+
+// ready puts t in the queue: a worker slot takes it when one is free.
+func (s *sim) ready(t *task) { s.pending = append(s.pending, t) }
+
+func (s *sim) dispatch() {
+	for s.free > 0 && len(s.pending) > 0 {
+		t := s.pending[0]
+		s.pending = s.pending[1:]
+		s.free--
+		s.start(t)
+	}
+}
+
+// release frees the slot of the task it ran.
+func (s *sim) release() { s.free++ }
+
+// reschedule makes t ready again at `at`, booked for slot if set.
+func (s *sim) reschedule(t *task, at, slot time.Time) {
+	t.booked = slot
+	if !slot.IsZero() {
+		at = slot.Add(-paceLead)
+	}
+	s.at(at, func() { s.ready(t) })
+	s.release()
+}
+
+func (s *sim) start(t *task) {
+	if t.booked.IsZero() || s.rates == nil {
+		s.decide(t)
+		return
+	}
+	w := t.booked.Sub(s.now)
+	switch {
+	case w < -lateBooking:
+		s.refund(t)
+		s.decide(t)
+	case w > 2*s.spec.MaxHold:
+		s.reschedule(t, time.Time{}, t.booked)
+	default:
+		t.booked = time.Time{}
+		s.after(max(w, 0), func() { s.check(t) })
+	}
+}
+
+func (s *sim) refund(t *task) {
+	if s.rates != nil && t.charge.Allowed {
+		s.rep.Decisions++
+		_ = s.m.Refund(s.now, s.rates, s.rateReq, t.charge)
+	}
+	t.charge = quotas.Decision{}
+}
+
+func (s *sim) decide(t *task) {
+	if s.rates == nil {
+		s.call(t)
+		return
+	}
+	s.rep.Decisions++
+	d, err := s.m.Reserve(s.now, s.rates, s.rateReq, s.horizon)
+	if err != nil {
+		panic(err) // the request is built from a binding; it cannot be wrong
+	}
+	switch {
+	case d.Allowed && d.Delay == 0:
+		t.charge = d
+		s.call(t)
+	case d.Allowed && d.Delay <= s.spec.MaxHold:
+		t.charge = d
+		s.after(d.Delay, func() { s.check(t) })
+	case d.Allowed:
+		t.charge = d
+		s.reschedule(t, time.Time{}, d.Now.Add(d.Delay))
+	case d.RetryAfter == quotas.Never:
+		s.rep.Archived++
+		s.release()
+		s.ready(&task{})
+	default:
+		s.reschedule(t, s.now.Add(d.RetryAfter), time.Time{})
+	}
+}
+
+// check is what a task that waited for its turn does before the call: is
+// its booking still its own, and is no rule blocked upstream?
+func (s *sim) check(t *task) {
+	if s.fair || s.adaptive {
+		s.rep.Decisions++
+		if ok, _ := s.m.Held(s.now, s.rates, s.rateReq, t.charge); !ok {
+			s.refund(t)
+			if t.taken++; t.taken <= 3 {
+				s.decide(t)
+				return
+			}
+			s.reschedule(t, s.now.Add(time.Second), time.Time{})
+			return
+		}
+	}
+	var until time.Time
+	for i, n := range s.rateNames {
+		if u := s.markers[n+"\x00"+s.rateReq.Keys[i]]; u.After(until) {
+			until = u
+		}
+	}
+	if until.After(s.now) {
+		s.refund(t)
+		s.reschedule(t, until, time.Time{})
+		return
+	}
+	s.call(t)
+}
+
+// call takes the task's slots, if any, and calls the vendor.
+func (s *sim) call(t *task) {
+	var leases []quotas.Lease
+	if s.slots != nil {
+		s.rep.Decisions++
+		d, _ := s.m.Allow(s.now, s.slots, s.slotReq)
+		if !d.Allowed {
+			s.refund(t)
+			s.reschedule(t, s.now.Add(max(slotRetry, min(d.RetryAfter, time.Minute))), time.Time{})
+			return
+		}
+		leases = d.Leases
+	}
+	s.rep.Calls++
+	s.row.Calls++
+	limit, _ := s.spec.Vendor.At(s.now.Sub(s.spec.Start))
+	r, _ := s.vendor.AllowN(s.now, "vendor", limit, 1)
+	s.after(s.spec.Latency, func() {
+		for _, l := range leases {
+			s.rep.Decisions++
+			_, _ = s.m.Release(s.now, l)
+		}
+		t.taken = 0
+		if r.Allowed {
+			s.rep.Done++
+			s.release()
+			s.ready(&task{})
+			return
+		}
+		s.rep.Throttled++
+		s.row.Throttled++
+		s.throttled(t, time.Duration(math.Ceil(max(r.RetryAfter.Seconds(), 1)))*time.Second)
+	})
+}
+
+// throttled is the middleware's backOff: refund, block the scope, mark it
+// for the tasks already charged, reschedule the task after retryAfter.
+func (s *sim) throttled(t *task, retryAfter time.Duration) {
+	s.refund(t)
+	until := s.now.Add(retryAfter)
+	if s.scope != nil {
+		s.rep.Decisions++
+		_, _ = s.m.Block(s.now, s.scope, s.scopReq, until)
+		for i, r := range s.scope.Rules() {
+			k := r.Name + "\x00" + s.scopReq.Keys[i]
+			if until.After(s.markers[k]) {
+				s.markers[k] = until
+			}
+		}
+	}
+	s.reschedule(t, until, time.Time{})
+}
+
+func (s *sim) startRow(from, to time.Duration) {
+	s.rep.Rows = append(s.rep.Rows, Row{From: from, To: to})
+	s.row = &s.rep.Rows[len(s.rep.Rows)-1]
+	s.row.Used = -float64(s.rep.Done) // completed at the row's end
+	if len(s.rep.Rows) > 1 {
+		s.closeRow(&s.rep.Rows[len(s.rep.Rows)-2])
+	}
+}
+
+func (s *sim) endRow() { s.closeRow(s.row) }
+
+// closeRow fills in what a row knows at its end.
+func (s *sim) closeRow(r *Row) {
+	done := float64(s.rep.Done) + r.Used
+	var capacity float64
+	for t := r.From; t < r.To; {
+		l, i := s.spec.Vendor.At(t)
+		next := r.To
+		if end := s.phaseEnd(i); end > t && end < next {
+			next = end
+		}
+		capacity += l.Rate / l.Period.Seconds() * (next - t).Seconds()
+		t = next
+	}
+	r.Used = done / capacity
+	l, _ := s.spec.Vendor.At(r.To - 1)
+	r.Limit = l.Rate / l.Period.Seconds()
+	if s.learned >= 0 {
+		d, _ := s.m.Status(s.now, s.rates, s.rateReq)
+		r.Learned = float64(time.Second) / float64(d.Rules[s.learned].Interval)
+	}
+}
+
+// phaseEnd is the offset at which phase i ends (0 for the last).
+func (s *sim) phaseEnd(i int) time.Duration {
+	var end time.Duration
+	for _, p := range s.spec.Vendor.Phases[:i+1] {
+		end += p.For
+	}
+	if i == len(s.spec.Vendor.Phases)-1 {
+		return 0
+	}
+	return end
+}
+
+// Phases reports, for each phase of v, the calls, the 429s and the share
+// of the vendor's limit used in the rows of the report that lie between
+// settle after the phase's start and its end.
+func (r Report) Phases(v Vendor, duration, settle time.Duration) []PhaseStats {
+	var out []PhaseStats
+	var from time.Duration
+	for i, p := range v.Phases {
+		to := from + p.For
+		if p.For == 0 || i == len(v.Phases)-1 {
+			to = duration
+		}
+		ps := PhaseStats{From: from + settle, To: to, Limit: p.Limit.Rate / p.Limit.Period.Seconds()}
+		var accepted, span float64
+		for _, row := range r.Rows {
+			if row.From >= ps.From && row.To <= ps.To {
+				d := (row.To - row.From).Seconds()
+				accepted += row.Used * ps.Limit * d
+				span += d
+				ps.Calls += row.Calls
+				ps.Throttled += row.Throttled
+			}
+		}
+		if span > 0 {
+			ps.Used = accepted / (ps.Limit * span)
+		}
+		out = append(out, ps)
+		from = to
+	}
+	return out
+}
+
+// PhaseStats is one vendor phase after settling.
+type PhaseStats struct {
+	From, To         time.Duration
+	Limit            float64
+	Calls, Throttled int
+	Used             float64
+}

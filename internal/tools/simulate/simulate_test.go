@@ -1,0 +1,162 @@
+package simulate
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+func mustPolicy(t testing.TB, doc string) *taskrl.Policy {
+	t.Helper()
+	p, err := taskrl.ParsePolicy([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustVendor(t testing.TB, spec string) Vendor {
+	t.Helper()
+	v, err := ParseVendor(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+const adaptivePolicy = `
+rules:
+  - name: vendor-learned
+    match: {type: "http:call"}
+    adaptive: {max: 40, min: 1, per: 1s}
+`
+
+func TestParseVendor(t *testing.T) {
+	v := mustVendor(t, "20/s for 1m, 5/s burst 3 for 90s,0.5/10s")
+	want := []Phase{
+		{Limit: gcra.Limit{Rate: 20, Period: time.Second, Burst: 1}, For: time.Minute},
+		{Limit: gcra.Limit{Rate: 5, Period: time.Second, Burst: 3}, For: 90 * time.Second},
+		{Limit: gcra.Limit{Rate: 0.5, Period: 10 * time.Second, Burst: 1}},
+	}
+	if len(v.Phases) != len(want) {
+		t.Fatalf("%+v", v)
+	}
+	for i := range want {
+		if v.Phases[i] != want[i] {
+			t.Errorf("phase %d: %+v, want %+v", i+1, v.Phases[i], want[i])
+		}
+	}
+	if got := v.String(); got != "20/s for 1m0s, 5/s burst 3 for 1m30s, 0.5/10s" {
+		t.Errorf("String: %q", got)
+	}
+	if l, i := v.At(61 * time.Second); i != 1 || l.Rate != 5 {
+		t.Errorf("At(61s): %v %d", l, i)
+	}
+	if l, i := v.At(time.Hour); i != 2 || l.Rate != 0.5 {
+		t.Errorf("At(1h): %v %d", l, i)
+	}
+	for spec, msg := range map[string]string{
+		"":                     "empty",
+		"20":                   "RATE/PER",
+		"x/s":                  `bad rate "x"`,
+		"20/fortnight":         `bad period "fortnight"`,
+		"20/s for":             `"for" needs a value`,
+		"20/s for -1s":         `bad duration "-1s"`,
+		"20/s burst 0":         "burst",
+		"20/s every 2s":        `unknown word "every"`,
+		"20/s, 5/s for 1m":     "phase 1: needs a duration",
+		"-3/s":                 "rate",
+		"20/s for 1m,, 5/s":    "phase 2",
+		"20/s for 1m burst x":  `bad burst "x"`,
+		"20/s for 1m burst 2 ": "",
+	} {
+		_, err := ParseVendor(spec)
+		switch {
+		case msg == "" && err != nil:
+			t.Errorf("%q: %v", spec, err)
+		case msg != "" && (err == nil || !strings.Contains(err.Error(), msg)):
+			t.Errorf("%q: got %v, want an error containing %q", spec, err, msg)
+		}
+	}
+}
+
+// TestFixedRule: a fixed GCRA rule below the vendor's limit sends exactly
+// its rate and is never throttled; one above it runs into the wall after
+// every block (one call passes per Retry-After), where an adaptive rule
+// with the same maximum learns the vendor's rate. The ideals come from the
+// limits alone.
+func TestFixedRule(t *testing.T) {
+	run := func(limit string) Report {
+		doc := "rules: [{name: vendor, match: {type: \"http:call\"}, " + limit + "}]"
+		rep, err := Run(Spec{Policy: mustPolicy(t, doc), Type: "http:call", Vendor: mustVendor(t, "20/s"), Duration: 100 * time.Second, Interval: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %.2f/s answered 200, %d of %d calls 429", limit, float64(rep.Done)/100, rep.Throttled, rep.Calls)
+		return rep
+	}
+	if rep := run("gcra: {rate: 10, per: 1s}"); rep.Throttled > 0 || math.Abs(float64(rep.Done)/100-10) > 0.3 {
+		t.Errorf("a fixed rule below the limit: %+v", rep)
+	}
+	if rep := run("gcra: {rate: 25, per: 1s}"); float64(rep.Done)/100 > 2 {
+		t.Errorf("a fixed rule above the limit did better than the wall allows: %+v", rep)
+	}
+	if rep := run("adaptive: {max: 25, per: 1s}"); float64(rep.Done)/100 < 17 || rep.ThrottledShare() > 0.02 {
+		t.Errorf("an adaptive rule did not learn the limit: %.2f/s, %.1f%% 429", float64(rep.Done)/100, 100*rep.ThrottledShare())
+	}
+}
+
+// TestAdaptiveDay runs the issue's day shape, shortened for the race
+// detector: a vendor whose limit changes six times, an adaptive rule that
+// knows none of it. The bars: at most 2 % of calls answered 429, and in
+// every phase, after settling, at least 90 % of the vendor's limit used.
+// The full day (24 h) is BenchmarkSimulatedDay in bench/.
+func TestAdaptiveDay(t *testing.T) {
+	v := mustVendor(t, "20/s for 20m, 5/s for 20m, 20/s for 20m, 10/s for 20m, 30/s for 10m, 5/s for 10m, 20/s")
+	const day = 2 * time.Hour
+	start := time.Now()
+	rep, err := Run(Spec{Policy: mustPolicy(t, adaptivePolicy), Type: "http:call", Vendor: v, Duration: day, Interval: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%v simulated in %v: %d calls, %.2f%% answered 429, %.1f limiter operations per call", day, time.Since(start), rep.Calls, 100*rep.ThrottledShare(),
+		float64(rep.Decisions)/float64(rep.Calls))
+	if rep.ThrottledShare() > 0.02 {
+		t.Errorf("%.2f%% of calls answered 429, want at most 2%%", 100*rep.ThrottledShare())
+	}
+	for _, p := range rep.Phases(v, day, 5*time.Minute) {
+		t.Logf("%v-%v vendor %.0f/s: %.1f%% used, %d calls, %d 429", p.From, p.To, p.Limit, 100*p.Used, p.Calls, p.Throttled)
+		if p.Used < 0.9 {
+			t.Errorf("%v-%v vendor %.0f/s: %.1f%% used, want at least 90%%", p.From, p.To, p.Limit, 100*p.Used)
+		}
+	}
+	for _, r := range rep.Rows {
+		if r.Learned > 40 || r.Learned < 1 {
+			t.Errorf("%v: learned %.2f/s, outside min and max", r.From, r.Learned)
+		}
+	}
+}
+
+func TestSpecErrors(t *testing.T) {
+	p := mustPolicy(t, adaptivePolicy)
+	v := mustVendor(t, "20/s")
+	for _, tc := range []struct {
+		spec Spec
+		msg  string
+	}{
+		{Spec{Vendor: v, Duration: time.Second}, "policy"},
+		{Spec{Policy: p, Duration: time.Second}, "vendor"},
+		{Spec{Policy: p, Vendor: v}, "duration"},
+		{Spec{Policy: p, Vendor: v, Duration: time.Second, Type: "other"}, "no rule"},
+		{Spec{Policy: p, Vendor: v, Duration: time.Second, Type: "http:call", Workers: -1}, "at least 1"},
+		{Spec{Policy: p, Vendor: v, Duration: 48 * time.Hour, Type: "http:call", Interval: time.Second}, "100000"},
+	} {
+		if _, err := Run(tc.spec); err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%+v: got %v, want an error containing %q", tc.spec, err, tc.msg)
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package simulate
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/taskrl/taskrl/gcra"
+)
+
+// Vendor is the remote side's global limit over time: a strict GCRA that
+// answers 429 with Retry-After in whole seconds (rounded up, at least 1),
+// as internal/examples/fakeapi does. The phases follow each other; the last
+// holds until the end.
+type Vendor struct {
+	Phases []Phase
+}
+
+// Phase is the vendor's limit for a while.
+type Phase struct {
+	Limit gcra.Limit
+	// For is how long the phase lasts; 0 in the last phase: until the end.
+	For time.Duration
+}
+
+// At returns the limit in force at offset d from the start and the index
+// of its phase.
+func (v Vendor) At(d time.Duration) (gcra.Limit, int) {
+	for i, p := range v.Phases {
+		if p.For == 0 || d < p.For || i == len(v.Phases)-1 {
+			return p.Limit, i
+		}
+		d -= p.For
+	}
+	return gcra.Limit{}, -1
+}
+
+// String formats v as ParseVendor reads it.
+func (v Vendor) String() string {
+	var parts []string
+	for _, p := range v.Phases {
+		s := rateString(p.Limit)
+		if p.Limit.Burst > 1 {
+			s += " burst " + strconv.Itoa(p.Limit.Burst)
+		}
+		if p.For > 0 {
+			s += " for " + p.For.String()
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func rateString(l gcra.Limit) string {
+	per := l.Period.String()
+	switch l.Period {
+	case time.Second:
+		per = "s"
+	case time.Minute:
+		per = "m"
+	case time.Hour:
+		per = "h"
+	}
+	return strconv.FormatFloat(l.Rate, 'g', -1, 64) + "/" + per
+}
+
+// ParseVendor reads a vendor spec: phases separated by commas, each
+// "RATE/PER [burst B] [for DURATION]", e.g. "20/s for 1m, 5/s for 1m,
+// 20/s" (PER is s, m, h or a Go duration such as 10s; burst defaults to 1;
+// every phase but the last needs a duration).
+func ParseVendor(spec string) (Vendor, error) {
+	var v Vendor
+	for i, raw := range strings.Split(spec, ",") {
+		bad := func(format string, args ...any) (Vendor, error) {
+			return Vendor{}, fmt.Errorf("vendor phase %d (%q): %s", i+1, strings.TrimSpace(raw), fmt.Sprintf(format, args...))
+		}
+		f := strings.Fields(raw)
+		if len(f) == 0 {
+			return bad("empty")
+		}
+		rate, per, ok := strings.Cut(f[0], "/")
+		if !ok {
+			return bad("the rate must be RATE/PER, e.g. 20/s")
+		}
+		r, err := strconv.ParseFloat(rate, 64)
+		if err != nil {
+			return bad("bad rate %q", rate)
+		}
+		p := Phase{Limit: gcra.Limit{Rate: r, Burst: 1}}
+		switch per {
+		case "s":
+			p.Limit.Period = time.Second
+		case "m":
+			p.Limit.Period = time.Minute
+		case "h":
+			p.Limit.Period = time.Hour
+		default:
+			if p.Limit.Period, err = time.ParseDuration(per); err != nil {
+				return bad("bad period %q (s, m, h or a duration such as 10s)", per)
+			}
+		}
+		for f = f[1:]; len(f) > 0; f = f[2:] {
+			if len(f) < 2 {
+				return bad("%q needs a value", f[0])
+			}
+			switch f[0] {
+			case "burst":
+				if p.Limit.Burst, err = strconv.Atoi(f[1]); err != nil {
+					return bad("bad burst %q", f[1])
+				}
+			case "for":
+				if p.For, err = time.ParseDuration(f[1]); err != nil || p.For <= 0 {
+					return bad("bad duration %q", f[1])
+				}
+			default:
+				return bad("unknown word %q; expected burst or for", f[0])
+			}
+		}
+		if err := p.Limit.Validate(); err != nil {
+			return bad("%v", err)
+		}
+		v.Phases = append(v.Phases, p)
+	}
+	for i, p := range v.Phases[:len(v.Phases)-1] {
+		if p.For == 0 {
+			return Vendor{}, fmt.Errorf("vendor phase %d: needs a duration (for ...): only the last phase lasts until the end", i+1)
+		}
+	}
+	return v, nil
+}
