@@ -41,6 +41,20 @@
 // now (or at --start, RFC 3339; with --cron, at the next tick), each task
 // running --task-duration (default 1s, used by concurrency rules).
 //
+// --simulate --policy FILE --vendor SPEC enqueues nothing and needs no
+// Redis: it runs --duration (default 24h) of a fleet's traffic on a virtual
+// clock, --workers (default 3) × --concurrency (default 16) task slots taking
+// tasks of --type on --queue from a backlog that never runs dry (the
+// payload: the first line of --payload-file, else {"business_id":"b1"}),
+// admitted under the policy as the worker's middleware admits them, against
+// a vendor whose limit follows SPEC, phases such as
+// "20/s for 1h, 5/s burst 3 for 30m, 20/s" (strict GCRA, 429 with
+// Retry-After in whole seconds), answering in --latency (default 20ms). It
+// prints one row per --interval (default a 24th of the duration): the
+// vendor's limit, the rate the policy's first adaptive rule has learned,
+// the calls, the share answered 429 and the share of the vendor's limit
+// used; then the totals.
+//
 // Exit status: 0 when every task was enqueued (or the scheduler stopped on a
 // signal, or the estimate was printed); 1 when Redis failed or some tasks
 // were not enqueued (the message says how many were); 2 for a usage error,
@@ -75,6 +89,7 @@ import (
 	"github.com/taskrl/taskrl/internal/tools/campaign"
 	"github.com/taskrl/taskrl/internal/tools/estimate"
 	"github.com/taskrl/taskrl/internal/tools/redisurl"
+	"github.com/taskrl/taskrl/internal/tools/simulate"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -127,6 +142,8 @@ type options struct {
 	start                     time.Time
 	redisFromEnv              bool
 	cron, tz, name, keyPrefix string
+	simulate                  bool
+	sim                       simulate.Spec
 }
 
 func run(ctx context.Context, args []string, env stdio) int {
@@ -146,6 +163,8 @@ func run(ctx context.Context, args []string, env stdio) int {
 		return 2
 	}
 	switch {
+	case o.simulate:
+		err = simulateRun(o, env)
 	case o.dryRun:
 		err = dryRun(o, env)
 	case o.spec.Cron != "":
@@ -174,6 +193,7 @@ func parse(args []string, env stdio) (*options, error) {
 		businesses int
 		maxRetry   optInt
 		start      string
+		vendor     string
 	)
 	fs.StringVar(&o.redis, "redis", "", "Redis `URL` (redis://, rediss:// or host:port); default $REDIS_URL, then "+defaultRedis)
 	fs.StringVar(&o.spec.Type, "type", campaign.DefaultType, "task `type`")
@@ -192,11 +212,20 @@ func parse(args []string, env stdio) (*options, error) {
 	fs.StringVar(&o.policy, "policy", "", "policy `FILE` for --dry-run")
 	fs.DurationVar(&o.taskDuration, "task-duration", estimate.DefaultTaskDuration, "how long each task runs, for concurrency rules in --dry-run")
 	fs.StringVar(&start, "start", "", "--dry-run: when the campaign starts, RFC 3339 (default now)")
+	fs.BoolVar(&o.simulate, "simulate", false, "enqueue nothing: simulate a fleet under --policy against --vendor")
+	fs.StringVar(&vendor, "vendor", "", "--simulate: the vendor's limit over time, e.g. `\"20/s for 1h, 5/s\"`")
+	fs.IntVar(&o.sim.Workers, "workers", 3, "--simulate: worker processes")
+	fs.IntVar(&o.sim.Concurrency, "concurrency", 16, "--simulate: task slots per worker")
+	fs.DurationVar(&o.sim.Duration, "duration", 24*time.Hour, "--simulate: simulated time")
+	fs.DurationVar(&o.sim.Interval, "interval", 0, "--simulate: one row per `D` (default duration/24)")
+	fs.DurationVar(&o.sim.Latency, "latency", 20*time.Millisecond, "--simulate: the vendor's answer time")
+	fs.IntVar(&o.sim.Backlog, "backlog", 0, "--simulate: tasks waiting at all times (default 1.5 s of the vendor's highest rate, at least 50)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: enqueue --redis URL --type TYPE --url URL --count N [--businesses K] [--queue Q] [--max-retry N]\n"+
 			"       enqueue ... --payload-file FILE\n"+
 			"       enqueue ... --cron SPEC [--tz ZONE] [--campaign NAME]\n"+
-			"       enqueue ... --dry-run --policy FILE [--task-duration D] [--start TIME]\n\nflags:\n")
+			"       enqueue ... --dry-run --policy FILE [--task-duration D] [--start TIME]\n"+
+			"       enqueue --simulate --policy FILE --vendor SPEC [--workers N] [--concurrency C] [--duration D] [--interval I]\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -212,6 +241,15 @@ func parse(args []string, env stdio) (*options, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	simFlags := []string{"vendor", "workers", "concurrency", "duration", "interval", "latency", "backlog"}
+	if o.simulate {
+		return parseSimulate(&o, vendor, set)
+	}
+	for _, f := range simFlags {
+		if set[f] {
+			return nil, usagef("--%s: only used with --simulate", f)
+		}
+	}
 
 	if strings.TrimSpace(o.spec.Type) == "" {
 		return nil, usagef("--type: must not be blank")
@@ -323,6 +361,51 @@ func parse(args []string, env stdio) (*options, error) {
 		}
 	}
 	return &o, nil
+}
+
+// parseSimulate checks the flags of --simulate, which enqueues nothing.
+func parseSimulate(o *options, vendor string, set map[string]bool) (*options, error) {
+	for _, f := range []string{"redis", "url", "count", "businesses", "max-retry", "parallel", "cron", "tz", "campaign", "key-prefix", "dry-run", "task-duration", "start"} {
+		if set[f] {
+			return nil, usagef("--%s: not used with --simulate", f)
+		}
+	}
+	if o.policy == "" {
+		return nil, usagef("--policy: required with --simulate")
+	}
+	if vendor == "" {
+		return nil, usagef("--vendor: required with --simulate, e.g. --vendor \"20/s for 1h, 5/s\"")
+	}
+	v, err := simulate.ParseVendor(vendor)
+	if err != nil {
+		return nil, usagef("--vendor: %v", err)
+	}
+	o.sim.Vendor, o.sim.Type, o.sim.Queue = v, o.spec.Type, o.spec.Queue
+	switch {
+	case o.sim.Workers < 1:
+		return nil, usagef("--workers: must be at least 1, got %d", o.sim.Workers)
+	case o.sim.Concurrency < 1:
+		return nil, usagef("--concurrency: must be at least 1, got %d", o.sim.Concurrency)
+	case o.sim.Duration <= 0:
+		return nil, usagef("--duration: must be positive, got %s", o.sim.Duration)
+	case o.sim.Interval < 0 || set["interval"] && o.sim.Interval == 0:
+		return nil, usagef("--interval: must be positive, got %s", o.sim.Interval)
+	case o.sim.Duration/max(o.sim.Interval, time.Nanosecond) > 100_000 && o.sim.Interval > 0:
+		return nil, usagef("--interval: %s makes more than 100000 rows of %s", o.sim.Interval, o.sim.Duration)
+	case o.sim.Latency < 0:
+		return nil, usagef("--latency: must not be negative, got %s", o.sim.Latency)
+	case o.sim.Backlog < 0 || set["backlog"] && o.sim.Backlog == 0:
+		return nil, usagef("--backlog: must be at least 1, got %d", o.sim.Backlog)
+	}
+	o.sim.Payload = []byte(`{"business_id":"b1"}`)
+	if o.payloadFile != "" {
+		payloads, err := readPayloads(o.payloadFile)
+		if err != nil {
+			return nil, err
+		}
+		o.sim.Payload = payloads[0]
+	}
+	return o, nil
 }
 
 // optInt is an int flag without a default value.
@@ -492,6 +575,22 @@ func dryRun(o *options, env stdio) error {
 		return err
 	}
 	return rep.Write(env.stdout)
+}
+
+// simulateRun runs --simulate and prints its table.
+func simulateRun(o *options, env stdio) error {
+	p, err := taskrl.LoadPolicyFile(o.policy)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	spec := o.sim
+	spec.Policy = p
+	began := time.Now()
+	rep, err := simulate.Run(spec)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	return rep.Write(env.stdout, spec, time.Since(began))
 }
 
 // roundTook rounds a duration for the summary line: to 100ms from a second

@@ -507,3 +507,51 @@ func TestCronTwoProcesses(t *testing.T) {
 	}
 	t.Logf("%d ticks, %d duplicate fan-outs refused", len(ticks), dups)
 }
+
+func TestSimulate(t *testing.T) {
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policy, []byte(`
+rules:
+  - name: vendor-learned
+    match: {type: "http:call"}
+    adaptive: {max: 40, min: 1, per: 1s}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 100, per: 1s}
+`), 0o600)
+	code, out, errOut := enqueue(context.Background(), nil, "--simulate", "--policy", policy, "--vendor", "20/s for 2m, 5/s", "--duration", "4m", "--interval", "1m")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	t.Log(out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 7 || !strings.HasPrefix(lines[0], "simulated 4m0s in ") || !strings.Contains(lines[0], `vendor "20/s for 2m0s, 5/s"`) ||
+		!strings.Contains(lines[1], "learned/s") || !strings.HasPrefix(lines[6], "total: ") {
+		t.Fatalf("unexpected output:\n%s", out)
+	}
+	// The last minute at 5/s: the learned rate is within the limit.
+	f := strings.Fields(lines[5])
+	if learned, err := strconv.ParseFloat(f[3], 64); f[2] != "5.00" || err != nil || learned < 4.5 || learned > 5 {
+		t.Errorf("last row %q: want the vendor at 5.00 and a learned rate in 4.5-5", lines[5])
+	}
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--simulate", "--vendor", "20/s"}, "--policy: required with --simulate"},
+		{[]string{"--simulate", "--policy", policy}, "--vendor: required"},
+		{[]string{"--simulate", "--policy", policy, "--vendor", "20/s, 5/s"}, "--vendor: vendor phase 1: needs a duration"},
+		{[]string{"--simulate", "--policy", policy, "--vendor", "20/s", "--count", "5"}, "--count: not used with --simulate"},
+		{[]string{"--simulate", "--policy", policy, "--vendor", "20/s", "--workers", "0"}, "--workers: must be at least 1"},
+		{[]string{"--simulate", "--policy", policy, "--vendor", "20/s", "--interval", "1ns"}, "--interval: 1ns makes more than 100000 rows"},
+		{[]string{"--simulate", "--policy", policy, "--vendor", "20/s", "--type", "other"}, `no rule of the policy matches type "other"`},
+		{[]string{"--url", "http://x", "--count", "1", "--vendor", "20/s"}, "--vendor: only used with --simulate"},
+	} {
+		code, _, errOut := enqueue(context.Background(), nil, c.args...)
+		if code != 2 || !strings.Contains(errOut, c.msg) {
+			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", c.args, code, errOut, c.msg)
+		}
+	}
+}

@@ -27,7 +27,10 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"strconv"
+	"text/tabwriter"
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
@@ -567,4 +570,34 @@ type PhaseStats struct {
 	Limit            float64
 	Calls, Throttled int
 	Used             float64
+}
+
+// Write prints r as a table, for spec, which ran in took.
+func (r Report) Write(w io.Writer, spec Spec, took time.Duration) error {
+	spec.defaults() // as Run completed them
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "simulated %v in %v: %d workers x %d slots, backlog %d, vendor %q answering in %v\n",
+		spec.Duration, took.Round(time.Millisecond), spec.Workers, spec.Concurrency, spec.Backlog, spec.Vendor.String(), spec.Latency)
+	fmt.Fprintln(tw, "from\tto\tvendor/s\tlearned/s\tcalls\t429\t429 %\tused %\t")
+	for _, row := range r.Rows {
+		learned := "-"
+		if row.Learned > 0 {
+			learned = strconv.FormatFloat(row.Learned, 'f', 2, 64)
+		}
+		share := 0.0
+		if row.Calls > 0 {
+			share = 100 * float64(row.Throttled) / float64(row.Calls)
+		}
+		fmt.Fprintf(tw, "%v\t%v\t%.2f\t%s\t%d\t%d\t%.2f\t%.1f\t\n", row.From, row.To, row.Limit, learned, row.Calls, row.Throttled, share, 100*row.Used)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	perCall := 0.0
+	if r.Calls > 0 {
+		perCall = float64(r.Decisions) / float64(r.Calls)
+	}
+	_, err := fmt.Fprintf(w, "total: %d calls, %d answered 429 (%.2f%%), %d tasks done, %d archived; %.1f limiter operations per call\n",
+		r.Calls, r.Throttled, 100*r.ThrottledShare(), r.Done, r.Archived, perCall)
+	return err
 }
