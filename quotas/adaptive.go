@@ -19,7 +19,8 @@ import (
 //
 // The algorithm keeps a rate known to be good and probes above it. P is
 // Per; em the interval of the current rate; a dwell is the longer of P/2
-// and 4 em; the hold the longer of 12 P and 60 em.
+// and 4 em; the hold the longer of 60 em and 24 P (8 P while a remembered
+// rate, see below, is more than 10 % above the current one).
 //
 //   - Good. A rate is good once the rule has been busy at it for a dwell
 //     (the time its admitted units occupied, as the TAT shows, from the
@@ -33,23 +34,31 @@ import (
 //   - Throttled while probing. Back to the last good rate at once, the
 //     step halved (at least 2 %); the next probe is due after a dwell
 //     while the step is above 4 %, after the hold once it is not: at a
-//     stable limit the rule stays within 2 % below it and probes once a
-//     hold.
-//   - Throttled at a good rate (the limit fell). The rate is cut to 0.7 of
-//     it (again after each block while too high), the step is 2 % and the
-//     next probe is due after the hold. The rate that was good is
-//     remembered: every other probe goes straight back to it (the others
-//     step up from the good rate), and each that fails remembers 3 % less,
-//     so a limit that comes back is found within two probes.
+//     stable limit the rule stays within a few % below it and probes once
+//     a hold.
+//   - Throttled not probing: the limit fell, or the rate sat so close to
+//     it that the calls' jitter crossed it. A rate good for a dwell (as
+//     the last good rate after a failed probe is) is cut to 0.97 of it and
+//     remembered (3 % lower if it was the remembered rate already); the
+//     step is 2 % and the next probe is due after the hold. A rate not yet
+//     good (the start, or after a cut) is cut to 0.7, again after each
+//     block while it is too high, and searched up from with a 25 % step
+//     after a dwell. Every other probe goes straight back to the
+//     remembered rate (the others step up from the good rate), and each
+//     that fails remembers 3 % less: a limit that comes back is found
+//     within two holds.
 //
 // Throttles less than a second after a cut are the same congestion event
 // (the answers to the calls in flight together) and change nothing; the
 // time a Block holds counts as idle. A cut starts the rule's time afresh
 // from the block's end: what was booked at the refused rate is dropped
 // (Held reports those bookings, Refund gives nothing back for them).
-// Every failed probe costs the block the remote side asks for, so the
-// hold is the price of noticing a raised limit; BENCHMARKS.md has a
-// simulated day's figures.
+//
+// Every failed probe costs the block the remote side asks for (at least a
+// second of the fleet's calls, as a Retry-After is in whole seconds), so
+// the hold trades the share of the limit used at a stable limit against
+// how soon a raised limit is found; BENCHMARKS.md has the figures of a
+// simulated day and of the built binaries.
 //
 // The zero value is not valid: Max and Per are required.
 type Adaptive struct {
@@ -71,12 +80,14 @@ type Adaptive struct {
 const (
 	learnDwell      = 2       // a rate is good after P/learnDwell busy...
 	learnDwellUnits = 4       // ... and at least this many em
-	learnHold       = 12      // P to the next probe after one failed at the smallest step...
+	learnHold       = 24      // P to the next probe after one failed at the smallest step...
+	learnHoldBack   = 8       // ... or while a remembered rate is more than 10 % above
 	learnHoldUnits  = 60      // ... and at least this many em
 	learnStep0      = 0.25    // the first probe step
 	learnStepMin    = 0.02    // the smallest probe step
 	learnStepMax    = 1.0     // the largest probe step
-	learnCut        = 0.7     // a throttle at a good rate cuts it to this share
+	learnCut        = 0.7     // a throttle at a rate not yet good cuts it to this share...
+	learnNudge      = 0.97    // ... at a rate good for a dwell to this one
 	learnForget     = 0.97    // a failed probe at the remembered rate lowers it by this share
 	learnCool       = 1000000 // µs: throttles within this of a cut are one event
 	learnScale      = 1e9     // rates are stored in billionths of a unit per second
@@ -211,12 +222,24 @@ func (p *learnParams) grow(s learned, now, tat int64) learned {
 	return s
 }
 
+// hold is learn.lua's ad_hold: how long after a failure the next probe
+// waits, µs: 24 P, or 8 P while a remembered rate is more than 10 %
+// above the current one; at least 60 em.
+func (p *learnParams) hold(s learned) int64 {
+	h := int64(learnHold)
+	if s.h*10 > s.r*11 {
+		h = learnHoldBack
+	}
+	return max(h*p.per, learnHoldUnits*intervalOf(s.r))
+}
+
 // cut is learn.lua's ad_cut: the state after a Block at now until till,
 // and whether it cut (rather than taking the block for the same event).
 func (p *learnParams) cut(s learned, now, till int64) (learned, bool) {
 	if s.d > 0 && now-s.d < learnCool {
 		return s, false
 	}
+	c := int64(0)
 	if s.g > 0 {
 		if s.h > 0 && s.r >= s.h {
 			// The level that was good before the limit fell is not yet.
@@ -226,18 +249,27 @@ func (p *learnParams) cut(s learned, now, till int64) (learned, bool) {
 			s.m = 1 // the next probe steps from the good rate
 		}
 		s.r, s.g = s.g, 0
-		s.n = now + max(learnHold*p.per, learnHoldUnits*intervalOf(s.r))
+		c = 1 // the last good rate was good for a dwell
+		s.n = now + p.hold(s)
 		if s.s > 2*learnStepMin*1e6 {
 			s.n = now + p.per/learnDwell
 		}
 		s.s = max(learnStepMin*1e6, s.s/2)
-	} else {
-		if s.c == 1 {
-			s.h = max(s.h, s.r)
+	} else if s.c == 1 {
+		// Good for a dwell: the limit fell, or the calls' jitter crossed
+		// it. A small cut, the rate remembered (a little lower if it was
+		// already), and small probes after the hold.
+		if s.h = max(s.h, s.r); s.r >= s.h {
+			s.h = int64(math.Floor(float64(s.r) * learnForget))
 		}
+		s.r = max(p.min, int64(math.Floor(float64(s.r)*learnNudge)))
+		s.s, s.n = learnStepMin*1e6, now+p.hold(s)
+	} else {
+		// A rate not yet good: cut hard, and search up from there with
+		// big steps after a dwell.
 		s.r = max(p.min, int64(math.Floor(float64(s.r)*learnCut)))
-		s.s, s.n = learnStepMin*1e6, now+max(learnHold*p.per, learnHoldUnits*intervalOf(s.r))
+		s.s, s.n = learnStep0*1e6, now+p.per/learnDwell
 	}
-	s.k, s.c, s.d, s.a, s.w = 0, 0, now, 0, max(s.w, till)
+	s.k, s.c, s.d, s.a, s.w = 0, c, now, 0, max(s.w, till)
 	return s, true
 }

@@ -66,36 +66,40 @@ func TestAdaptiveLearns(t *testing.T) {
 		return at
 	}
 	near(t, "start", status(t0), 40)
-	near(t, "a throttle at the start rate cuts it", block(t0), 28)
+	near(t, "a throttle at a rate never good cuts it to 0.7", block(t0), 28)
 	near(t, "a throttle 0.5s later is the same event", block(t0.Add(500*time.Millisecond)), 28)
-	// The rate is good after half a P busy, but the next probe waits for
-	// the hold: 12 P after the cut.
-	at := admit(t0.Add(time.Second), t0.Add(3*time.Second))
-	near(t, "no probe before the hold", status(at), 28)
-	// The limit falls: a good rate is cut by 0.7 and remembered; the next
-	// probe, a hold later, goes straight back to it.
-	near(t, "the limit fell", block(at), 28*0.7)
-	t1 := at
-	at = admit(at.Add(time.Second), t1.Add(11900*time.Millisecond))
-	near(t, "no probe before the hold", status(at), 28*0.7)
-	at = admit(at, t1.Add(12600*time.Millisecond))
-	near(t, "probe to the remembered rate", status(at), 28)
-	// Good probes are kept; after two in a row the step doubles.
+	// From a hard cut the rule searches up with a 25 % step after a dwell
+	// (half a P busy, counted from the end of the block)...
+	at := admit(t0.Add(time.Second), t0.Add(1400*time.Millisecond))
+	near(t, "no probe before a dwell", status(at), 28)
+	at = admit(at, t0.Add(1600*time.Millisecond))
+	near(t, "search probe", status(at), 35)
+	// ... and a throttle while probing goes back to the last good rate.
+	near(t, "failed probe", block(at), 28)
+	// Good probes are kept, the step halved after the failure: 12.5 %,
+	// then doubling after two good ones in a row.
+	at = at.Add(time.Second)
 	rates := []float64{28}
-	for len(rates) < 5 {
+	for len(rates) < 4 {
 		at = admit(at, at.Add(10*time.Millisecond))
 		if r := status(at); math.Abs(r-rates[len(rates)-1]) > 0.01 {
 			rates = append(rates, r)
 		}
 	}
-	for i, step := range []float64{0.02, 0.04, 0.08, 0.16} { // the probe to 28 was the first good one
+	for i, step := range []float64{0.125, 0.125, 0.25} {
 		near(t, fmt.Sprintf("probe %d", i+1), rates[i+1], rates[i]*(1+step))
 	}
-	// A throttle while probing goes back to the last good rate.
-	near(t, "failed probe", block(at), rates[3])
+	// A throttle at a rate good for a dwell (the last good one after a
+	// failed probe): 0.97 of it, remembered; another before the next
+	// dwell: 0.7.
+	good := rates[2]
+	near(t, "failed probe", block(at), good)
+	at = at.Add(1100 * time.Millisecond)
+	near(t, "a good rate throttled", block(at), good*0.97)
+	at = at.Add(1100 * time.Millisecond)
+	near(t, "throttled again before a dwell", block(at), good*0.97*0.7)
 	// Idle time is no evidence: nothing changes in an idle hour.
-	at = at.Add(time.Hour)
-	near(t, "after an idle hour", status(at), rates[3])
+	near(t, "after an idle hour", status(at.Add(time.Hour)), good*0.97*0.7)
 	// The floor, and a day after the last block ends the start again.
 	for i := 0; i < 20; i++ {
 		at = at.Add(2 * time.Second)
@@ -103,6 +107,57 @@ func TestAdaptiveLearns(t *testing.T) {
 	}
 	near(t, "floor", status(at), 1)
 	near(t, "a day later", status(at.Add(24*time.Hour+time.Second)), 40)
+}
+
+// TestAdaptiveRemembers: after a fall from a rate that was good, the next
+// probe a hold later goes straight back to it.
+func TestAdaptiveRemembers(t *testing.T) {
+	s := mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 20, Min: 1, Per: time.Second}})
+	m := NewModel()
+	at := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	for i := 0; i < 40; i++ { // 2 s at 20/s: good
+		if d, err := m.Allow(at, s, Request{}); err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+		at = at.Add(50 * time.Millisecond)
+	}
+	rate := func(at time.Time) float64 {
+		d, err := m.Status(at, s, Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rateOf(t, d, 0)
+	}
+	for _, want := range []float64{19.4, 19.4 * 0.7, 19.4 * 0.7 * 0.7} { // the limit fell to 10/s
+		if _, err := m.Block(at, s, Request{}, at.Add(time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		near(t, "cut", rate(at), want)
+		at = at.Add(1100 * time.Millisecond)
+	}
+	// The limit is 10/s now: every probe above it fails. Probes alternate
+	// between the remembered rate (3 % lower after each failure) and
+	// steps up from the good rate.
+	var seen []float64
+	for end := at.Add(time.Minute); at.Before(end); {
+		d, _ := m.Allow(at, s, Request{})
+		if r := rateOf(t, d, 0); len(seen) == 0 || r != seen[len(seen)-1] {
+			seen = append(seen, r)
+			if r > 10 {
+				m.Block(at, s, Request{}, at.Add(time.Second))
+				at = at.Add(time.Second)
+				continue
+			}
+		}
+		at = at.Add(d.Rules[0].Interval)
+	}
+	t.Logf("rates: %.2f", seen)
+	if len(seen) < 6 {
+		t.Fatalf("only %d rate changes", len(seen))
+	}
+	near(t, "first probe: the remembered rate", seen[1], 19.4)
+	near(t, "next: a step from the good rate", seen[3], seen[2]*1.125)
+	near(t, "then the remembered rate, 3 % lower", seen[5], 19.4*0.97)
 }
 
 // TestAdaptiveClimbs: a rule that starts far below its Max finds it in a

@@ -260,6 +260,22 @@ func (a *API) ThrottleFor(d time.Duration) {
 	a.forcedUntil = a.now().Add(d)
 }
 
+// SetGlobal changes the global limit from now on, as a vendor that
+// changes its limits during the day does (the bucket's state carries over);
+// the zero Limit disables it. It fails, changing nothing, if l is neither
+// zero nor valid.
+func (a *API) SetGlobal(l gcra.Limit) error {
+	if l != (gcra.Limit{}) {
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("fakeapi: SetGlobal: %w", err)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.limits.Global = l
+	return nil
+}
+
 // Stats returns a snapshot of what the API has seen so far.
 func (a *API) Stats() Stats {
 	a.mu.Lock()

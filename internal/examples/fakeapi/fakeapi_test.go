@@ -99,6 +99,26 @@ func TestGlobalEmissionInterval(t *testing.T) {
 	want(t, call(a, "k2", ""), 200, "", "")
 }
 
+func TestSetGlobal(t *testing.T) {
+	a, c := newAPI(t, Limits{Global: gcra.Limit{Rate: 20, Period: time.Second, Burst: 1}})
+	want(t, call(a, "k1", ""), 200, "", "")
+	if err := a.SetGlobal(gcra.Limit{Rate: 5, Period: time.Second, Burst: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// The TAT carries over (50ms ahead); at 5/s the next call is 200ms on.
+	c.add(60 * time.Millisecond)
+	want(t, call(a, "k2", ""), 200, "", "")
+	c.add(150 * time.Millisecond)
+	want(t, call(a, "k3", ""), 429, "1", ScopeGlobal)
+	if err := a.SetGlobal(gcra.Limit{Rate: -1, Period: time.Second, Burst: 1}); err == nil {
+		t.Fatal("an invalid limit was accepted")
+	}
+	if err := a.SetGlobal(gcra.Limit{}); err != nil {
+		t.Fatal(err)
+	}
+	want(t, call(a, "k3", ""), 200, "", "")
+}
+
 func TestGlobalBurst(t *testing.T) {
 	a, c := newAPI(t, Limits{Global: gcra.Limit{Rate: 20, Period: time.Second, Burst: 5}})
 	for i := 0; i < 5; i++ {

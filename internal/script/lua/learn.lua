@@ -19,9 +19,9 @@
 -- Rule parameters (from the arguments): r.lmin, r.lmax, r.lstart (rates,
 -- as r) and r.lper (the rule's Per, µs).
 
-local learn_dwell, learn_dwell_units, learn_hold, learn_hold_units = 2, 4, 12, 60
+local learn_dwell, learn_dwell_units, learn_hold, learn_hold_back, learn_hold_units = 2, 4, 24, 8, 60
 local learn_step0, learn_step_min, learn_step_max = 0.25, 0.02, 1.0
-local learn_cut, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 1000000, 86400000000
+local learn_cut, learn_nudge, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.97, 1000000, 86400000000
 
 -- ad_em is the emission interval, in µs, of rate r.
 local function ad_em(r)
@@ -82,12 +82,21 @@ local function ad_grow(r, now)
   ad_store(r)
 end
 
+-- ad_hold is how long after a failure the next probe waits, µs: shorter
+-- while a remembered rate is more than 10 % above the current one.
+local function ad_hold(r)
+  local h = learn_hold
+  if r.lh * 10 > r.lr * 11 then h = learn_hold_back end
+  return max(h * r.lper, learn_hold_units * ad_em(r.lr))
+end
+
 -- ad_cut lowers the rate for a block at now until till, unless a cut less
 -- than learn_cool ago answered the same congestion, and sets r.em: a
 -- failed probe goes back to the last good rate, a good rate is cut. It
 -- reports whether it cut.
 local function ad_cut(r, now, till)
   if r.ld > 0 and now - r.ld < learn_cool then return false end
+  local c = 0
   if r.lg > 0 then
     if r.lh > 0 and r.lr >= r.lh then
       -- The rate that was good before the limit fell is not yet.
@@ -96,15 +105,25 @@ local function ad_cut(r, now, till)
       r.lm = 1 -- the next probe steps from the good rate
     end
     r.lr, r.lg = r.lg, 0
-    r.ln = now + max(learn_hold * r.lper, learn_hold_units * ad_em(r.lr))
+    c = 1 -- the last good rate was good for a dwell
+    r.ln = now + ad_hold(r)
     if r.ls > 2 * learn_step_min * 1e6 then r.ln = now + floor(r.lper / learn_dwell) end
     r.ls = max(learn_step_min * 1e6, floor(r.ls / 2))
+  elseif r.lc == 1 then
+    -- Good for a dwell: the limit fell, or the calls' jitter crossed it.
+    -- A small cut, the rate remembered (a little lower if it was
+    -- already), and small probes after the hold.
+    r.lh = max(r.lh, r.lr)
+    if r.lr >= r.lh then r.lh = floor(r.lr * learn_forget) end
+    r.lr = max(r.lmin, floor(r.lr * learn_nudge))
+    r.ls, r.ln = learn_step_min * 1e6, now + ad_hold(r)
   else
-    if r.lc == 1 then r.lh = max(r.lh, r.lr) end
+    -- A rate not yet good: cut hard, and search up from there with big
+    -- steps after a dwell.
     r.lr = max(r.lmin, floor(r.lr * learn_cut))
-    r.ls, r.ln = learn_step_min * 1e6, now + max(learn_hold * r.lper, learn_hold_units * ad_em(r.lr))
+    r.ls, r.ln = learn_step0 * 1e6, now + floor(r.lper / learn_dwell)
   end
-  r.lk, r.lc, r.ld, r.la, r.lw = 0, 0, now, 0, max(r.lw, till)
+  r.lk, r.lc, r.ld, r.la, r.lw = 0, c, now, 0, max(r.lw, till)
   r.em = ad_em(r.lr)
   ad_store(r)
   return true

@@ -90,6 +90,7 @@ type run struct {
 	api      *fakeapi.API
 	url      string
 	redisURL string
+	prefix   string // of the workers' limiter keys
 	queue    string
 	insp     *asynq.Inspector
 	workers  []*worker
@@ -121,6 +122,7 @@ func start(t *testing.T, limits fakeapi.Limits, policy string, n int) *run {
 	}
 	r.redisURL = "redis://" + redistest.Addr(t)
 	prefix := redistest.Prefix(t)
+	r.prefix = prefix
 	c := redistest.Client(t)
 	r.queue = redistest.Queue(t, c, "e2e")
 	r.insp = asynq.NewInspectorFromRedisClient(c)

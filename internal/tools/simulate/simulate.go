@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -51,6 +52,12 @@ type Spec struct {
 	Workers, Concurrency int
 	// Latency is the vendor's answer time (default 20ms).
 	Latency time.Duration
+	// Jitter: each call reaches the vendor up to this much later than it
+	// was made, uniformly (default 2ms; negative: none), as network and
+	// scheduling delays do: a strict vendor throttles calls paced just
+	// under its limit that arrive bunched. Pseudo-random, the same every
+	// run.
+	Jitter time.Duration
 	// Duration is how long the simulated day lasts; required.
 	Duration time.Duration
 	// Interval is the report's row length (default: Duration/24, at least
@@ -128,6 +135,9 @@ func (s *Spec) defaults() error {
 	}
 	if s.Latency == 0 {
 		s.Latency = 20 * time.Millisecond
+	}
+	if s.Jitter == 0 {
+		s.Jitter = 2 * time.Millisecond
 	}
 	if s.Interval == 0 {
 		s.Interval = max(time.Second, s.Duration/24)
@@ -212,6 +222,7 @@ type sim struct {
 
 	rep Report
 	row *Row
+	rng *rand.Rand
 }
 
 // Run runs spec and returns its report.
@@ -220,7 +231,7 @@ func Run(spec Spec) (Report, error) {
 		return Report{}, err
 	}
 	s := &sim{spec: spec, m: quotas.NewModel(), vendor: &gcra.Model{}, now: spec.Start, free: spec.Workers * spec.Concurrency,
-		markers: map[string]time.Time{}, learned: -1}
+		markers: map[string]time.Time{}, learned: -1, rng: rand.New(rand.NewPCG(1, 2))}
 	if err := s.bind(); err != nil {
 		return Report{}, err
 	}
@@ -450,6 +461,15 @@ func (s *sim) call(t *task) {
 	}
 	s.rep.Calls++
 	s.row.Calls++
+	var jitter time.Duration
+	if s.spec.Jitter > 0 {
+		jitter = time.Duration(s.rng.Int64N(int64(s.spec.Jitter)))
+	}
+	s.after(jitter, func() { s.arrive(t, leases) })
+}
+
+// arrive is a call reaching the vendor, which answers after the latency.
+func (s *sim) arrive(t *task, leases []quotas.Lease) {
 	limit, _ := s.spec.Vendor.At(s.now.Sub(s.spec.Start))
 	r, _ := s.vendor.AllowN(s.now, "vendor", limit, 1)
 	s.after(s.spec.Latency, func() {
