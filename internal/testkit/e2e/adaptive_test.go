@@ -26,7 +26,6 @@ rules:
     adaptive: {max: MAX, min: 1, per: 1s}
 `
 
-
 // TestAdaptive runs the built binaries against a strict API (burst 1,
 // Retry-After in whole seconds) whose limit the policy does not know and
 // that changes: 20/s, then 5/s, then 20/s again; 3 workers of 10 slots;
