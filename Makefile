@@ -5,7 +5,7 @@
 
 GO ?= go
 
-.PHONY: test redis-server check fuzz bench
+.PHONY: test redis-server check fuzz bench e2e-long
 
 test: redis-server check
 	$(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -race -count=1 -p 1 ./...
@@ -41,3 +41,9 @@ fuzz: redis-server
 # Peer comparison benchmarks (separate module; see BENCHMARKS.md).
 bench: redis-server
 	cd bench && $(GO) run ./cmd/benchtable
+
+# The adaptive-rule end-to-end scenarios at full length (phases of 60 s;
+# also 6 workers, an API at 3/s and one at 300/s): about 8 minutes, not
+# part of make test; figures in BENCHMARKS.md.
+e2e-long: redis-server
+	TASKRL_LONG=1 $(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -count=1 -timeout 30m -run TestAdaptive -v ./internal/testkit/e2e

@@ -112,7 +112,7 @@ func (m *Model) Held(now time.Time, s *Set, req Request, d Decision) (bool, erro
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.m.learnLoad(calls, us, false)
-	if !m.m.fresh(calls, us, d.ats, d.decided()) {
+	if !m.m.uncut(calls, us, d.ats, d.decided()) {
 		return false, nil
 	}
 	return m.m.held(calls, d.ats, d.undo, d.nonce), nil
@@ -925,9 +925,9 @@ func (m *model) renew(k, holder string, token, lease, now int64) bool {
 	return true
 }
 
-// fresh mirrors quotas.lua's held op for adaptive rules: false if one
+// uncut mirrors quotas.lua's held op for adaptive rules: false if one
 // was cut after the charge was decided and before its time.
-func (m *model) fresh(calls []call, now int64, ats []int64, decided int64) bool {
+func (m *model) uncut(calls []call, now int64, ats []int64, decided int64) bool {
 	for _, c := range calls {
 		if c.c.learn != nil {
 			if d := m.learned(c, now).d; decided > 0 && d > decided && ats[c.i] > d {

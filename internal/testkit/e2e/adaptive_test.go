@@ -99,6 +99,12 @@ func runAdaptive(t *testing.T, workers int, maxRate float64, limits []float64, p
 	time.Sleep(time.Until(end))
 	stop()
 	<-fed
+	// The learned rate is in every worker's metrics.
+	if rate := r.counter("taskrl_rule_rate", `rule="vendor-learned"`) / float64(workers); rate < 1 || rate > maxRate {
+		t.Errorf("taskrl_rule_rate of the adaptive rule: %.2f/s on average over the workers", rate)
+	} else {
+		t.Logf("learned rate at the end, in the workers' metrics: %.2f/s on average", rate)
+	}
 	r.stop()
 	st := r.api.Stats()
 	calls := r.api.Calls()

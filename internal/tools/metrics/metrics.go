@@ -31,6 +31,10 @@
 //	    The units left under each rate or window rule as of the last decision
 //	    that reported it. For a keyed rule (e.g. per business) this is the
 //	    last decided key's value, a sample rather than a minimum.
+//	taskrl_rule_rate{rule}                       gauge
+//	    The rate per second each GCRA or adaptive rule decided at, as of
+//	    its last decision: for an adaptive rule, the rate the fleet has
+//	    learned (for a keyed one, the last decided key's).
 //	taskrl_http_calls_total{code}                counter
 //	    Requests sent by the http:call handler by result class: 2xx, 429,
 //	    4xx (other than 429), 5xx, other (an unfollowed 1xx/3xx or a status
@@ -43,6 +47,8 @@
 package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/taskrl/taskrl/internal/tools/httpcall"
@@ -58,6 +64,7 @@ type Metrics struct {
 	upstream       prometheus.Histogram
 	redisErrors    prometheus.Counter
 	quotaRemaining *prometheus.GaugeVec
+	ruleRate       *prometheus.GaugeVec
 	httpCalls      *prometheus.CounterVec
 }
 
@@ -93,12 +100,16 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "taskrl_quota_remaining",
 			Help: "Units left under each rate or window rule as of its last decision (for keyed rules: the last decided key).",
 		}, []string{"rule"}),
+		ruleRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "taskrl_rule_rate",
+			Help: "Rate per second each GCRA or adaptive rule decided at as of its last decision (adaptive: the learned rate).",
+		}, []string{"rule"}),
 		httpCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "taskrl_http_calls_total",
 			Help: "Requests sent by the http:call handler by result class (2xx, 429, 4xx, 5xx, other, error).",
 		}, []string{"code"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.upstream, m.redisErrors, m.quotaRemaining, m.httpCalls} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -131,6 +142,9 @@ func (m *Metrics) Observe(e taskrl.Event) {
 	}
 	for _, r := range e.Rules {
 		m.quotaRemaining.WithLabelValues(r.Name).Set(float64(r.Remaining))
+		if r.Interval > 0 {
+			m.ruleRate.WithLabelValues(r.Name).Set(float64(time.Second) / float64(r.Interval))
+		}
 	}
 }
 

@@ -33,6 +33,7 @@ var documented = []string{
 	"taskrl_upstream_throttle_seconds",
 	"taskrl_redis_errors_total",
 	"taskrl_quota_remaining",
+	"taskrl_rule_rate",
 	"taskrl_http_calls_total",
 }
 
@@ -135,6 +136,23 @@ taskrl_quota_remaining{rule="vendor-peak"} 1
 	}
 }
 
+func TestRuleRate(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Rules: []quotas.RuleStatus{
+		{Name: "vendor-learned", Interval: 40 * time.Millisecond},
+		{Name: "window", Remaining: 3}, // no interval: not a rate
+	}})
+	m.Observe(taskrl.Event{Outcome: taskrl.Rescheduled, Rules: []quotas.RuleStatus{{Name: "vendor-learned", Interval: 50 * time.Millisecond}}})
+	want := `
+# HELP taskrl_rule_rate Rate per second each GCRA or adaptive rule decided at as of its last decision (adaptive: the learned rate).
+# TYPE taskrl_rule_rate gauge
+taskrl_rule_rate{rule="vendor-learned"} 20
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "taskrl_rule_rate"); err != nil {
+		t.Error(err)
+	}
+}
+
 func TestHTTPCalls(t *testing.T) {
 	m, reg := newMetrics(t)
 	// Every class is exposed from the start, at 0.
@@ -164,7 +182,7 @@ taskrl_http_calls_total{code="other"} 0
 // registered and that the doc lists every registered one.
 func TestDocumented(t *testing.T) {
 	m, reg := newMetrics(t)
-	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Rules: []quotas.RuleStatus{{Name: "r"}}})
+	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Rules: []quotas.RuleStatus{{Name: "r", Interval: time.Second}}})
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
