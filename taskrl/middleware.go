@@ -32,7 +32,9 @@ type Config struct {
 	MaxHold time.Duration
 	// MaxReserve is how far ahead a slot may be booked for a rescheduled
 	// task. Default 1h; a task whose turn is further away is rescheduled
-	// unbooked to when it would be allowed and decides again then.
+	// unbooked to when it would be allowed and decides again then. A task
+	// with an adaptive rule (quotas.Adaptive) is booked at most 1s ahead:
+	// its bookings keep the rate they were made at.
 	MaxReserve time.Duration
 	// ThrottleBudget, if positive, is the longest a task may wait for its
 	// limits in all: a task that would wait longer is archived with a
