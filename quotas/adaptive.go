@@ -180,8 +180,8 @@ func intervalOf(r int64) int64 {
 	return max(1, int64(math.Ceil(1e15/float64(r))))
 }
 
-// credit is learn.lua's ad_credit: the busy time since w (up to the TAT)
-// is counted at the current rate.
+// credit is learn.lua's ad_load with credit: the busy time since w (up
+// to the TAT) is counted at the current rate.
 func (p *learnParams) credit(s learned, now, tat int64) learned {
 	if busy := min(now, tat) - s.w; busy > 0 {
 		s.a += busy

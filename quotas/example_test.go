@@ -291,3 +291,32 @@ func ExampleModel() {
 	// task1 waits 1m0s for slots
 	// task0 released its slot: true
 }
+
+// An adaptive rule learns the remote side's limit from its throttles: a
+// 429 (reported with Block) cuts the rate, traffic that flows without one
+// raises it. On a Model here, with explicit times; a Limiter keeps the
+// same state in Redis, shared by every worker.
+func ExampleAdaptive() {
+	set, err := quotas.NewSet(quotas.Rule{Name: "vendor-learned", Limit: quotas.Adaptive{Max: 40, Min: 1, Per: time.Second}})
+	if err != nil {
+		panic(err)
+	}
+	m := quotas.NewModel()
+	rate := func(d quotas.Decision) float64 { return float64(time.Second) / float64(d.Rules[0].Interval) }
+	now := monday9
+	d, _ := m.Status(now, set, quotas.Request{})
+	fmt.Printf("start: %.1f/s\n", rate(d))
+	d, _ = m.Block(now, set, quotas.Request{}, now.Add(time.Second)) // a 429 with Retry-After: 1
+	fmt.Printf("after a 429: %.1f/s\n", rate(d))
+	// Calls flow at that rate for half a second after the block without
+	// a 429: it is good, and a probe 25 % above it starts.
+	for now = now.Add(time.Second); now.Before(monday9.Add(1800 * time.Millisecond)); {
+		d, _ = m.Allow(now, set, quotas.Request{})
+		now = now.Add(d.Rules[0].Interval)
+	}
+	fmt.Printf("probing: %.1f/s\n", rate(d))
+	// Output:
+	// start: 40.0/s
+	// after a 429: 28.0/s
+	// probing: 35.0/s
+}

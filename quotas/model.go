@@ -207,7 +207,7 @@ type model struct {
 	seq     map[string]int64
 	// Other kinds than GCRA: per block key, until when a Block holds.
 	tills map[string]int64
-	// Adaptive rules: per learn key, the state and until when it lives.
+	// Adaptive rules: per learn key, the learned state.
 	learns map[string]learned
 }
 
