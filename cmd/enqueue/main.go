@@ -11,7 +11,12 @@
 // for task i = 0..N-1 (K default 1), each with asynq's MaxRetry N when
 // --max-retry is given (0 is legal; default asynq's 25). --redis is a
 // redis:// or rediss:// URL or a bare host:port; it defaults to $REDIS_URL,
-// then to 127.0.0.1:6379.
+// then to 127.0.0.1:6379. --redis-cluster NODES (default
+// $REDIS_CLUSTER_ADDRS) uses a Redis Cluster instead: its seed nodes as
+// host:port,host:port,... or a go-redis cluster URL
+// (redis://[[user]:password@]host:port?addr=host:port&...); a flag beats
+// the other form's environment variable, and the two flags are exclusive.
+// --redis-password replaces the password of either form.
 //
 // --payload-file FILE replaces --count (--url and --businesses are then
 // ignored): one task per line of FILE, each line a JSON object, blank lines
@@ -140,7 +145,9 @@ type options struct {
 	policy                    string
 	taskDuration              time.Duration
 	start                     time.Time
-	redisFromEnv              bool
+	redisFromEnv              bool // --redis or --redis-cluster came from the environment
+	redisCluster              string
+	redisPassword             string
 	cron, tz, name, keyPrefix string
 	simulate                  bool
 	sim                       simulate.Spec
@@ -196,6 +203,8 @@ func parse(args []string, env stdio) (*options, error) {
 		vendor     string
 	)
 	fs.StringVar(&o.redis, "redis", "", "Redis `URL` (redis://, rediss:// or host:port); default $REDIS_URL, then "+defaultRedis)
+	fs.StringVar(&o.redisCluster, "redis-cluster", "", "a Redis Cluster instead: seed `NODES` host:port,host:port,... or a redis:// cluster URL with addr= parameters; default $REDIS_CLUSTER_ADDRS")
+	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis `password`, replacing any in the URL (never printed)")
 	fs.StringVar(&o.spec.Type, "type", campaign.DefaultType, "task `type`")
 	fs.StringVar(&o.spec.URL, "url", "", "the `URL` each generated http:call payload calls")
 	fs.IntVar(&count, "count", 0, "`N` tasks to enqueue")
@@ -353,19 +362,27 @@ func parse(args []string, env stdio) (*options, error) {
 		return nil, usagef("%v", err)
 	}
 
-	if !set["redis"] {
-		if v := env.getenv("REDIS_URL"); v != "" {
-			o.redis, o.redisFromEnv = v, true
-		} else {
-			o.redis = defaultRedis
-		}
+	// A flag beats the environment; a cluster in the environment beats
+	// the default single Redis.
+	switch {
+	case set["redis"] && set["redis-cluster"]:
+		return nil, usagef("%v", redisurl.ErrBoth)
+	case set["redis"], set["redis-cluster"]:
+	case env.getenv("REDIS_URL") != "" && env.getenv("REDIS_CLUSTER_ADDRS") != "":
+		return nil, usagef("%v", redisurl.ErrBoth)
+	case env.getenv("REDIS_CLUSTER_ADDRS") != "":
+		o.redisCluster, o.redisFromEnv = env.getenv("REDIS_CLUSTER_ADDRS"), true
+	case env.getenv("REDIS_URL") != "":
+		o.redis, o.redisFromEnv = env.getenv("REDIS_URL"), true
+	default:
+		o.redis = defaultRedis
 	}
 	return &o, nil
 }
 
 // parseSimulate checks the flags of --simulate, which enqueues nothing.
 func parseSimulate(o *options, vendor string, set map[string]bool) (*options, error) {
-	for _, f := range []string{"redis", "url", "count", "businesses", "max-retry", "parallel", "cron", "tz", "campaign", "key-prefix", "dry-run", "task-duration", "start"} {
+	for _, f := range []string{"redis", "redis-cluster", "redis-password", "url", "count", "businesses", "max-retry", "parallel", "cron", "tz", "campaign", "key-prefix", "dry-run", "task-duration", "start"} {
 		if set[f] {
 			return nil, usagef("--%s: not used with --simulate", f)
 		}
@@ -458,22 +475,19 @@ func readPayloads(path string) ([]json.RawMessage, error) {
 	return out, nil
 }
 
-// connect opens and pings the Redis of --redis.
-func connect(ctx context.Context, o *options, pool int) (*redis.Client, error) {
-	ro, err := redisurl.Parse(o.redis)
+// connect opens and pings the Redis of --redis or --redis-cluster.
+func connect(ctx context.Context, o *options, pool int) (redis.UniversalClient, error) {
+	target, err := redisurl.ParseTarget(o.redis, o.redisCluster, o.redisPassword)
 	if err != nil {
-		if o.redisFromEnv {
-			return nil, usagef("REDIS_URL: %v", err)
-		}
-		return nil, usagef("--redis: %v", err)
+		name := map[[2]bool]string{{false, false}: "--redis", {true, false}: "REDIS_URL", {false, true}: "--redis-cluster", {true, true}: "REDIS_CLUSTER_ADDRS"}[[2]bool{o.redisFromEnv, o.redisCluster != ""}]
+		return nil, usagef("%s: %v", name, err)
 	}
-	ro.PoolSize = max(ro.PoolSize, pool)
-	rdb := redis.NewClient(ro)
+	rdb := target.Client(pool)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		rdb.Close()
-		return nil, fmt.Errorf("cannot reach Redis at %s: %v", ro.Addr, err)
+		return nil, fmt.Errorf("cannot reach Redis at %s: %v", target, err)
 	}
 	return rdb, nil
 }

@@ -193,12 +193,25 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--url", "http://x", "--count", "5", "--dry-run", "--policy", policy, "--start", "tomorrow"}, "--start:"},
 		{[]string{"--url", "http://x", "--count", "5", "--dry-run", "--policy", filepath.Join(dir, "none.yaml")}, "none.yaml"},
 		{[]string{"--url", "http://x", "--count", "5", "--redis", "not a url"}, "--redis:"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis", "a:1", "--redis-cluster", "b:1,c:1"}, "are exclusive"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis-cluster", "b:1,c:x"}, `--redis-cluster: node "c:x": port must be a number`},
+		{[]string{"--url", "http://x", "--count", "5", "--redis-cluster", "redis://:hunter2@b:x?addr=c:1"}, "--redis-cluster: not a valid Redis Cluster URL"},
 		{[]string{"--url", "http://x", "--count", "5", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--nope"}, "-nope"},
 	} {
 		code, out, errOut := enqueue(context.Background(), nil, c.args...)
 		if code != 2 || !strings.Contains(errOut, c.want) || out != "" {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q", c.args, code, out, errOut, c.want)
+		}
+	}
+	// Both forms in the environment and no flag: refused too.
+	if code, _, errOut := enqueue(context.Background(), map[string]string{"REDIS_URL": "a:1", "REDIS_CLUSTER_ADDRS": "b:1"}, "--url", "http://x", "--count", "1"); code != 2 || !strings.Contains(errOut, "are exclusive") {
+		t.Errorf("REDIS_URL and REDIS_CLUSTER_ADDRS: exit %d, %q", code, errOut)
+	}
+	// No password is ever printed.
+	for _, args := range [][]string{{"--redis-cluster", "redis://:hunter2@b:x?addr=c:1"}, {"--redis", "redis://:hunter2@host:port/0"}, {"--redis", "127.0.0.1:1", "--redis-password", "hunter2"}} {
+		if _, out, errOut := enqueue(context.Background(), nil, append([]string{"--url", "http://x", "--count", "1"}, args...)...); strings.Contains(out+errOut, "hunter2") {
+			t.Errorf("%q: the password appears in the output: %q", args, out+errOut)
 		}
 	}
 	// -h prints the usage on stdout and succeeds.

@@ -149,7 +149,7 @@ func TestEndToEnd(t *testing.T) {
 	}()
 	metricsAddr := logs.waitFor(t, regexp.MustCompile(`level=INFO msg="metrics listening" addr=(\S+)`), done)[1]
 	started := logs.waitFor(t, regexp.MustCompile(`msg="worker started".*`), done)[0]
-	for _, want := range []string{"redis=" + addr, `queues="` + queue + `=3,other=1"`, "concurrency=4", "rules=\"[e2e-global e2e-business e2e-concurrency elsewhere]\"", "redis_unavailable=closed"} {
+	for _, want := range []string{`redis="` + addr + ` db 0"`, `queues="` + queue + `=3,other=1"`, "concurrency=4", "rules=\"[e2e-global e2e-business e2e-concurrency elsewhere]\"", "redis_unavailable=closed"} {
 		if !strings.Contains(started, want) {
 			t.Errorf("start line %q lacks %q", started, want)
 		}

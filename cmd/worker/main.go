@@ -27,8 +27,6 @@ import (
 	"time"
 	_ "time/tzdata" // policy time zones on machines without a zone database
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/tools/redisurl"
 	"github.com/taskrl/taskrl/taskrl"
@@ -55,7 +53,13 @@ a campaign that "enqueue --cron" schedules into its tasks, once per tick.
 Flags (--name and -name are the same; values as --name=V or --name V):
   --redis URL              Redis to use for queues and limits: redis://[[user]:password@]host[:port][/db],
                            rediss://... (TLS), unix:///path.sock, or a bare host[:port].
-                           Default: $REDIS_URL. Required one way or the other.
+                           Default: $REDIS_URL. This or --redis-cluster is required.
+  --redis-cluster NODES    a Redis Cluster instead, for queues and limits alike: its seed nodes as
+                           host:port,host:port,... or redis://[[user]:password@]host:port?addr=host:port&...
+                           (rediss:// for TLS). Default: $REDIS_CLUSTER_ADDRS. Exclusive with --redis
+                           (a flag given beats the other's environment variable).
+  --redis-password P       the Redis password, replacing any in the URL (for a list of cluster nodes,
+                           the only way to give one). Never printed.
   --policy FILE            policy file (YAML; see the README's policy file reference). Required.
                            A file that is wrong in any way is refused before anything connects,
                            naming line, rule and field.
@@ -93,7 +97,8 @@ failed (Redis unreachable, metrics address in use, ...).
 
 // config is the parsed and validated command line.
 type config struct {
-	redis           *redis.Options
+	redis           redisurl.Target
+	pool            int // connections per Redis node
 	policyPath      string
 	concurrency     int
 	queues          map[string]int
@@ -196,12 +201,28 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		httpTimeout:     *f.httpTimeout,
 		logFormat:       *f.logFormat,
 	}
-	if *f.redisURL == "" {
-		return nil, usagef("--redis is required (or set REDIS_URL), e.g. --redis redis://localhost:6379/0")
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	url, cluster := *f.redisURL, *f.redisCluster
+	switch {
+	case set["redis-cluster"] && !set["redis"]:
+		url = "" // a flag beats the other form's environment variable
+	case set["redis"] && !set["redis-cluster"]:
+		cluster = ""
+	}
+	if url == "" && cluster == "" {
+		return nil, usagef("--redis (or REDIS_URL) or --redis-cluster (or REDIS_CLUSTER_ADDRS) is required, e.g. --redis redis://localhost:6379/0")
+	}
+	if url != "" && cluster != "" {
+		return nil, usagef("%v", redisurl.ErrBoth)
 	}
 	var err error
-	if cfg.redis, err = parseRedis(*f.redisURL); err != nil {
-		return nil, err
+	if cfg.redis, err = redisurl.ParseTarget(url, cluster, *f.redisPassword); err != nil {
+		flagName := "--redis"
+		if cluster != "" {
+			flagName = "--redis-cluster"
+		}
+		return nil, usagef("%s: %v", flagName, err)
 	}
 	if cfg.policyPath == "" {
 		return nil, usagef("--policy is required: the policy file (YAML) with the rules to apply")
@@ -248,20 +269,19 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 			return nil, usagef("--metrics-addr: port must be a number from 0 to 65535, got %q", port)
 		}
 	}
-	if cfg.redis.PoolSize == 0 {
-		// Every busy worker slot may use a connection for its limits while
-		// asynq uses others; keep the pool from being the bottleneck.
-		cfg.redis.PoolSize = max(10*runtime.GOMAXPROCS(0), 2*cfg.concurrency+10)
-	}
+	// Every busy worker slot may use a connection for its limits while
+	// asynq uses others; keep the pool from being the bottleneck.
+	cfg.pool = max(10*runtime.GOMAXPROCS(0), 2*cfg.concurrency+10)
 	return cfg, nil
 }
 
 // flagValues holds the flags' values as parsed.
 type flagValues struct {
-	redisURL, policy, queues, metricsAddr, prefix, logFormat, logLevel *string
-	concurrency, localShare                                            *int
-	strict                                                             *bool
-	shutdown, maxHold, budget, httpTimeout                             *time.Duration
+	redisURL, redisCluster, redisPassword                    *string
+	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
+	concurrency, localShare                                  *int
+	strict                                                   *bool
+	shutdown, maxHold, budget, httpTimeout                   *time.Duration
 }
 
 // newFlagSet defines the worker's flags; getenv supplies REDIS_URL, the
@@ -271,30 +291,23 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	return fs, &flagValues{
-		redisURL:    fs.String("redis", getenv("REDIS_URL"), ""),
-		policy:      fs.String("policy", "", ""),
-		concurrency: fs.Int("concurrency", 10, ""),
-		queues:      fs.String("queues", "default=1", ""),
-		strict:      fs.Bool("strict-priority", false, ""),
-		metricsAddr: fs.String("metrics-addr", "", ""),
-		shutdown:    fs.Duration("shutdown-timeout", 30*time.Second, ""),
-		maxHold:     fs.Duration("max-hold", 500*time.Millisecond, ""),
-		budget:      fs.Duration("throttle-budget", 0, ""),
-		localShare:  fs.Int("local-share", 1, ""),
-		prefix:      fs.String("prefix", "taskrl:", ""),
-		httpTimeout: fs.Duration("http-timeout", 30*time.Second, ""),
-		logFormat:   fs.String("log-format", "text", ""),
-		logLevel:    fs.String("log-level", "info", ""),
+		redisURL:      fs.String("redis", getenv("REDIS_URL"), ""),
+		redisCluster:  fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), ""),
+		redisPassword: fs.String("redis-password", "", ""),
+		policy:        fs.String("policy", "", ""),
+		concurrency:   fs.Int("concurrency", 10, ""),
+		queues:        fs.String("queues", "default=1", ""),
+		strict:        fs.Bool("strict-priority", false, ""),
+		metricsAddr:   fs.String("metrics-addr", "", ""),
+		shutdown:      fs.Duration("shutdown-timeout", 30*time.Second, ""),
+		maxHold:       fs.Duration("max-hold", 500*time.Millisecond, ""),
+		budget:        fs.Duration("throttle-budget", 0, ""),
+		localShare:    fs.Int("local-share", 1, ""),
+		prefix:        fs.String("prefix", "taskrl:", ""),
+		httpTimeout:   fs.Duration("http-timeout", 30*time.Second, ""),
+		logFormat:     fs.String("log-format", "text", ""),
+		logLevel:      fs.String("log-level", "info", ""),
 	}
-}
-
-// parseRedis parses --redis (or REDIS_URL) with internal/tools/redisurl.
-func parseRedis(s string) (*redis.Options, error) {
-	opt, err := redisurl.Parse(s)
-	if err != nil {
-		return nil, usagef("--redis: %v", err)
-	}
-	return opt, nil
 }
 
 // parseQueues parses NAME=WEIGHT,... into asynq's queue map and the names

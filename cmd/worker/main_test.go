@@ -84,8 +84,8 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redis.Addr != "db.example:6380" || cfg.redis.Password != "pw" || cfg.redis.DB != 2 {
-		t.Errorf("redis options %+v", cfg.redis)
+	if got := cfg.redis.String(); got != "db.example:6380 db 2" {
+		t.Errorf("redis %s", got)
 	}
 	if cfg.concurrency != 7 || cfg.policyPath != "p.yaml" || cfg.metricsAddr != ":9090" || cfg.logFormat != "json" || cfg.logLevel.String() != "DEBUG" {
 		t.Errorf("config %+v", cfg)
@@ -93,8 +93,8 @@ func TestParseFlags(t *testing.T) {
 	if got := cfg.queueList(); got != "critical=6,default=3,low=1" {
 		t.Errorf("queues %s", got)
 	}
-	if cfg.redis.PoolSize < 2*7 {
-		t.Errorf("pool size %d too small for concurrency 7", cfg.redis.PoolSize)
+	if cfg.pool < 2*7 {
+		t.Errorf("pool size %d too small for concurrency 7", cfg.pool)
 	}
 
 	// Defaults, and REDIS_URL.
@@ -107,8 +107,8 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redis.Addr != "cache.example:6379" || cfg.redis.TLSConfig == nil {
-		t.Errorf("REDIS_URL not used: %+v", cfg.redis)
+	if cfg.redis.String() != "cache.example:6379 db 0" || !cfg.redis.TLS() {
+		t.Errorf("REDIS_URL not used: %s", cfg.redis)
 	}
 	if cfg.concurrency != 10 || cfg.queueList() != "default=1" || cfg.shutdownTimeout != 30*time.Second ||
 		cfg.maxHold != 500*time.Millisecond || cfg.prefix != "taskrl:" || cfg.logFormat != "text" || cfg.metricsAddr != "" {
@@ -116,12 +116,33 @@ func TestParseFlags(t *testing.T) {
 	}
 	// --redis beats REDIS_URL.
 	cfg, err = parseFlags([]string{"--policy", "p", "--redis", "10.0.0.1:7000"}, func(string) string { return "redis://other:1" })
-	if err != nil || cfg.redis.Addr != "10.0.0.1:7000" {
+	if err != nil || cfg.redis.String() != "10.0.0.1:7000 db 0" {
 		t.Errorf("--redis host:port: %+v, %v", cfg, err)
+	}
+	// A cluster: from the flag (beating REDIS_URL) or REDIS_CLUSTER_ADDRS
+	// (beaten by --redis).
+	env := func(k string) string {
+		return map[string]string{"REDIS_URL": "redis://other:1", "REDIS_CLUSTER_ADDRS": "10.0.0.1:7000,10.0.0.2:7000"}[k]
+	}
+	cfg, err = parseFlags([]string{"--policy", "p", "--redis-cluster", "n1:7000, n2:7001"}, env)
+	if err != nil || !cfg.redis.Cluster() || cfg.redis.String() != "cluster n1:7000,n2:7001" {
+		t.Errorf("--redis-cluster: %v, %v", cfg, err)
+	}
+	cfg, err = parseFlags([]string{"--policy", "p", "--redis", "one:6379"}, env)
+	if err != nil || cfg.redis.Cluster() {
+		t.Errorf("--redis with REDIS_CLUSTER_ADDRS set: %v, %v", cfg, err)
+	}
+	cfg, err = parseFlags([]string{"--policy", "p"}, func(k string) string { return env(k) + map[string]string{"REDIS_URL": ""}[k] })
+	if err == nil {
+		t.Errorf("REDIS_URL and REDIS_CLUSTER_ADDRS both set, no flag: accepted %v", cfg)
+	}
+	cfg, err = parseFlags([]string{"--policy", "p", "--redis-cluster", "rediss://:s3cret@n1:7000?addr=n2:7000", "--redis-password", "other"}, noEnv)
+	if err != nil || cfg.redis.String() != "cluster n1:7000,n2:7000" || !cfg.redis.TLS() {
+		t.Errorf("cluster URL: %v, %v", cfg, err)
 	}
 	for in, want := range map[string]string{"localhost": "localhost:6379", "::1": "[::1]:6379", "[::1]:7001": "[::1]:7001", ":6390": "localhost:6390"} {
 		cfg, err := parseFlags([]string{"--policy", "p", "--redis", in}, noEnv)
-		if err != nil || cfg.redis.Addr != want {
+		if err != nil || cfg.redis.String() != want+" db 0" {
 			t.Errorf("--redis %s: %v, %v; want %s", in, cfg, err, want)
 		}
 	}
@@ -135,7 +156,11 @@ func TestBadFlags(t *testing.T) {
 		env  string // REDIS_URL
 		want string
 	}{
-		{[]string{"--policy", policy}, "", "--redis is required (or set REDIS_URL)"},
+		{[]string{"--policy", policy}, "", "--redis (or REDIS_URL) or --redis-cluster (or REDIS_CLUSTER_ADDRS) is required"},
+		{[]string{"--policy", policy, "--redis", "a:1", "--redis-cluster", "b:1,c:1"}, "", "worker: a single Redis (--redis, REDIS_URL) and a cluster (--redis-cluster, REDIS_CLUSTER_ADDRS) are exclusive"},
+		{[]string{"--policy", policy, "--redis-cluster", "b:1,,c:1"}, "", "--redis-cluster: want host:port,host:port,..."},
+		{[]string{"--policy", policy, "--redis-cluster", "b:1,c:0"}, "", `--redis-cluster: node "c:0": port must be a number`},
+		{[]string{"--policy", policy, "--redis-cluster", "redis://:hunter2@b:x?addr=c:1"}, "", "--redis-cluster: not a valid Redis Cluster URL"},
 		{[]string{"--redis", "localhost"}, "", "--policy is required"},
 		{append(base, "--concurrency", "0"), "", "--concurrency must be at least 1, got 0"},
 		{append(base, "--concurrency", "-3"), "", "--concurrency must be at least 1"},

@@ -32,13 +32,13 @@ const pingTimeout = 5 * time.Second
 // middleware, the metrics server and the Redis client are closed. It returns
 // an error when starting fails or the metrics server dies.
 func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.Logger) error {
-	client := redis.NewClient(cfg.redis)
+	client := cfg.redis.Client(cfg.pool)
 	defer client.Close()
 	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	err := client.Ping(pctx).Err()
 	cancel()
 	if err != nil {
-		return fmt.Errorf("cannot reach Redis at %s: %w", cfg.redis.Addr, err)
+		return fmt.Errorf("cannot reach Redis at %s: %w", cfg.redis, err)
 	}
 
 	reg := prometheus.NewRegistry()
@@ -124,7 +124,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		rules = append(rules, r.Name)
 	}
 	logger.Info("worker started",
-		"redis", cfg.redis.Addr, "db", cfg.redis.DB, "tls", cfg.redis.TLSConfig != nil,
+		"redis", cfg.redis.String(), "tls", cfg.redis.TLS(),
 		"queues", cfg.queueList(), "concurrency", cfg.concurrency,
 		"policy", cfg.policyPath, "rules", rules, "redis_unavailable", string(policy.FailureMode()),
 		"prefix", cfg.prefix, "pid", os.Getpid())

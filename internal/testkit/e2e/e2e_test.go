@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/examples/fakeapi"
@@ -85,15 +86,15 @@ func binaries(t *testing.T) string {
 // run is one end-to-end run: a strict API, a Redis queue and worker
 // processes started as a user would.
 type run struct {
-	t        *testing.T
-	bin      string
-	api      *fakeapi.API
-	url      string
-	redisURL string
-	prefix   string // of the workers' limiter keys
-	queue    string
-	insp     *asynq.Inspector
-	workers  []*worker
+	t       *testing.T
+	bin     string
+	api     *fakeapi.API
+	url     string
+	redis   []string // the binaries' Redis flags
+	prefix  string   // of the workers' limiter keys
+	queue   string
+	insp    *asynq.Inspector
+	workers []*worker
 }
 
 type worker struct {
@@ -104,8 +105,13 @@ type worker struct {
 }
 
 // start builds the binaries, starts the API with limits, writes the policy
-// file and starts n worker processes with it.
+// file and starts n worker processes with it, on the test's Redis server.
 func start(t *testing.T, limits fakeapi.Limits, policy string, n int) *run {
+	return startOn(t, limits, policy, n, false)
+}
+
+// startOn is start, on the test's Redis Cluster if cluster is set.
+func startOn(t *testing.T, limits fakeapi.Limits, policy string, n int, cluster bool) *run {
 	r := &run{t: t, bin: binaries(t)}
 	api, err := fakeapi.New(limits)
 	if err != nil {
@@ -120,16 +126,19 @@ func start(t *testing.T, limits fakeapi.Limits, policy string, n int) *run {
 	if err := os.WriteFile(policyFile, []byte(policy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r.redisURL = "redis://" + redistest.Addr(t)
+	r.redis = []string{"--redis", "redis://" + redistest.Addr(t)}
 	prefix := redistest.Prefix(t)
 	r.prefix = prefix
-	c := redistest.Client(t)
+	var c redis.UniversalClient = redistest.Client(t)
+	if cluster {
+		c = redistest.Cluster(t)
+		r.redis = []string{"--redis-cluster", strings.Join(redistest.ClusterAddrs(t), ",")}
+	}
 	r.queue = redistest.Queue(t, c, "e2e")
 	r.insp = asynq.NewInspectorFromRedisClient(c)
 	for i := 0; i < n; i++ {
-		cmd := exec.Command(filepath.Join(r.bin, "worker"), "--policy", policyFile, "--concurrency", "10",
-			"--queues", r.queue+"=1", "--prefix", prefix, "--metrics-addr", "127.0.0.1:0")
-		cmd.Env = append(os.Environ(), "REDIS_URL="+r.redisURL)
+		cmd := exec.Command(filepath.Join(r.bin, "worker"), append([]string{"--policy", policyFile, "--concurrency", "10",
+			"--queues", r.queue + "=1", "--prefix", prefix, "--metrics-addr", "127.0.0.1:0"}, r.redis...)...)
 		w := &worker{cmd: cmd, logs: &strings.Builder{}, done: make(chan error, 1)}
 		stderr, err := cmd.StderrPipe()
 		if err != nil {
@@ -202,7 +211,7 @@ func (r *run) counter(metric string, labels ...string) float64 {
 // type flags.
 func (r *run) enqueue(args ...string) {
 	r.t.Helper()
-	args = append([]string{"--redis", r.redisURL, "--type", "http:call", "--queue", r.queue, "--max-retry", "0"}, args...)
+	args = append(append(slices.Clone(r.redis), "--type", "http:call", "--queue", r.queue, "--max-retry", "0"), args...)
 	out, err := exec.Command(filepath.Join(r.bin, "enqueue"), args...).CombinedOutput()
 	if err != nil {
 		r.t.Fatalf("enqueue: %v\n%s", err, out)
@@ -644,6 +653,37 @@ func TestNoHeadOfLineBlocking(t *testing.T) {
 	}
 	if p99 > time.Second {
 		t.Errorf("p99 start latency %v, over 1 s", p99)
+	}
+	r.stop()
+}
+
+// TestBinariesOnCluster runs the binaries on a real 3-master Redis Cluster
+// (--redis-cluster with the seed nodes), queues and limits alike: 3
+// workers, the policy of TestBinaries (global rate, 10 s window,
+// per-business rate and concurrency, whose keys live in different slots),
+// 200 tasks over 20 businesses with MaxRetry(0). The API must see zero
+// 429s and every call exactly once; asynq must have archived none.
+func TestBinariesOnCluster(t *testing.T) {
+	const n, businesses = 200, 20
+	r := startOn(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness, Quota: fakeapi.Quota{Limit: 150, Every: 10 * time.Second}}, policy, 3, true)
+	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(n), "--businesses", fmt.Sprint(businesses))
+	st := r.waitKeys(n, 2*time.Minute)
+	t.Logf("%d calls, %d distinct keys answered 2xx, %d 429", st.Calls, st.DistinctKeys, st.Throttled)
+	if st.DistinctKeys != n || st.Calls != n {
+		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", n, st.Calls, st.DistinctKeys)
+	}
+	checkCalls(t, st)
+	info, err := r.insp.GetQueueInfo(r.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Archived != 0 || info.Retry != 0 {
+		t.Errorf("queue: %d archived, %d retrying", info.Archived, info.Retry)
+	}
+	for i, w := range r.workers {
+		if !strings.Contains(w.logs.String(), `redis="cluster `) {
+			t.Errorf("worker %d did not say it runs on the cluster:\n%s", i, w.logs.String())
+		}
 	}
 	r.stop()
 }

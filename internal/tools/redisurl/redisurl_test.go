@@ -3,6 +3,8 @@ package redisurl
 import (
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestParse(t *testing.T) {
@@ -34,5 +36,52 @@ func TestParse(t *testing.T) {
 		if err != nil && (strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "s3cret")) {
 			t.Errorf("Parse(%q): the error shows the password: %v", in, err)
 		}
+	}
+}
+
+func TestParseTarget(t *testing.T) {
+	for _, c := range []struct {
+		url, cluster, password string
+		want                   string
+		isCluster, tls         bool
+	}{
+		{"redis://:pw@db:6380/2", "", "", "db:6380 db 2", false, false},
+		{"rediss://db", "", "", "db:6379 db 0", false, true},
+		{"", "n1:7000, n2:7001,n3", "", "cluster n1:7000,n2:7001,n3:6379", true, false},
+		{"", "rediss://u:pw@n1:7000?addr=n2:7000&addr=n3:7000", "", "cluster n1:7000,n2:7000,n3:7000", true, true},
+	} {
+		tg, err := ParseTarget(c.url, c.cluster, c.password)
+		if err != nil || tg.String() != c.want || tg.Cluster() != c.isCluster || tg.TLS() != c.tls {
+			t.Errorf("%+v: %v (cluster %v, tls %v), %v", c, tg, tg.Cluster(), tg.TLS(), err)
+		}
+	}
+	// The password flag replaces the URL's, for both forms.
+	if tg, _ := ParseTarget("redis://:old@db:6379", "", "new"); tg.single.Password != "new" {
+		t.Errorf("single: password %q", tg.single.Password)
+	}
+	if tg, _ := ParseTarget("", "a:1,b:1", "new"); tg.cluster.Password != "new" {
+		t.Errorf("cluster: password %q", tg.cluster.Password)
+	}
+	for _, c := range [][3]string{
+		{"a:1", "b:1", ""},
+		{"", "", ""},
+		{"", "a:1,,b:1", ""},
+		{"", "a:1,redis://b:1", ""},
+		{"", "redis://:s3cret@a:x?addr=b:1", ""},
+		{"redis://:s3cret@a:x", "", ""},
+	} {
+		_, err := ParseTarget(c[0], c[1], c[2])
+		if err == nil || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("ParseTarget(%q, %q): %v", c[0], c[1], err)
+		}
+	}
+	// A cluster client for a cluster, a single client otherwise.
+	tg, _ := ParseTarget("", "a:1,b:1", "")
+	if _, ok := tg.Client(5).(*redis.ClusterClient); !ok {
+		t.Error("no cluster client for a cluster")
+	}
+	tg, _ = ParseTarget("a:1", "", "")
+	if c, ok := tg.Client(5).(*redis.Client); !ok || c.Options().PoolSize != 5 {
+		t.Error("no single client with the pool size asked")
 	}
 }
