@@ -661,14 +661,18 @@ func TestNoHeadOfLineBlocking(t *testing.T) {
 // (--redis-cluster with the seed nodes), queues and limits alike: 3
 // workers, the policy of TestBinaries (global rate, 10 s window,
 // per-business rate and concurrency, whose keys live in different slots),
-// 200 tasks over 20 businesses with MaxRetry(0). The API must see zero
-// 429s and every call exactly once; asynq must have archived none.
+// 60 tasks over 6 businesses with MaxRetry(0). The API must see zero 429s
+// and every call exactly once; asynq must have archived none. Speed is
+// logged, not asserted: sets whose keys span slots are slow on a cluster
+// (docs/design.md, section 3.4).
 func TestBinariesOnCluster(t *testing.T) {
-	const n, businesses = 200, 20
+	const n, businesses = 60, 6
 	r := startOn(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness, Quota: fakeapi.Quota{Limit: 150, Every: 10 * time.Second}}, policy, 3, true)
+	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(n), "--businesses", fmt.Sprint(businesses))
-	st := r.waitKeys(n, 2*time.Minute)
-	t.Logf("%d calls, %d distinct keys answered 2xx, %d 429", st.Calls, st.DistinctKeys, st.Throttled)
+	st := r.waitKeys(n, 3*time.Minute)
+	t.Logf("%d calls, %d distinct keys answered 2xx, %d 429, in %v (the limits allow %v)", st.Calls, st.DistinctKeys, st.Throttled,
+		st.LastOK.Sub(begin).Round(time.Millisecond), bestTime(begin, n, businesses).Round(time.Millisecond))
 	if st.DistinctKeys != n || st.Calls != n {
 		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", n, st.Calls, st.DistinctKeys)
 	}
@@ -680,10 +684,10 @@ func TestBinariesOnCluster(t *testing.T) {
 	if info.Archived != 0 || info.Retry != 0 {
 		t.Errorf("queue: %d archived, %d retrying", info.Archived, info.Retry)
 	}
+	r.stop() // the workers' logs are complete once they exited
 	for i, w := range r.workers {
 		if !strings.Contains(w.logs.String(), `redis="cluster `) {
 			t.Errorf("worker %d did not say it runs on the cluster:\n%s", i, w.logs.String())
 		}
 	}
-	r.stop()
 }
