@@ -24,12 +24,7 @@ func Parse(s string) (*redis.Options, error) {
 	if strings.Contains(s, "://") {
 		opt, err := redis.ParseURL(s)
 		if err != nil {
-			// url.Parse errors quote the whole URL, password included.
-			var ue *url.Error
-			if errors.As(err, &ue) {
-				err = ue.Err
-			}
-			return nil, fmt.Errorf("not a valid Redis URL (%v); want redis://[[user]:password@]host[:port][/db], rediss://..., unix:///path or host:port", err)
+			return nil, fmt.Errorf("not a valid Redis URL (%v); want redis://[[user]:password@]host[:port][/db], rediss://..., unix:///path or host:port", bare(err))
 		}
 		return opt, nil
 	}
@@ -100,11 +95,7 @@ func parseCluster(s string) (*redis.ClusterOptions, error) {
 	if strings.Contains(s, "://") {
 		co, err := redis.ParseClusterURL(s)
 		if err != nil {
-			var ue *url.Error
-			if errors.As(err, &ue) {
-				err = ue.Err
-			}
-			return nil, fmt.Errorf("not a valid Redis Cluster URL (%v); want host:port,host:port,... or redis://[[user]:password@]host:port?addr=host:port&addr=...", err)
+			return nil, fmt.Errorf("not a valid Redis Cluster URL (%v); want host:port,host:port,... or redis://[[user]:password@]host:port?addr=host:port&addr=...", bare(err))
 		}
 		return co, nil
 	}
@@ -157,4 +148,14 @@ func (t Target) Client(pool int) redis.UniversalClient {
 	o := *t.single
 	o.PoolSize = max(o.PoolSize, pool)
 	return redis.NewClient(&o)
+}
+
+// bare strips what url.Parse wraps around an error: the whole URL,
+// password included.
+func bare(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
