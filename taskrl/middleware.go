@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/internal/clock"
 	"github.com/taskrl/taskrl/quotas"
 )
@@ -134,11 +135,8 @@ type split struct {
 	horizon          time.Duration  // how far ahead the rate rules are booked
 }
 
-// adaptiveReserve is how far ahead a task with an adaptive rule is booked
-// at most: a booking keeps the rate it was made at, so after a cut the
-// bookings beyond it are decided again (Limiter.Held); the shorter the
-// horizon, the fewer they are.
-const adaptiveReserve = time.Second
+// adaptiveReserve: see admission.AdaptiveReserve.
+const adaptiveReserve = admission.AdaptiveReserve
 
 func (m *Middleware) split(b *Binding) (*split, error) {
 	if v, ok := m.splits.Load(b); ok {

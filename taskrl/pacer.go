@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/internal/clock"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/script"
@@ -56,11 +57,8 @@ type paceQueue struct {
 // no pacer moved.
 const paceSlack = 2 * time.Second
 
-// paceLead is how long before its slot the pacer moves a copy to pending:
-// enough for an idle worker to pick it up (ServerConfig's 50ms
-// TaskCheckInterval) so that it waits for its slot in the worker, briefly,
-// instead of starting a varying time after it.
-const paceLead = 150 * time.Millisecond
+// paceLead: see admission.PaceLead.
+const paceLead = admission.PaceLead
 
 // paceLease is how long a pacer leads a queue without claiming; another
 // takes over when it lapses.

@@ -3,6 +3,7 @@ package taskrl
 import (
 	"time"
 
+	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -86,13 +87,11 @@ type limits struct {
 	mode            FailureMode
 }
 
-// lateBooking is how far past its slot a booked copy may start; a later one
-// decides again.
-const lateBooking = 25 * time.Millisecond
-
-// slotRetry is how long after a busy concurrency slot a task that cannot
-// wait for it in the worker is tried again.
-const slotRetry = time.Second
+// lateBooking and slotRetry: see admission.LateBooking and SlotRetry.
+const (
+	lateBooking = admission.LateBooking
+	slotRetry   = admission.SlotRetry
+)
 
 // plan returns what to do at step s under limits c.
 func plan(c limits, s step) action {

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/quotas"
 	"github.com/taskrl/taskrl/taskrl"
 )
@@ -108,13 +109,12 @@ func (r Report) ThrottledShare() float64 {
 	return float64(r.Throttled) / float64(r.Calls)
 }
 
-// Constants of the middleware the simulation follows (taskrl: paceLead,
-// lateBooking, slotRetry, adaptiveReserve).
+// The middleware's timing, which the simulation follows.
 const (
-	paceLead        = 150 * time.Millisecond
-	lateBooking     = 25 * time.Millisecond
-	slotRetry       = time.Second
-	adaptiveReserve = time.Second
+	paceLead        = admission.PaceLead
+	lateBooking     = admission.LateBooking
+	slotRetry       = admission.SlotRetry
+	adaptiveReserve = admission.AdaptiveReserve
 )
 
 func (s *Spec) defaults() error {
