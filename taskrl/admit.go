@@ -24,6 +24,7 @@ type job struct {
 	t      *asynq.Task
 	queue  string
 	id     string
+	lim    limits          // the middleware's, with the job's policy's mode
 	sp     *split          // nil when no rule matches the task
 	keys   []string        // the binding's keys, one per rule
 	rates  quotas.Request  // the request to the rate and window rules
@@ -63,7 +64,7 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 	if booked, ok := bookedAt(j.t); ok && retryCount(j.ctx) == 0 {
 		receipt := j.t.Headers()[HeaderCharge]
 		j.charge, _ = quotas.ParseReceipt(receipt) // none: nothing to refund
-		a := plan(j.m.limits, j.step(step{stage: stageBooked, booked: booked}))
+		a := plan(j.lim, j.step(step{stage: stageBooked, booked: booked}))
 		switch a.verb {
 		case decide:
 			j.refund(j.charge)
@@ -93,7 +94,7 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 		if err == nil {
 			j.m.learn(d.Now)
 		}
-		a := plan(j.m.limits, j.step(step{stage: stageRates, decision: d, err: err}))
+		a := plan(j.lim, j.step(step{stage: stageRates, decision: d, err: err}))
 		switch a.verb {
 		case retry:
 			// Fail closed: the task waits for Redis, which asynq needs too.
@@ -168,7 +169,7 @@ func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, 
 	if err != nil {
 		return false, false, nil // no marker read: nothing known to block
 	}
-	a := plan(j.m.limits, j.step(step{stage: stageBlocked, blocked: until, rule: rule}))
+	a := plan(j.lim, j.step(step{stage: stageBlocked, blocked: until, rule: rule}))
 	if a.verb != reschedule {
 		return false, false, nil
 	}
@@ -282,7 +283,7 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		if err != nil && !errors.Is(err, errRedisDown) {
 			j.observe(Event{Outcome: RedisError, Err: err})
 		}
-		a := plan(m.limits, j.step(step{stage: stageSlots, decision: d, err: err, charged: j.charge.Allowed, holdEnd: holdEnd, lease: j.sp.lease}))
+		a := plan(j.lim, j.step(step{stage: stageSlots, decision: d, err: err, charged: j.charge.Allowed, holdEnd: holdEnd, lease: j.sp.lease}))
 		switch a.verb {
 		case unlimited:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; running without a concurrency slot", "task", j.id, "err", err)

@@ -62,7 +62,8 @@ type Config struct {
 // concurrent use.
 type Middleware struct {
 	cfg     Config
-	limits  limits        // what plan reads of cfg
+	limits  limits // what plan reads of cfg; mode is the policy's
+	policy  atomic.Pointer[Policy]
 	local   *quotas.Model // the FailLocal fallback
 	down    atomic.Int64  // until when (Unix ns) Redis counts as unreachable
 	prefix  string
@@ -108,10 +109,31 @@ func New(cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("taskrl: %w", err)
 	}
-	m := &Middleware{cfg: cfg, local: quotas.NewModel(), limits: limits{maxHold: cfg.MaxHold, budget: cfg.ThrottleBudget, mode: cfg.Policy.FailureMode()}, prefix: cfg.Prefix, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}
+	m := &Middleware{cfg: cfg, local: quotas.NewModel(), limits: limits{maxHold: cfg.MaxHold, budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}
+	m.policy.Store(cfg.Policy)
 	m.pace = newPacer(pacerDeps{client: cfg.Client, inspect: m.inspect, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
 	return m, nil
 }
+
+// SetPolicy makes p the policy of every task that starts from now on;
+// tasks already started finish under the policy they started with. Rules
+// are kept in Redis by name, so a rule that keeps its name keeps its state
+// and its bookings, whatever its limit becomes; a rule removed is no longer
+// decided (its keys expire). Use it to reload a policy file without a
+// restart. It returns an error, and keeps the current policy, when p is
+// nil. Safe for concurrent use.
+func (m *Middleware) SetPolicy(p *Policy) error {
+	if p == nil {
+		return errors.New("taskrl: SetPolicy: nil policy")
+	}
+	m.policy.Store(p)
+	m.splits.Clear() // the old policy's bindings are not asked for again
+	return nil
+}
+
+// Policy returns the policy tasks start under now: Config.Policy or the
+// last one given to SetPolicy. Safe for concurrent use.
+func (m *Middleware) Policy() *Policy { return m.policy.Load() }
 
 // Close stops the middleware's pacer. Call it after the asynq server has
 // shut down; rescheduled tasks then still run, up to a few seconds late.
@@ -255,23 +277,25 @@ func pick(keys []string, idx []int) []string {
 func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		queue, _ := asynq.GetQueueName(ctx)
-		b := m.cfg.Policy.Bind(t.Type(), queue)
+		p := m.policy.Load()
+		b := p.Bind(t.Type(), queue)
 		if b == nil {
 			// No job for a task no rule governs unless it is throttled.
 			err := next.ProcessTask(ctx, t)
 			if te := (*ThrottledError)(nil); errors.As(err, &te) {
-				return m.newJob(ctx, t, queue).backOff(te)
+				return m.newJob(ctx, t, queue, p).backOff(te)
 			}
 			return err
 		}
-		return m.newJob(ctx, t, queue).process(b, next)
+		return m.newJob(ctx, t, queue, p).process(b, next)
 	})
 }
 
-// newJob returns the job of a delivery of t from queue; its context
-// carries it, for Pause.
-func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string) *job {
-	j := &job{m: m, t: t, queue: queue}
+// newJob returns the job of a delivery of t from queue under policy p; its
+// context carries it, for Pause.
+func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p *Policy) *job {
+	j := &job{m: m, t: t, queue: queue, lim: m.limits}
+	j.lim.mode = p.FailureMode()
 	j.ctx = context.WithValue(ctx, jobKey{}, j)
 	j.id, _ = asynq.GetTaskID(ctx)
 	return j

@@ -5,8 +5,10 @@
 //
 // It serves the built-in task type http:call (package internal/tools/httpcall)
 // through the taskrl middleware, exports Prometheus metrics and a health
-// check, and shuts down gracefully on SIGTERM or SIGINT. Run it with --help
-// for every flag and the exit statuses.
+// check, reloads the policy file on SIGHUP and when it changes, and shuts
+// down gracefully on SIGTERM or SIGINT. "worker --check --policy FILE"
+// validates a policy file and exits. Run it with --help for every flag and
+// the exit statuses.
 package main
 
 import (
@@ -40,6 +42,7 @@ const (
 )
 
 const usageText = `Usage: worker --redis URL --policy FILE --concurrency N [--queues NAME=WEIGHT,...] [--metrics-addr ADDR] [flags]
+       worker --check --policy FILE
 
 Runs an asynq worker whose tasks respect the global rate limits and quotas of
 a policy file, shared through Redis with every other worker. Built-in task
@@ -62,7 +65,11 @@ Flags (--name and -name are the same; values as --name=V or --name V):
                            the only way to give one). Never printed.
   --policy FILE            policy file (YAML; see the README's policy file reference). Required.
                            A file that is wrong in any way is refused before anything connects,
-                           naming line, rule and field.
+                           naming line, rule and field. While running, the worker reloads it on
+                           SIGHUP and within a second of a change of its content: a file that does
+                           not validate is refused (each error logged; the running policy stays).
+  --check                  validate the --policy file, print its rules and exit (0: valid, 2: not);
+                           connects to nothing, needs no other flag. For CI and deploy hooks.
   --concurrency N          tasks processed at once by this worker, at least 1. Default 10.
   --queues LIST            queues to serve with their weights, NAME=WEIGHT,... (weights positive
                            integers; a bare NAME has weight 1). Default "default=1".
@@ -113,6 +120,8 @@ type config struct {
 	httpTimeout     time.Duration
 	logFormat       string
 	logLevel        slog.Level
+	check           bool   // --check: validate the policy file and exit
+	policyData      []byte // the policy file as read at start
 }
 
 // usageError is a command line that cannot be run; cli prints it with a
@@ -125,7 +134,13 @@ func usagef(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
 
+// reloadSignals receives SIGHUP, which reloads the policy file; nil (never
+// receives) unless main set it up.
+var reloadSignals chan os.Signal
+
 func main() {
+	reloadSignals = make(chan os.Signal, 1)
+	signal.Notify(reloadSignals, syscall.SIGHUP)
 	// The first signal starts a graceful shutdown; a second one ends the
 	// process at once with the default action. Both are queued, so a
 	// second signal that arrives before the first is handled is not lost.
@@ -156,10 +171,25 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "worker: %v\nRun worker --help for usage.\n", err)
 		return exitUsage
 	}
+	// Read before it is loaded: a change in between is seen as one by the
+	// reloader, never missed.
+	cfg.policyData, _ = os.ReadFile(cfg.policyPath)
 	policy, err := taskrl.LoadPolicyFile(cfg.policyPath)
 	if err != nil {
+		if cfg.check {
+			fmt.Fprintf(stderr, "%v\n", err)
+			return exitUsage
+		}
 		fmt.Fprintf(stderr, "worker: refusing to start: the policy file cannot be used; nothing was started.\n%v\n", err)
 		return exitUsage
+	}
+	if cfg.check {
+		names := make([]string, 0, len(policy.Rules()))
+		for _, r := range policy.Rules() {
+			names = append(names, r.Name)
+		}
+		fmt.Fprintf(stdout, "policy %s: ok, %d rules (%s), redis_unavailable: %s\n", cfg.policyPath, len(names), strings.Join(names, ", "), policy.FailureMode())
+		return exitOK
 	}
 	logger := newLogger(stderr, cfg.logFormat, cfg.logLevel)
 	if err := run(ctx, cfg, policy, logger); err != nil {
@@ -200,6 +230,13 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		prefix:          *f.prefix,
 		httpTimeout:     *f.httpTimeout,
 		logFormat:       *f.logFormat,
+		check:           *f.check,
+	}
+	if cfg.check {
+		if cfg.policyPath == "" {
+			return nil, usagef("--check needs --policy FILE: the policy file to validate")
+		}
+		return cfg, nil
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
@@ -280,7 +317,7 @@ type flagValues struct {
 	redisURL, redisCluster, redisPassword                    *string
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
 	concurrency, localShare                                  *int
-	strict                                                   *bool
+	strict, check                                            *bool
 	shutdown, maxHold, budget, httpTimeout                   *time.Duration
 }
 
@@ -298,6 +335,7 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 		concurrency:   fs.Int("concurrency", 10, ""),
 		queues:        fs.String("queues", "default=1", ""),
 		strict:        fs.Bool("strict-priority", false, ""),
+		check:         fs.Bool("check", false, ""),
 		metricsAddr:   fs.String("metrics-addr", "", ""),
 		shutdown:      fs.Duration("shutdown-timeout", 30*time.Second, ""),
 		maxHold:       fs.Duration("max-hold", 500*time.Millisecond, ""),

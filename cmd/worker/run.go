@@ -131,6 +131,10 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 	if q := unservedQueues(policy, cfg.queues); len(q) > 0 {
 		logger.Warn("policy rules match queues this worker does not serve", "queues", q)
 	}
+	rl := &reloader{path: cfg.policyPath, apply: mw.SetPolicy, logger: logger, result: m.PolicyReload, running: policy, seen: cfg.policyData}
+	rctx, stopReload := context.WithCancel(ctx)
+	defer stopReload()
+	go rl.run(rctx, reloadSignals, policyCheckInterval)
 
 	var runErr error
 	select {

@@ -91,6 +91,7 @@ type run struct {
 	api     *fakeapi.API
 	url     string
 	redis   []string // the binaries' Redis flags
+	policy  string   // the policy file's path
 	prefix  string   // of the workers' limiter keys
 	queue   string
 	insp    *asynq.Inspector
@@ -123,6 +124,7 @@ func startOn(t *testing.T, limits fakeapi.Limits, policy string, n int, cluster 
 	t.Cleanup(func() { api.Close() })
 	r.api = api
 	policyFile := filepath.Join(t.TempDir(), "policy.yaml")
+	r.policy = policyFile
 	if err := os.WriteFile(policyFile, []byte(policy), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,10 @@
 //	    The rate per second each GCRA or adaptive rule decided at, as of
 //	    its last decision: for an adaptive rule, the rate the fleet has
 //	    learned (for a keyed one, the last decided key's).
+//	taskrl_policy_reloads_total{result}           counter
+//	    Policy file reloads (SIGHUP or a change of the file): result "ok"
+//	    when the new policy took effect, "error" when it was refused (it
+//	    did not validate or could not be read) and the running one kept.
 //	taskrl_http_calls_total{code}                counter
 //	    Requests sent by the http:call handler by result class: 2xx, 429,
 //	    4xx (other than 429), 5xx, other (an unfollowed 1xx/3xx or a status
@@ -66,6 +70,7 @@ type Metrics struct {
 	quotaRemaining *prometheus.GaugeVec
 	ruleRate       *prometheus.GaugeVec
 	httpCalls      *prometheus.CounterVec
+	reloads        *prometheus.CounterVec
 }
 
 // New creates the metrics and registers them with reg (for example
@@ -108,8 +113,12 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "taskrl_http_calls_total",
 			Help: "Requests sent by the http:call handler by result class (2xx, 429, 4xx, 5xx, other, error).",
 		}, []string{"code"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "taskrl_policy_reloads_total",
+			Help: "Policy file reloads by result: ok (in effect) or error (refused; the running policy was kept).",
+		}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls, m.reloads} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -117,6 +126,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	for _, class := range httpcall.Classes {
 		m.httpCalls.WithLabelValues(class)
 	}
+	m.reloads.WithLabelValues("ok")
+	m.reloads.WithLabelValues("error")
 	return m, nil
 }
 
@@ -152,4 +163,14 @@ func (m *Metrics) Observe(e taskrl.Event) {
 // class; pass it to httpcall.WithResultHook. Safe for concurrent use.
 func (m *Metrics) HTTPCall(class string) {
 	m.httpCalls.WithLabelValues(class).Inc()
+}
+
+// PolicyReload counts one reload of the policy file: ok when the new policy
+// took effect, false when it was refused. Safe for concurrent use.
+func (m *Metrics) PolicyReload(ok bool) {
+	result := "error"
+	if ok {
+		result = "ok"
+	}
+	m.reloads.WithLabelValues(result).Inc()
 }

@@ -35,6 +35,7 @@ var documented = []string{
 	"taskrl_quota_remaining",
 	"taskrl_rule_rate",
 	"taskrl_http_calls_total",
+	"taskrl_policy_reloads_total",
 }
 
 func TestDecisions(t *testing.T) {

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+// policyCheckInterval is how often the worker reads its policy file to see
+// whether it changed: a change takes effect within about this long.
+const policyCheckInterval = time.Second
+
+// reloader keeps the middleware's policy in step with the policy file: it
+// reloads the file on SIGHUP (a value on hup) and whenever its content
+// changes. A file that does not validate leaves the running policy in
+// place; its errors are logged, one line each, once per content.
+type reloader struct {
+	path   string
+	apply  func(*taskrl.Policy) error // the middleware's SetPolicy
+	logger *slog.Logger
+	result func(ok bool) // counts a reload; may be nil
+
+	running *taskrl.Policy // the policy in force
+	seen    []byte         // the content last loaded or refused
+}
+
+// run checks the file every interval and on each value of hup until ctx
+// is done.
+func (r *reloader) run(ctx context.Context, hup <-chan os.Signal, interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			r.check(true)
+		case <-tick.C:
+			r.check(false)
+		}
+	}
+}
+
+// check reloads the file if it changed since it was last seen, or always
+// when forced (SIGHUP). It reports whether a new policy was applied.
+func (r *reloader) check(forced bool) bool {
+	data, err := os.ReadFile(r.path)
+	if err != nil {
+		if forced || r.seen != nil {
+			r.logger.Error("policy reload failed; keeping the running policy", "policy", r.path, "err", err)
+			r.count(false)
+		}
+		r.seen = nil // the next readable content is new
+		return false
+	}
+	if !forced && r.seen != nil && bytes.Equal(data, r.seen) {
+		return false
+	}
+	r.seen = data
+	p, err := taskrl.ParsePolicy(data)
+	if err != nil {
+		lines := strings.Split(err.Error(), "\n")
+		r.logger.Error("policy reload refused; keeping the running policy", "policy", r.path, "errors", len(lines))
+		for _, l := range lines {
+			r.logger.Error("policy error", "policy", r.path, "err", strings.TrimPrefix(l, "policy: "))
+		}
+		r.count(false)
+		return false
+	}
+	if err := r.apply(p); err != nil {
+		r.logger.Error("policy reload failed; keeping the running policy", "policy", r.path, "err", err)
+		r.count(false)
+		return false
+	}
+	added, removed, changed := diffRules(r.running, p)
+	r.running = p
+	r.logger.Info("policy reloaded", "policy", r.path, "rules", len(p.Rules()),
+		"added", added, "removed", removed, "changed", changed, "redis_unavailable", string(p.FailureMode()))
+	r.count(true)
+	return true
+}
+
+func (r *reloader) count(ok bool) {
+	if r.result != nil {
+		r.result(ok)
+	}
+}
+
+// diffRules names the rules of b that a lacks, of a that b lacks, and of
+// both whose definition differs.
+func diffRules(a, b *taskrl.Policy) (added, removed, changed []string) {
+	old := map[string]taskrl.Rule{}
+	for _, r := range a.Rules() {
+		old[r.Name] = r
+	}
+	for _, r := range b.Rules() {
+		o, ok := old[r.Name]
+		switch {
+		case !ok:
+			added = append(added, r.Name)
+		case !sameRule(o, r):
+			changed = append(changed, r.Name)
+		}
+		delete(old, r.Name)
+	}
+	for name := range old {
+		removed = append(removed, name)
+	}
+	slices.Sort(removed)
+	return added, removed, changed
+}
+
+// sameRule reports whether a and b define the same rule (limits compared
+// by their printed fields: a calendar window's zone is a pointer).
+func sameRule(a, b taskrl.Rule) bool {
+	return fmt.Sprintf("%+v", a) == fmt.Sprintf("%+v", b)
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+// TestReloader: the file is reloaded when its content changes and on a
+// forced check (SIGHUP), not otherwise; a file that does not validate or
+// cannot be read keeps the running policy, logs each error with its line
+// and field once per content, and counts a refusal.
+func TestReloader(t *testing.T) {
+	path := writePolicy(t, goodPolicy)
+	first, err := taskrl.LoadPolicyFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	var applied []*taskrl.Policy
+	var ok, refused int
+	data, _ := os.ReadFile(path)
+	r := &reloader{
+		path:   path,
+		apply:  func(p *taskrl.Policy) error { applied = append(applied, p); return nil },
+		logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		result: func(good bool) {
+			if good {
+				ok++
+			} else {
+				refused++
+			}
+		},
+		running: first,
+		seen:    data,
+	}
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r.check(false) || len(applied) != 0 {
+		t.Fatal("an unchanged file was reloaded")
+	}
+
+	changed := strings.Replace(goodPolicy, "rate: 100", "rate: 50", 1) + `  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 2, per: 1s}
+`
+	write(changed)
+	if !r.check(false) || len(applied) != 1 {
+		t.Fatal("a changed file was not reloaded")
+	}
+	if got := applied[0].Rules(); len(got) != 2 || got[0].Limit.(quotas.GCRA).Rate != 50 {
+		t.Fatalf("applied %+v", got)
+	}
+	if !strings.Contains(logs.String(), `msg="policy reloaded"`) || !strings.Contains(logs.String(), "added=[per-business]") || !strings.Contains(logs.String(), "changed=[peak]") {
+		t.Errorf("reload not logged with what changed:\n%s", logs.String())
+	}
+
+	bad := strings.Replace(changed, "rate: 2,", "rate: -2,", 1) + "  - name: peak\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 1s}\n"
+	write(bad)
+	logs = logBuffer{}
+	if r.check(false) || len(applied) != 1 || refused != 1 {
+		t.Fatalf("a bad file was applied (applied %d, refused %d)", len(applied), refused)
+	}
+	for _, want := range []string{"policy reload refused; keeping the running policy", "errors=2", "line 8", `rule \"per-business\": gcra.rate`, "line 9", "already the name of rule 1"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log does not mention %q:\n%s", want, logs.String())
+		}
+	}
+	logs = logBuffer{}
+	if r.check(false) || refused != 1 || logs.String() != "" {
+		t.Errorf("the same bad content was refused again (%d) or logged again:\n%s", refused, logs.String())
+	}
+	if r.check(true) || refused != 2 {
+		t.Errorf("SIGHUP on a bad file: refused %d, want 2", refused)
+	}
+
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	logs = logBuffer{}
+	if r.check(false) || refused != 3 || !strings.Contains(logs.String(), "no such file") {
+		t.Errorf("a removed file: refused %d, log:\n%s", refused, logs.String())
+	}
+	write(changed) // back: new content after a gap, applied again
+	if !r.check(false) || len(applied) != 2 || ok != 2 {
+		t.Errorf("the file restored: applied %d, ok %d", len(applied), ok)
+	}
+	if !r.check(true) || len(applied) != 3 {
+		t.Errorf("SIGHUP on an unchanged good file did not reload")
+	}
+}
+
+// TestCheck: --check validates the policy file without connecting to
+// anything and exits 0 or 2.
+func TestCheck(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	good := writePolicy(t, goodPolicy)
+	if code := cli(context.Background(), []string{"--check", "--policy", good}, noEnv, &stdout, &stderr); code != exitOK {
+		t.Fatalf("exit %d for a good file: %s", code, stderr.String())
+	}
+	if want := "policy " + good + ": ok, 1 rules (peak), redis_unavailable: closed\n"; stdout.String() != want {
+		t.Errorf("printed %q, want %q", stdout.String(), want)
+	}
+	stdout.Reset()
+	bad := writePolicy(t, "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    gcra: {rate: 1, per: 1s, burst: 0}\n")
+	if code := cli(context.Background(), []string{"--check", "--policy", bad}, noEnv, &stdout, &stderr); code != exitUsage {
+		t.Errorf("exit %d for a bad file, want %d", code, exitUsage)
+	}
+	if !strings.Contains(stderr.String(), "line 4") || !strings.Contains(stderr.String(), "gcra.burst") || stdout.Len() != 0 {
+		t.Errorf("stdout %q stderr %q", stdout.String(), stderr.String())
+	}
+	stderr.Reset()
+	if code := cli(context.Background(), []string{"--check"}, noEnv, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "--check needs --policy") {
+		t.Errorf("--check without --policy: exit %d, %q", code, stderr.String())
+	}
+}
