@@ -230,8 +230,8 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 		return nil, fmt.Errorf("quotas: Request.Fair has %d flows for %d rules", len(r.Fair), len(s.rules))
 	}
 	// Every key is PREFIX "q:{" TAG "}:" NAME ":" KIND...: the kind (and a
-	// window's length) keeps rules of the same name but other definitions
-	// apart. They are cut from one string, one allocation for them all.
+	// GCRA's interval and burst, a window's length) keeps rules of the same
+	// name but other definitions apart. They are cut from one string, one allocation for them all.
 	calls := make([]call, len(s.rules))
 	size := 0
 	for i := range s.rules {

@@ -245,7 +245,12 @@ func (g GCRA) compile() (compiled, *RuleError) {
 		}
 		return compiled{}, e
 	}
-	return compiled{kind: kindGCRA, suffix: "gcra", em: l.Interval().Microseconds(), burst: int64(l.Burst)}, nil
+	// The interval and burst are part of the key: a rule whose limit
+	// changes (a reloaded policy, an override) starts a schedule of its own
+	// rather than reading one made at another rate, whose backlog would
+	// hold the new rate back until it had passed.
+	em := l.Interval().Microseconds()
+	return compiled{kind: kindGCRA, suffix: "gcra:" + strconv.FormatInt(em, 10) + ":" + strconv.Itoa(l.Burst), em: em, burst: int64(l.Burst)}, nil
 }
 
 // String describes the limit, e.g. for logs and errors.

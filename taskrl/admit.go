@@ -64,10 +64,13 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 	if booked, ok := bookedAt(j.t); ok && retryCount(j.ctx) == 0 {
 		receipt := j.t.Headers()[HeaderCharge]
 		j.charge, _ = quotas.ParseReceipt(receipt) // none: nothing to refund
-		a := plan(j.lim, j.step(step{stage: stageBooked, booked: booked}))
+		stale := j.t.Headers()[HeaderLimits] != j.sp.digest
+		a := plan(j.lim, j.step(step{stage: stageBooked, booked: booked, stale: stale}))
 		switch a.verb {
 		case decide:
-			j.refund(j.charge)
+			if a.refund {
+				j.refund(j.charge)
+			}
 		case reschedule:
 			j.observe(Event{Outcome: Rescheduled, Wait: a.wait})
 			return true, j.reschedule(a.wait, a.booked, receipt)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
+	"sync/atomic"
 
 	"github.com/taskrl/taskrl/quotas"
 )
@@ -20,6 +22,11 @@ type Binding struct {
 	payload  bool // some key template references a payload field
 	critical bool
 	throttle []bool // per rule: the policy's throttle list names it
+
+	over      []map[string]quotas.Limit // per rule: overridden keys; nil: none
+	variants  sync.Map                  // forKeys' cache: signature -> *Binding
+	nvariants atomic.Int64
+	transient bool // a variant not cached: the middleware does not cache its split
 }
 
 // Critical reports whether the policy's critical list selects the bound

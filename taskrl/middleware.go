@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -155,6 +157,7 @@ type split struct {
 	fair             bool           // a rate rule is fair
 	adaptive         bool           // a rate rule is adaptive
 	horizon          time.Duration  // how far ahead the rate rules are booked
+	digest           string         // of the rate rules' limits (HeaderLimits)
 }
 
 // adaptiveReserve: see admission.AdaptiveReserve.
@@ -199,6 +202,9 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 		// ... or, without any, its concurrency rules.
 		scoped, sp.throttleIdx = slots, sp.slotIdx
 	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%+v", rates)
+	sp.digest = strconv.FormatUint(h.Sum64(), 36)
 	for i, rules := range [][]quotas.Rule{rates, slots} {
 		if len(rules) == 0 {
 			continue
@@ -227,6 +233,9 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 		if sp.throttle, err = quotas.NewSet(scoped...); err != nil {
 			return nil, err
 		}
+	}
+	if b.transient {
+		return sp, nil
 	}
 	v, _ := m.splits.LoadOrStore(b, sp)
 	return v.(*split), nil
@@ -334,6 +343,7 @@ func (j *job) process(b *Binding, next asynq.Handler) error {
 		}
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
+	b = b.forKeys(rq.Keys)
 	if j.sp, err = j.m.split(b); err != nil {
 		return err
 	}

@@ -38,6 +38,7 @@ type step struct {
 	left     time.Duration   // until the task's context deadline (noDeadline: none)
 	waited   time.Duration   // rescheduled for so far (ThrottleBudget)
 	booked   time.Time       // stageBooked: the copy's slot
+	stale    bool            // stageBooked: booked under other limits
 	decision quotas.Decision // stageRates, stageSlots
 	err      error           // stageRates, stageSlots: Redis failed
 	blocked  time.Time       // stageBlocked: end of an upstream block
@@ -116,9 +117,16 @@ func plan(c limits, s step) action {
 // slot. A copy that comes back well after it (the worker or Redis stalled)
 // gives it back and decides again, so that late copies do not all start at
 // once; one far too early is rescheduled again, still booked.
+//
+// A copy booked under other limits than its rules have now decides again
+// without a refund: a changed GCRA limit is a new schedule (its key names
+// the limit) where the old charge is not, and a window keeps the old
+// charge, the safe side.
 func planBooked(c limits, s step) action {
 	w := s.booked.Sub(s.now)
 	switch {
+	case s.stale:
+		return action{verb: decide}
 	case w < -lateBooking:
 		return action{verb: decide, refund: true}
 	case w > 2*c.maxHold || s.left <= w:

@@ -58,6 +58,7 @@ func TestPlan(t *testing.T) {
 		{"booked: early, wait", c, step{stage: stageBooked, booked: now.Add(800 * ms)}, action{verb: run, wait: 800 * ms}},
 		{"booked: slightly late", c, step{stage: stageBooked, booked: now.Add(-20 * ms)}, action{verb: run}},
 		{"booked: late, decide again", c, step{stage: stageBooked, booked: now.Add(-30 * ms)}, action{verb: decide, refund: true}},
+		{"booked: under other limits, decide again without a refund", c, step{stage: stageBooked, booked: now.Add(800 * ms), stale: true}, action{verb: decide}},
 		{"booked: far too early, reschedule still booked", c, step{stage: stageBooked, booked: now.Add(1100 * ms)},
 			action{verb: reschedule, wait: 1100 * ms, booked: now.Add(1100 * ms)}},
 		{"booked: deadline before the slot", c, step{stage: stageBooked, booked: now.Add(300 * ms), left: 300 * ms},

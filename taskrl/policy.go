@@ -95,10 +95,11 @@ const maxBindings = 4096
 // *Policy) has no rules: Bind returns nil for every task, and
 // FailureMode returns FailClosed.
 type Policy struct {
-	rules    []*crule
-	mode     FailureMode
-	critical []Match
-	throttle []string // rules an upstream throttle blocks; nil: a task's rate rules
+	rules     []*crule
+	mode      FailureMode
+	critical  []Match
+	throttle  []string // rules an upstream throttle blocks; nil: a task's rate rules
+	overrides []Override
 
 	mu      sync.RWMutex
 	bound   map[bindKey]*Binding // nil values: no rule matches
@@ -135,7 +136,7 @@ func (p *Policy) with() *Policy {
 	if p == nil {
 		return &Policy{}
 	}
-	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical, throttle: p.throttle}
+	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical, throttle: p.throttle, overrides: p.overrides}
 }
 
 // WithFailureMode returns a copy of p that uses mode when Redis is
@@ -305,7 +306,7 @@ func (p *Policy) bindSlow(k bindKey) *Binding {
 	if len(idx) > 0 {
 		b = p.subsets[id.String()]
 		if b == nil {
-			b = newBinding(p.rules, idx, p.throttle)
+			b = newBinding(p.rules, idx, p.throttle, p.overrides)
 			b.critical = critical
 			if len(p.subsets) < maxBindings {
 				if p.subsets == nil {
@@ -324,13 +325,24 @@ func (p *Policy) bindSlow(k bindKey) *Binding {
 	return b
 }
 
-func newBinding(all []*crule, idx []int, throttle []string) *Binding {
+func newBinding(all []*crule, idx []int, throttle []string, overrides []Override) *Binding {
 	b := &Binding{rules: make([]*crule, len(idx)), throttle: make([]bool, len(idx))}
 	qs := make([]quotas.Rule, len(idx))
 	for j, i := range idx {
 		r := all[i]
 		b.rules[j] = r
 		b.throttle[j] = slices.Contains(throttle, r.Name)
+		for _, o := range overrides {
+			if o.Rule == r.Name {
+				if b.over == nil {
+					b.over = make([]map[string]quotas.Limit, len(idx))
+				}
+				if b.over[j] == nil {
+					b.over[j] = map[string]quotas.Limit{}
+				}
+				b.over[j][o.Key] = o.Limit
+			}
+		}
 		qs[j] = quotas.Rule{Name: r.Name, Limit: r.Limit, Fair: r.ftmpl != nil}
 		b.payload = b.payload || (r.tmpl != nil && r.tmpl.fields)
 	}

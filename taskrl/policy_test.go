@@ -30,7 +30,7 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"empty document", "# nothing\n", `policy: the document is empty`},
 		{"two documents", "rules: []\n---\nrules: []\n", `policy: line 3: more than one YAML document`},
 		{"top level not a mapping", "- a\n- b\n", `policy: line 1: must be a mapping, got a list`},
-		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules, redis_unavailable, critical or throttle`},
+		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules, redis_unavailable, critical, throttle or overrides`},
 		{"throttle not a list", "throttle: a\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: throttle: must be a list of rule names such as [per-business], got the string "a"`},
 		{"throttle unknown rule", "throttle:\n  - a\n  - vendor\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 3: throttle[2]: no rule is named "vendor"`},
 		{"throttle not a name", "throttle: [{a: 1}]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: throttle[1]: must be a string, got a mapping`},

@@ -53,6 +53,8 @@ import (
 //	    match: {type: "http:call"}
 //	    key: "{{.business_id}}"
 //	    concurrency: {max: 2, lease: 30s, reserved: 0}
+//	overrides:                           # optional: see Policy.WithOverrides
+//	  - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s, burst: 2}}
 //
 // Each rule has exactly one limit:
 //   - gcra: rate (a positive number, fractions allowed), per (a duration),
@@ -68,6 +70,10 @@ import (
 //   - concurrency: max, lease (a duration, at least 30s: asynq's own task
 //     lease; the middleware renews it every third of it while the task runs)
 //     and reserved (default 0): quotas.Concurrency.
+//
+// An override gives one key of a rule with a payload key its own limit, of
+// the same kind as the rule's; the key is as the rule's key template
+// renders it.
 //
 // Durations are Go duration strings ("500ms", "1s", "10m", "24h"); a bare
 // number is refused, as its unit would be a guess. Anchors, aliases and
@@ -421,31 +427,19 @@ func parsePolicy(data []byte) (*Policy, errList) {
 		errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
 		return nil, errs
 	}
-	f, fe := parseYAML(data)
+	d, body, fe := parseDoc(data, "a policy needs a rules list")
 	if fe != nil {
 		return top(fe)
 	}
-	var docs []*ast.DocumentNode
-	for _, doc := range f.Docs {
-		if doc != nil && doc.Body != nil {
-			docs = append(docs, doc)
-		}
-	}
-	switch {
-	case len(docs) == 0:
-		return top(&ferr{msg: "the document is empty; a policy needs a rules list"})
-	case len(docs) > 1:
-		return top(&ferr{line: lineOf(docs[1]), msg: "more than one YAML document; a policy is one document"})
-	}
-	d := &yamlDoc{anchors: map[string][]ast.Node{}}
-	ast.Walk(anchorVisitor{d}, docs[0].Body)
-	es, fe := d.mapping(docs[0].Body, "", 0)
+	es, fe := d.mapping(body, "", 0)
 	if fe != nil {
 		return top(fe)
 	}
-	if fe := known(es, "", "rules", "redis_unavailable", "critical", "throttle"); fe != nil {
+	if fe := known(es, "", "rules", "redis_unavailable", "critical", "throttle", "overrides"); fe != nil {
 		return top(fe)
 	}
+	var overrides []Override
+	var overridesAt []lines
 	mode := FailClosed
 	var rulesNode ast.Node
 	var critical []Match
@@ -462,6 +456,10 @@ func parsePolicy(data []byte) (*Policy, errList) {
 		case "critical":
 			var more errList
 			critical, more = d.critical(e.val)
+			errs = append(errs, more...)
+		case "overrides":
+			var more errList
+			overrides, overridesAt, more = d.overrides(e.val)
 			errs = append(errs, more...)
 		case "redis_unavailable":
 			s, ok, fe := d.str(e.val, e.key)
@@ -523,6 +521,9 @@ func parsePolicy(data []byte) (*Policy, errList) {
 			}
 		}
 		p.throttle = throttle
+		var more errList
+		p.overrides, more = p.checkOverrides(overrides, overridesAt)
+		errs = append(errs, more...)
 	}
 	slices.SortStableFunc(errs, func(a, b *PolicyError) int {
 		return cmp.Or(cmp.Compare(a.Index, b.Index), cmp.Compare(a.Line, b.Line))
@@ -596,6 +597,30 @@ func (d *yamlDoc) names(n ast.Node, field string) (names []string, at []int, fe 
 		names, at = append(names, s), append(at, lineOf(v))
 	}
 	return names, at, nil
+}
+
+// parseDoc parses data as one YAML document and returns its body; want
+// says what an empty document lacks.
+func parseDoc(data []byte, want string) (*yamlDoc, ast.Node, *ferr) {
+	f, fe := parseYAML(data)
+	if fe != nil {
+		return nil, nil, fe
+	}
+	var docs []*ast.DocumentNode
+	for _, doc := range f.Docs {
+		if doc != nil && doc.Body != nil {
+			docs = append(docs, doc)
+		}
+	}
+	switch {
+	case len(docs) == 0:
+		return nil, nil, &ferr{msg: "the document is empty; " + want}
+	case len(docs) > 1:
+		return nil, nil, &ferr{line: lineOf(docs[1]), msg: "more than one YAML document; want one"}
+	}
+	d := &yamlDoc{anchors: map[string][]ast.Node{}}
+	ast.Walk(anchorVisitor{d}, docs[0].Body)
+	return d, docs[0].Body, nil
 }
 
 // parseYAML parses data, turning the parser's errors (and, defensively,

@@ -11,7 +11,6 @@ import (
 )
 
 // Headers the middleware keeps on a rescheduled copy of a task.
-// Headers the middleware keeps on a rescheduled copy of a task.
 const (
 	// HeaderOrigin holds the ID of the task a copy was rescheduled from.
 	HeaderOrigin = "taskrl-origin"
@@ -27,6 +26,11 @@ const (
 	// (quotas.Decision.Receipt), so that the worker that runs the copy can
 	// refund them when the task does not happen in that slot.
 	HeaderCharge = "taskrl-charge"
+	// HeaderLimits identifies the limits of the rate and window rules the
+	// booked slot was charged under: a copy whose rules' limits have
+	// changed since (a reloaded policy, an override) gives up its slot and
+	// decides again.
+	HeaderLimits = "taskrl-limits"
 )
 
 // reschedule enqueues a copy of the task to run after delay and lets the
@@ -53,6 +57,7 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 	headers[HeaderRound] = strconv.Itoa(round + 1)
 	delete(headers, HeaderBooked)
 	delete(headers, HeaderCharge)
+	delete(headers, HeaderLimits)
 	headers[HeaderWaited] = strconv.FormatInt((waited(t) + max(delay, 0)).Microseconds(), 10)
 	in := delay
 	if !booked.IsZero() {
@@ -60,6 +65,7 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 		if receipt != "" {
 			headers[HeaderCharge] = receipt
 		}
+		headers[HeaderLimits] = j.sp.digest
 		in += paceSlack // the pacer runs it at its slot
 	}
 	maxRetry, _ := asynq.GetMaxRetry(j.ctx)

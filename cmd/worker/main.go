@@ -43,6 +43,7 @@ const (
 
 const usageText = `Usage: worker --redis URL --policy FILE --concurrency N [--queues NAME=WEIGHT,...] [--metrics-addr ADDR] [flags]
        worker --check --policy FILE
+       worker limits list|set|rm ...   (live per-key overrides; worker limits --help)
 
 Runs an asynq worker whose tasks respect the global rate limits and quotas of
 a policy file, shared through Redis with every other worker. Built-in task
@@ -162,6 +163,9 @@ func main() {
 // cli runs the worker with the given arguments and environment until ctx is
 // done, and returns the exit status.
 func cli(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "limits" {
+		return limitsCLI(ctx, args[1:], getenv, stdout, stderr)
+	}
 	cfg, err := parseFlags(args, getenv)
 	if errors.Is(err, flag.ErrHelp) {
 		io.WriteString(stdout, usageText)
@@ -238,28 +242,9 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		}
 		return cfg, nil
 	}
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	url, cluster := *f.redisURL, *f.redisCluster
-	switch {
-	case set["redis-cluster"] && !set["redis"]:
-		url = "" // a flag beats the other form's environment variable
-	case set["redis"] && !set["redis-cluster"]:
-		cluster = ""
-	}
-	if url == "" && cluster == "" {
-		return nil, usagef("--redis (or REDIS_URL) or --redis-cluster (or REDIS_CLUSTER_ADDRS) is required, e.g. --redis redis://localhost:6379/0")
-	}
-	if url != "" && cluster != "" {
-		return nil, usagef("%v", redisurl.ErrBoth)
-	}
 	var err error
-	if cfg.redis, err = redisurl.ParseTarget(url, cluster, *f.redisPassword); err != nil {
-		flagName := "--redis"
-		if cluster != "" {
-			flagName = "--redis-cluster"
-		}
-		return nil, usagef("%s: %v", flagName, err)
+	if cfg.redis, err = redisTarget(fs, *f.redisURL, *f.redisCluster, *f.redisPassword); err != nil {
+		return nil, err
 	}
 	if cfg.policyPath == "" {
 		return nil, usagef("--policy is required: the policy file (YAML) with the rules to apply")
@@ -310,6 +295,35 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	// asynq uses others; keep the pool from being the bottleneck.
 	cfg.pool = max(10*runtime.GOMAXPROCS(0), 2*cfg.concurrency+10)
 	return cfg, nil
+}
+
+// redisTarget resolves the Redis flags of fs as parsed (url and cluster
+// with their environment defaults): a flag given beats the other form's
+// environment variable; both, or neither, is a usage error.
+func redisTarget(fs *flag.FlagSet, url, cluster, password string) (redisurl.Target, error) {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	switch {
+	case set["redis-cluster"] && !set["redis"]:
+		url = ""
+	case set["redis"] && !set["redis-cluster"]:
+		cluster = ""
+	}
+	if url == "" && cluster == "" {
+		return redisurl.Target{}, usagef("--redis (or REDIS_URL) or --redis-cluster (or REDIS_CLUSTER_ADDRS) is required, e.g. --redis redis://localhost:6379/0")
+	}
+	if url != "" && cluster != "" {
+		return redisurl.Target{}, usagef("%v", redisurl.ErrBoth)
+	}
+	t, err := redisurl.ParseTarget(url, cluster, password)
+	if err != nil {
+		flagName := "--redis"
+		if cluster != "" {
+			flagName = "--redis-cluster"
+		}
+		return redisurl.Target{}, usagef("%s: %v", flagName, err)
+	}
+	return t, nil
 }
 
 // flagValues holds the flags' values as parsed.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/taskrl/taskrl/internal/tools/overrides"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -17,22 +18,28 @@ import (
 // whether it changed: a change takes effect within about this long.
 const policyCheckInterval = time.Second
 
-// reloader keeps the middleware's policy in step with the policy file: it
-// reloads the file on SIGHUP (a value on hup) and whenever its content
-// changes. A file that does not validate leaves the running policy in
-// place; its errors are logged, one line each, once per content.
+// reloader keeps the middleware's policy in step with the policy file and
+// the live overrides: it reloads the file on SIGHUP (a value on hup) and
+// whenever its content changes, and the live overrides whenever their
+// version in Redis changes. A file that does not validate leaves the
+// running policy in place; its errors are logged, one line each, once per
+// content. A live override the policy cannot take (its rule is gone, or
+// has another kind of limit) is skipped with a warning.
 type reloader struct {
 	path   string
 	apply  func(*taskrl.Policy) error // the middleware's SetPolicy
 	logger *slog.Logger
-	result func(ok bool) // counts a reload; may be nil
+	result func(ok bool)    // counts a reload of the file; may be nil
+	store  *overrides.Store // the live overrides; nil: none
 
-	running *taskrl.Policy // the policy in force
-	seen    []byte         // the content last loaded or refused
+	base    *taskrl.Policy    // the policy file's policy in force
+	seen    []byte            // the content last loaded or refused
+	live    []overrides.Entry // the live overrides as last read
+	version int64             // of live; -1: never read
 }
 
-// run checks the file every interval and on each value of hup until ctx
-// is done.
+// run checks the file and the live overrides every interval, and the file
+// on each value of hup, until ctx is done.
 func (r *reloader) run(ctx context.Context, hup <-chan os.Signal, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -44,8 +51,52 @@ func (r *reloader) run(ctx context.Context, hup <-chan os.Signal, interval time.
 			r.check(true)
 		case <-tick.C:
 			r.check(false)
+			r.pollLive(ctx)
 		}
 	}
+}
+
+// pollLive reads the live overrides if their version changed and applies
+// them over the file's policy. It reports whether it applied a policy.
+func (r *reloader) pollLive(ctx context.Context) bool {
+	if r.store == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	v, err := r.store.Version(ctx)
+	if err != nil || v == r.version {
+		return false
+	}
+	live, err := r.store.List(ctx)
+	if err != nil {
+		return false
+	}
+	r.live, r.version = live, v
+	if err := r.install(); err != nil {
+		r.logger.Error("applying the live overrides failed", "err", err)
+		return false
+	}
+	r.logger.Info("live overrides loaded", "version", v, "overrides", len(live))
+	return true
+}
+
+// install applies the file's policy with the live overrides over it.
+func (r *reloader) install() error {
+	p := r.base
+	for _, e := range r.live {
+		err := e.Err
+		if err == nil {
+			var q *taskrl.Policy
+			if q, err = p.WithOverrides(e.Override()); err == nil {
+				p = q
+			}
+		}
+		if err != nil {
+			r.logger.Warn("live override skipped", "rule", e.Rule, "key", e.Key, "limit", e.Spec, "err", strings.TrimPrefix(err.Error(), "policy: "))
+		}
+	}
+	return r.apply(p)
 }
 
 // check reloads the file if it changed since it was last seen, or always
@@ -74,13 +125,15 @@ func (r *reloader) check(forced bool) bool {
 		r.count(false)
 		return false
 	}
-	if err := r.apply(p); err != nil {
+	old := r.base
+	r.base = p
+	if err := r.install(); err != nil {
+		r.base = old
 		r.logger.Error("policy reload failed; keeping the running policy", "policy", r.path, "err", err)
 		r.count(false)
 		return false
 	}
-	added, removed, changed := diffRules(r.running, p)
-	r.running = p
+	added, removed, changed := diffRules(old, p)
 	r.logger.Info("policy reloaded", "policy", r.path, "rules", len(p.Rules()),
 		"added", added, "removed", removed, "changed", changed, "redis_unavailable", string(p.FailureMode()))
 	r.count(true)

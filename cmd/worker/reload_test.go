@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/internal/tools/overrides"
 	"github.com/taskrl/taskrl/quotas"
 	"github.com/taskrl/taskrl/taskrl"
 )
@@ -37,8 +39,8 @@ func TestReloader(t *testing.T) {
 				refused++
 			}
 		},
-		running: first,
-		seen:    data,
+		base: first,
+		seen: data,
 	}
 	write := func(s string) {
 		t.Helper()
@@ -124,4 +126,50 @@ func TestCheck(t *testing.T) {
 	if code := cli(context.Background(), []string{"--check"}, noEnv, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "--check needs --policy") {
 		t.Errorf("--check without --policy: exit %d, %q", code, stderr.String())
 	}
+}
+
+// TestReloaderLive: live overrides are applied over the file's policy when
+// their version changes, and one the policy cannot take is skipped with a
+// warning; a reload of the file keeps them.
+func TestReloaderLive(t *testing.T) {
+	ctx := context.Background()
+	keyed := goodPolicy + "  - name: per-business\n    match: {type: \"http:call\"}\n    key: \"{{.business_id}}\"\n    gcra: {rate: 1, per: 1s}\n"
+	path := writePolicy(t, keyed)
+	base, err := taskrl.LoadPolicyFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := overrides.New(redistest.Client(t), redistest.Prefix(t))
+	var logs logBuffer
+	var applied *taskrl.Policy
+	r := &reloader{path: path, apply: func(p *taskrl.Policy) error { applied = p; return nil },
+		logger: slog.New(slog.NewTextHandler(&logs, nil)), store: store, base: base, version: -1}
+	for _, o := range [][3]string{{"per-business", "b7", "gcra: {rate: 5, per: 1s}"}, {"peak", "b7", "gcra: {rate: 5, per: 1s}"}} {
+		if err := store.Set(ctx, o[0], o[1], o[2], nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !r.pollLive(ctx) || applied == nil {
+		t.Fatal("live overrides not applied")
+	}
+	check := func() {
+		t.Helper()
+		if got := applied.Overrides(); len(got) != 1 || got[0].Key != "b7" || got[0].Limit.(quotas.GCRA).Rate != 5 {
+			t.Errorf("applied overrides %+v", got)
+		}
+	}
+	check()
+	if !strings.Contains(logs.String(), `msg="live override skipped" rule=peak key=b7`) {
+		t.Errorf("the unusable override was not reported:\n%s", logs.String())
+	}
+	if r.pollLive(ctx) {
+		t.Error("applied again without a change")
+	}
+	if err := os.WriteFile(path, []byte(strings.Replace(keyed, "rate: 100", "rate: 90", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !r.check(false) {
+		t.Fatal("the changed file was not reloaded")
+	}
+	check()
 }

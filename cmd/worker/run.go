@@ -20,6 +20,7 @@ import (
 	"github.com/taskrl/taskrl/internal/tools/campaign"
 	"github.com/taskrl/taskrl/internal/tools/httpcall"
 	"github.com/taskrl/taskrl/internal/tools/metrics"
+	"github.com/taskrl/taskrl/internal/tools/overrides"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -105,6 +106,13 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		logger.Info("metrics listening", "addr", l.Addr().String())
 	}
 
+	// The live overrides apply from the first task on.
+	rl := &reloader{path: cfg.policyPath, apply: mw.SetPolicy, logger: logger, result: m.PolicyReload,
+		store: overrides.New(client, cfg.prefix), base: policy, seen: cfg.policyData, version: -1}
+	rl.pollLive(ctx)
+	rctx, stopReload := context.WithCancel(ctx)
+	defer stopReload()
+
 	srv := asynq.NewServerFromRedisClient(client, srvCfg)
 	mux := asynq.NewServeMux()
 	mux.Use(mw.Handler)
@@ -131,9 +139,6 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 	if q := unservedQueues(policy, cfg.queues); len(q) > 0 {
 		logger.Warn("policy rules match queues this worker does not serve", "queues", q)
 	}
-	rl := &reloader{path: cfg.policyPath, apply: mw.SetPolicy, logger: logger, result: m.PolicyReload, running: policy, seen: cfg.policyData}
-	rctx, stopReload := context.WithCancel(ctx)
-	defer stopReload()
 	go rl.run(rctx, reloadSignals, policyCheckInterval)
 
 	var runErr error

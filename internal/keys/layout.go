@@ -9,6 +9,8 @@ package keys
 //	quotas.Limiter  PREFIX "q:{" Tag(key) "}:" RULE ":" KIND...
 //	block markers   PREFIX "block:{" Tag(key) "}:" RULE
 //	pacer           PREFIX "pace:{" Encode(queue) "}" and that + ":leader"
+//	live overrides  PREFIX "overrides:{o}" and that + ":version" (no TTL:
+//	                configuration, kept until removed)
 
 // Global is the hash tag of the keys of rules that limit no entity (an
 // empty key): every worker's global rules share one slot.
@@ -39,3 +41,9 @@ func Block(prefix, rule, entity string) string {
 // Pace returns the pacer's sorted set of booked copies in queue; its
 // leader lease is Pace(...) + ":leader".
 func Pace(prefix, queue string) string { return prefix + "pace:{" + Encode(queue) + "}" }
+
+// Overrides returns the hash of the live per-key overrides (worker limits)
+// and the counter every change increments, in one slot.
+func Overrides(prefix string) (hash, version string) {
+	return prefix + "overrides:{o}", prefix + "overrides:{o}:version"
+}

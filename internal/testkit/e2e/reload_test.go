@@ -3,8 +3,11 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +17,48 @@ import (
 	"github.com/taskrl/taskrl/internal/examples/fakeapi"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
+
+// arrive enqueues the http:call task payload(i) every interval from now
+// until the returned stop is called (which waits for the last enqueue).
+func (r *run) arrive(interval time.Duration, payload func(i int) string) (stop func()) {
+	client := asynq.NewClientFromRedisClient(redistest.Client(r.t))
+	begin := time.Now()
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload(i))), asynq.Queue(r.queue), asynq.MaxRetry(0)); err != nil {
+				r.t.Error(err)
+				return
+			}
+			select {
+			case <-quit:
+				return
+			case <-time.After(time.Until(begin.Add(time.Duration(i+1) * interval))):
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(quit); <-done }) }
+}
+
+// answered returns the arrival times of the calls the API answered 2xx in
+// [from, to), and the most of them in any one second.
+func (r *run) answered(from, to time.Time) (at []time.Time, busiest int) {
+	for _, c := range r.api.Calls() {
+		if c.Status == 200 && !c.At.Before(from) && c.At.Before(to) {
+			at = append(at, c.At)
+		}
+	}
+	for i := range at {
+		n := 0
+		for j := i; j < len(at) && at[j].Sub(at[i]) < time.Second; j++ {
+			n++
+		}
+		busiest = max(busiest, n)
+	}
+	return at, busiest
+}
 
 // peakPolicy is one global GCRA rule of rate/s, burst 1.
 func peakPolicy(rate string) string {
@@ -55,25 +100,11 @@ func TestReload(t *testing.T) {
 		}
 	}
 
-	client := asynq.NewClientFromRedisClient(redistest.Client(t))
 	begin := time.Now()
-	stop, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for i := 0; ; i++ {
-			payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b%d"}`, r.url+"/v1/charge", i)
-			if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(r.queue), asynq.MaxRetry(0)); err != nil {
-				t.Error(err)
-				return
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Until(begin.Add(time.Duration(i+1) * 125 * time.Millisecond))):
-			}
-		}
-	}()
-	defer func() { close(stop); <-stopped }()
+	stop := r.arrive(125*time.Millisecond, func(i int) string {
+		return fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b%d"}`, r.url+"/v1/charge", i)
+	})
+	defer stop()
 
 	time.Sleep(3 * time.Second)
 	write(strings.Replace(peakPolicy("12"), "burst: 1", "burst: 0", 1))
@@ -96,27 +127,12 @@ func TestReload(t *testing.T) {
 	time.Sleep(8 * time.Second)
 	reloads("ok", 1)
 
-	var before, after []time.Time
-	for _, c := range r.api.Calls() {
-		switch {
-		case c.Status != 200:
-		case c.At.After(begin.Add(time.Second)) && c.At.Before(changed):
-			before = append(before, c.At)
-		case c.At.After(changed.Add(2 * time.Second)):
-			after = append(after, c.At)
-		}
-	}
+	now := time.Now()
+	before, _ := r.answered(begin.Add(time.Second), changed)
+	after, busiest := r.answered(changed.Add(2*time.Second), now)
 	checkCalls(t, r.api.Stats())
 	span := changed.Sub(begin.Add(time.Second)).Seconds()
-	busiest := 0
-	for i := range after {
-		n := 0
-		for j := i; j < len(after) && after[j].Sub(after[i]) < time.Second; j++ {
-			n++
-		}
-		busiest = max(busiest, n)
-	}
-	rateAfter := float64(len(after)) / time.Since(changed.Add(2*time.Second)).Seconds()
+	rateAfter := float64(len(after)) / now.Sub(changed.Add(2*time.Second)).Seconds()
 	t.Logf("before the change: %d calls in %.1f s (%.1f/s, arrivals 8/s, limit 12/s); from 2 s after it: %d calls, %.2f/s, busiest second %d (limit 3/s burst 1)",
 		len(before), span, float64(len(before))/span, len(after), rateAfter, busiest)
 	if float64(len(before)) < 0.8*8*span {
@@ -127,6 +143,66 @@ func TestReload(t *testing.T) {
 	}
 	if rateAfter < 0.8*3 {
 		t.Errorf("%.2f calls/s after the change, under 80%% of the new limit", rateAfter)
+	}
+	r.stop()
+}
+
+// TestLiveOverride: three workers hold business b7 to its policy's 1/s
+// while its calls arrive at 6/s. "worker limits set per-business b7
+// 'gcra: {rate: 4, per: 1s}'" raises it for every worker without a
+// reload: from 2 s after the command b7 runs at 4/s, never above 4 + its
+// burst in a second; "worker limits rm" brings 1/s back as fast. Bookings
+// made under the other limit decide again when their slot comes, so no
+// second ever holds more than the limit in force allows.
+func TestLiveOverride(t *testing.T) {
+	r := start(t, fakeapi.Limits{Global: apiGlobal}, `rules:
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 1, per: 1s, burst: 1}
+`, 3)
+	limits := func(args ...string) time.Time {
+		t.Helper()
+		args = append(append([]string{"limits"}, args...), append(slices.Clone(r.redis), "--prefix", r.prefix, "--policy", r.policy)...)
+		out, err := exec.Command(filepath.Join(r.bin, "worker"), args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("worker %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return time.Now()
+	}
+	begin := time.Now()
+	stop := r.arrive(time.Second/6, func(i int) string {
+		return fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b7", "n": %d}`, r.url+"/v1/charge", i)
+	})
+	defer stop()
+
+	time.Sleep(4 * time.Second)
+	set := limits("set", "per-business", "b7", "gcra: {rate: 4, per: 1s}")
+	time.Sleep(6 * time.Second)
+	rm := limits("rm", "per-business", "b7")
+	time.Sleep(6 * time.Second)
+	end := time.Now()
+
+	checkCalls(t, r.api.Stats())
+	phase := func(name string, from, to time.Time, rate float64, burst int) {
+		t.Helper()
+		in, busiest := r.answered(from, to)
+		got := float64(len(in)) / to.Sub(from).Seconds()
+		t.Logf("%s: %d calls in %.1f s, %.2f/s, busiest second %d (limit %.0f/s burst %d)", name, len(in), to.Sub(from).Seconds(), got, busiest, rate, burst)
+		if busiest > int(rate)+burst {
+			t.Errorf("%s: %d calls in one second, over %v/s burst %d", name, busiest, rate, burst)
+		}
+		if got < 0.8*rate {
+			t.Errorf("%s: %.2f calls/s, under 80%% of %v/s", name, got, rate)
+		}
+	}
+	phase("policy", begin.Add(time.Second), set, 1, 1)
+	phase("override", set.Add(2*time.Second), rm, 4, 1)
+	phase("override removed", rm.Add(2*time.Second), end, 1, 1)
+	for i, w := range r.workers {
+		if logs := w.logs.String(); strings.Count(logs, "live overrides loaded") < 3 {
+			t.Errorf("worker %d did not load the overrides on start, set and rm:\n%s", i, logs)
+		}
 	}
 	r.stop()
 }

@@ -95,7 +95,7 @@ func parseCluster(s string) (*redis.ClusterOptions, error) {
 	if strings.Contains(s, "://") {
 		co, err := redis.ParseClusterURL(s)
 		if err != nil {
-			return nil, fmt.Errorf("not a valid Redis Cluster URL (%v); want host:port,host:port,... or redis://[[user]:password@]host:port?addr=host:port&addr=...", bare(err))
+			return nil, fmt.Errorf("not a valid Redis Cluster URL (%v); want host:port,host:port,... or redis://[[user]:password@]host:port?addr=host:port&addr=host:port", bare(err))
 		}
 		return co, nil
 	}

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/taskrl/taskrl/internal/tools/overrides"
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+const limitsUsage = `Usage: worker limits list [flags]
+       worker limits set RULE KEY LIMIT [flags]
+       worker limits rm RULE KEY [flags]
+
+Live per-key overrides, kept in Redis: every worker that shares the Redis
+and the --prefix applies them over its policy file within about a second,
+without a reload, and they stay until removed. LIMIT is one limit block in
+the policy file's syntax, of the same kind as the rule's, e.g.
+
+  worker limits set per-business b7 'gcra: {rate: 5, per: 1s, burst: 2}'
+  worker limits rm per-business b7
+  worker limits list
+
+KEY is the key as the rule's key template renders it from a payload (for
+key "{{.business_id}}", the business id). A live override replaces one in
+the policy file for the same rule and key. Workers whose policy has no such
+keyed rule, or a rule of another kind, skip it with a warning.
+
+Flags (before or after the arguments):
+  --redis URL, --redis-cluster NODES, --redis-password P
+                 the workers' Redis, as for the worker (defaults $REDIS_URL,
+                 $REDIS_CLUSTER_ADDRS)
+  --prefix S     the workers' --prefix. Default "taskrl:".
+  --policy FILE  set: also check RULE, KEY and LIMIT against this policy file
+                 (the rule exists, has a key, has the same kind of limit).
+  -h, --help     print this help and exit.
+
+Exit status: 0 done, 2 bad arguments or LIMIT, 1 Redis failed.
+`
+
+// limitsCLI runs "worker limits ...".
+func limitsCLI(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("worker limits", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	url := fs.String("redis", getenv("REDIS_URL"), "")
+	cluster := fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), "")
+	password := fs.String("redis-password", "", "")
+	prefix := fs.String("prefix", "taskrl:", "")
+	policyPath := fs.String("policy", "", "")
+	usage := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "worker limits: "+format+"\nRun worker limits --help for usage.\n", a...)
+		return exitUsage
+	}
+	// Flags may come before, between or after the arguments.
+	var pos []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				io.WriteString(stdout, limitsUsage)
+				return exitOK
+			}
+			return usage("%s", strings.Replace(err.Error(), " -", " --", 1))
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos, rest = append(pos, fs.Arg(0)), fs.Args()[1:]
+	}
+	want := map[string]int{"list": 0, "set": 3, "rm": 2}
+	if len(pos) == 0 {
+		return usage("want list, set or rm")
+	}
+	n, ok := want[pos[0]]
+	if !ok {
+		return usage("unknown command %q: want list, set or rm", pos[0])
+	}
+	if len(pos)-1 != n {
+		return usage("%s takes %d arguments, got %d", pos[0], n, len(pos)-1)
+	}
+	var policy *taskrl.Policy
+	if *policyPath != "" {
+		var err error
+		if policy, err = taskrl.LoadPolicyFile(*policyPath); err != nil {
+			fmt.Fprintf(stderr, "worker limits: %v\n", err)
+			return exitUsage
+		}
+	}
+	if pos[0] == "set" {
+		// The limit is checked before anything connects.
+		if _, err := taskrl.ParseLimit([]byte(pos[3])); err != nil {
+			return usage("LIMIT %q: %v", pos[3], strings.TrimPrefix(err.Error(), "policy: "))
+		}
+	}
+	target, err := redisTarget(fs, *url, *cluster, *password)
+	if err != nil {
+		return usage("%v", err)
+	}
+	client := target.Client(2)
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	store := overrides.New(client, *prefix)
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "worker limits: %v\n", err)
+		return exitRuntime
+	}
+	switch pos[0] {
+	case "set":
+		if err := store.Set(ctx, pos[1], pos[2], pos[3], policy); err != nil {
+			var pe *taskrl.PolicyError
+			if errors.As(err, &pe) {
+				fmt.Fprintf(stderr, "worker limits: %v\n", err)
+				return exitUsage
+			}
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "set: rule %s key %s: %s\n", pos[1], pos[2], strings.TrimSpace(pos[3]))
+	case "rm":
+		had, err := store.Remove(ctx, pos[1], pos[2])
+		if err != nil {
+			return fail(err)
+		}
+		if !had {
+			fmt.Fprintf(stdout, "no override for rule %s key %s\n", pos[1], pos[2])
+		} else {
+			fmt.Fprintf(stdout, "removed: rule %s key %s\n", pos[1], pos[2])
+		}
+	default:
+		list, err := store.List(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "RULE\tKEY\tLIMIT")
+		for _, e := range list {
+			lim := e.Spec
+			if e.Err != nil {
+				lim += "  (unusable: " + strings.TrimPrefix(e.Err.Error(), "policy: ") + ")"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", e.Rule, e.Key, lim)
+		}
+		tw.Flush()
+	}
+	return exitOK
+}
