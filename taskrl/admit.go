@@ -269,14 +269,7 @@ func (j *job) localSlots(req quotas.Request) ([]quotas.Lease, error) {
 // cancelled.
 func (j *job) runHolding(admit Event, next asynq.Handler) error {
 	m := j.m
-	holder := origin(j.t, j.id)
-	if holder == "" {
-		// Not run by asynq (no task ID): a holder of its own.
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		holder = "~" + hex.EncodeToString(b[:])
-	}
-	req := quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Holder: holder, Critical: j.sp.critical}
+	req := quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Holder: j.holder(), Critical: j.sp.critical}
 	holdEnd := m.serverNow().Add(m.cfg.MaxHold)
 	var held time.Duration // waiting for a slot in the worker
 	var d quotas.Decision
@@ -396,4 +389,45 @@ func hold(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// shadowDecide decides the task's shadow rules, as an Allow charged to
+// their own state, reports the verdict (WouldAdmit, WouldWait) and returns
+// what gives the concurrency slots it took back when the task ends. Redis
+// failures are reported and otherwise ignored: a shadow rule never holds a
+// task.
+func (j *job) shadowDecide(fair []string) (release func()) {
+	m := j.m
+	req := quotas.Request{Keys: pick(j.keys, j.sp.shadowIdx), Fair: pick(fair, j.sp.shadowIdx), Critical: j.sp.critical, Holder: j.holder()}
+	d, err := guard(m, func() (quotas.Decision, error) { return m.limiter.Allow(j.ctx, j.sp.shadow, req) })
+	switch {
+	case err != nil:
+		if !errors.Is(err, errRedisDown) {
+			j.observe(Event{Outcome: RedisError, Err: err})
+		}
+		return func() {}
+	case !d.Allowed:
+		j.observe(Event{Outcome: WouldWait, Rule: d.Rule, Wait: d.RetryAfter, Rules: d.Rules})
+		return func() {}
+	}
+	j.observe(Event{Outcome: WouldAdmit, Rules: d.Rules})
+	return func() {
+		for _, l := range d.Leases {
+			if _, err := m.limiter.Release(context.WithoutCancel(j.ctx), l); err != nil {
+				m.cfg.Logger.Debug("taskrl: releasing a shadow slot failed; it expires with its lease", "task", j.id, "err", err)
+			}
+		}
+	}
+}
+
+// holder names the task as the holder of concurrency slots: the ID it was
+// first enqueued with, or, when asynq did not run it (no task ID), a
+// random one.
+func (j *job) holder() string {
+	if h := origin(j.t, j.id); h != "" {
+		return h
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "~" + hex.EncodeToString(b[:])
 }

@@ -35,6 +35,12 @@ const (
 	// Local: Redis was unreachable and the task waited for its turn in this
 	// process (policy fail local).
 	Local Outcome = "local"
+	// WouldAdmit: the task's shadow rules (Rule.Shadow, Config.Shadow)
+	// would have admitted it now; it was not held back by them.
+	WouldAdmit Outcome = "would_admit"
+	// WouldWait: Event.Rule, a shadow rule, would have held the task back
+	// Event.Wait (Never: refused it); it ran without waiting for it.
+	WouldWait Outcome = "would_wait"
 	// RedisError: a call to Redis failed (Event.Err); reported once per
 	// failed call, beside the task's final outcome.
 	RedisError Outcome = "redis_error"

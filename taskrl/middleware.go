@@ -54,6 +54,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer, if set, receives an Event per decision (see Outcome).
 	Observer Observer
+	// Shadow, if set, makes every rule a shadow rule (Rule.Shadow): each
+	// task is decided and reported but never held back. For trying a
+	// policy on live traffic before enforcing it. Default false.
+	Shadow bool
 	// Clock is where the middleware reads the time. Default: the wall
 	// clock. Waits in the worker still pass in real time.
 	Clock Clock
@@ -157,6 +161,8 @@ type split struct {
 	fair             bool           // a rate rule is fair
 	adaptive         bool           // a rate rule is adaptive
 	horizon          time.Duration  // how far ahead the rate rules are booked
+	shadow           *quotas.Set    // the shadow rules, decided but not enforced
+	shadowIdx        []int          // their positions in the binding's set
 	digest           string         // of the rate rules' limits (HeaderLimits)
 }
 
@@ -171,7 +177,12 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 	var rates, slots, adaptive []quotas.Rule
 	var scoped []quotas.Rule
 	var adaptiveIdx []int
+	var shadow []quotas.Rule
 	for i, r := range b.Set().Rules() {
+		if m.cfg.Shadow || b.rules[i].Shadow {
+			shadow, sp.shadowIdx = append(shadow, r), append(sp.shadowIdx, i)
+			continue
+		}
 		if b.throttle[i] {
 			scoped, sp.throttleIdx = append(scoped, r), append(sp.throttleIdx, i)
 		}
@@ -228,10 +239,15 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 			sp.slots = set
 		}
 	}
-	if len(scoped) > 0 {
-		var err error
-		if sp.throttle, err = quotas.NewSet(scoped...); err != nil {
-			return nil, err
+	for _, x := range []struct {
+		rules []quotas.Rule
+		set   **quotas.Set
+	}{{scoped, &sp.throttle}, {shadow, &sp.shadow}} {
+		if len(x.rules) > 0 {
+			var err error
+			if *x.set, err = quotas.NewSet(x.rules...); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if b.transient {
@@ -348,6 +364,14 @@ func (j *job) process(b *Binding, next asynq.Handler) error {
 		return err
 	}
 	j.keys = rq.Keys
+	if j.sp.shadow != nil {
+		// Decided when the task runs: once per run, at its moment.
+		inner := next
+		next = asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			defer j.shadowDecide(rq.Fair)()
+			return inner.ProcessTask(ctx, t)
+		})
+	}
 	var admit Event // reported when the task is sure to run
 	if j.sp.rates != nil {
 		j.rates = quotas.Request{Keys: pick(j.keys, j.sp.rateIdx), Critical: j.sp.critical, Fair: pick(rq.Fair, j.sp.rateIdx)}

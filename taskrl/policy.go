@@ -38,6 +38,15 @@ type Rule struct {
 	// "" (the default) means first come, first served. Only a GCRA rule
 	// can be fair.
 	Fair string
+	// Shadow makes the rule decide without enforcing, to try a new limit
+	// on live traffic: every task it governs is decided against the rule's
+	// own state and reported (WouldAdmit or WouldWait, with the wait it
+	// would have imposed), then runs as if the rule did not exist. Its
+	// state counts the tasks it would have admitted, so that its verdicts
+	// follow the traffic as the enforced rule would see it; nothing is
+	// charged to any other rule. false (the default) enforces the rule.
+	// Policy file: mode: shadow (or enforce).
+	Shadow bool
 	// Limit is the rule's limit, exactly one of quotas.GCRA,
 	// quotas.Adaptive, quotas.FixedWindow, quotas.CalendarWindow,
 	// quotas.SlidingWindow or quotas.Concurrency (a pointer to one is

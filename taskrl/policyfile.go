@@ -31,6 +31,7 @@ import (
 //	  - name: vendor-peak                # required, unique
 //	    match: {type: "http:*"}          # type (path.Match glob) and/or queue (exact)
 //	    fair: "{{.business_id}}"         # optional, gcra only; see Rule.Fair
+//	    mode: enforce                    # optional: enforce (default) | shadow; see Rule.Shadow
 //	    gcra: {rate: 18, per: 1s, burst: 3}
 //	  - name: vendor-window
 //	    match: {type: "http:call"}
@@ -668,7 +669,7 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.Name = s
 		}
 	}
-	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
+	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "mode", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
 		return r, ls, fe
 	}
 	var limitKey string
@@ -684,6 +685,17 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.DefaultKey, _, fe = d.str(e.val, "default_key")
 		case "fair":
 			r.Fair, _, fe = d.str(e.val, "fair")
+		case "mode":
+			var mode string
+			if mode, _, fe = d.str(e.val, "mode"); fe == nil {
+				switch mode {
+				case "shadow":
+					r.Shadow = true
+				case "enforce", "":
+				default:
+					fe = fail(e.val, "mode", "must be enforce or shadow, got %q", mode)
+				}
+			}
 		case "gcra", "adaptive", "quota", "sliding", "concurrency":
 			if limitKey != "" {
 				return r, ls, fail(e.knode, "", "has both %s and %s; a rule has exactly one limit", limitKey, e.key)

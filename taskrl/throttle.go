@@ -100,8 +100,10 @@ func (j *job) backOff(te *ThrottledError) error {
 		if j.sp.rates != nil {
 			j.refund(j.charge)
 		}
-		if err := j.block(j.m.serverNow().Add(wait)); err != nil {
-			j.m.cfg.Logger.Warn("taskrl: blocking throttled rules failed", "err", err)
+		if j.sp.throttle != nil {
+			if err := j.block(j.m.serverNow().Add(wait)); err != nil {
+				j.m.cfg.Logger.Warn("taskrl: blocking throttled rules failed", "err", err)
+			}
 		}
 	}
 	j.m.cfg.Logger.Info("taskrl: upstream throttled; backing off", "task", j.id, "retry_after", wait, "err", te.Err)

@@ -82,6 +82,10 @@ Flags (--name and -name are the same; values as --name=V or --name V):
   --shutdown-timeout D     on SIGTERM/SIGINT, how long running tasks may finish; tasks still running
                            then are put back in their queue for another worker. Default 30s.
                            A second signal stops at once (running tasks are recovered by asynq later).
+  --shadow                 shadow mode for the whole worker: every rule is decided and counted
+                           (taskrl_decisions_total outcome would_admit / would_wait,
+                           taskrl_shadow_wait_seconds) but no task waits for it; for trying a policy
+                           on live traffic. A rule alone can be in shadow mode with "mode: shadow".
   --max-hold D             longest a task waits for its turn inside the worker; longer waits
                            reschedule the task. Default 500ms.
   --throttle-budget D      archive a task that would wait longer than D for its limits in all
@@ -122,6 +126,7 @@ type config struct {
 	logFormat       string
 	logLevel        slog.Level
 	check           bool   // --check: validate the policy file and exit
+	shadow          bool   // --shadow: decide every rule, enforce none
 	policyData      []byte // the policy file as read at start
 }
 
@@ -235,6 +240,7 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		httpTimeout:     *f.httpTimeout,
 		logFormat:       *f.logFormat,
 		check:           *f.check,
+		shadow:          *f.shadow,
 	}
 	if cfg.check {
 		if cfg.policyPath == "" {
@@ -331,7 +337,7 @@ type flagValues struct {
 	redisURL, redisCluster, redisPassword                    *string
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
 	concurrency, localShare                                  *int
-	strict, check                                            *bool
+	strict, check, shadow                                    *bool
 	shutdown, maxHold, budget, httpTimeout                   *time.Duration
 }
 
@@ -350,6 +356,7 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 		queues:        fs.String("queues", "default=1", ""),
 		strict:        fs.Bool("strict-priority", false, ""),
 		check:         fs.Bool("check", false, ""),
+		shadow:        fs.Bool("shadow", false, ""),
 		metricsAddr:   fs.String("metrics-addr", "", ""),
 		shutdown:      fs.Duration("shutdown-timeout", 30*time.Second, ""),
 		maxHold:       fs.Duration("max-hold", 500*time.Millisecond, ""),

@@ -80,14 +80,14 @@ func noEnv(string) string { return "" }
 
 func TestParseFlags(t *testing.T) {
 	cfg, err := parseFlags([]string{"--redis", "redis://:pw@db.example:6380/2", "--policy", "p.yaml", "--concurrency", "7",
-		"--queues", "critical=6, default=3,low", "--metrics-addr", ":9090", "--log-format=json", "-log-level", "debug"}, noEnv)
+		"--queues", "critical=6, default=3,low", "--metrics-addr", ":9090", "--log-format=json", "-log-level", "debug", "--shadow"}, noEnv)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := cfg.redis.String(); got != "db.example:6380 db 2" {
 		t.Errorf("redis %s", got)
 	}
-	if cfg.concurrency != 7 || cfg.policyPath != "p.yaml" || cfg.metricsAddr != ":9090" || cfg.logFormat != "json" || cfg.logLevel.String() != "DEBUG" {
+	if cfg.concurrency != 7 || cfg.policyPath != "p.yaml" || cfg.metricsAddr != ":9090" || cfg.logFormat != "json" || cfg.logLevel.String() != "DEBUG" || !cfg.shadow {
 		t.Errorf("config %+v", cfg)
 	}
 	if got := cfg.queueList(); got != "critical=6,default=3,low=1" {
@@ -111,7 +111,7 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("REDIS_URL not used: %s", cfg.redis)
 	}
 	if cfg.concurrency != 10 || cfg.queueList() != "default=1" || cfg.shutdownTimeout != 30*time.Second ||
-		cfg.maxHold != 500*time.Millisecond || cfg.prefix != "taskrl:" || cfg.logFormat != "text" || cfg.metricsAddr != "" {
+		cfg.maxHold != 500*time.Millisecond || cfg.prefix != "taskrl:" || cfg.logFormat != "text" || cfg.metricsAddr != "" || cfg.shadow {
 		t.Errorf("defaults %+v", cfg)
 	}
 	// --redis beats REDIS_URL.

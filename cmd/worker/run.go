@@ -58,6 +58,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		LocalShare:     cfg.localShare,
 		Logger:         logger,
 		Observer:       m,
+		Shadow:         cfg.shadow,
 	})
 	if err != nil {
 		return err
@@ -135,7 +136,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		"redis", cfg.redis.String(), "tls", cfg.redis.TLS(),
 		"queues", cfg.queueList(), "concurrency", cfg.concurrency,
 		"policy", cfg.policyPath, "rules", rules, "redis_unavailable", string(policy.FailureMode()),
-		"prefix", cfg.prefix, "pid", os.Getpid())
+		"prefix", cfg.prefix, "shadow", cfg.shadow, "pid", os.Getpid())
 	if q := unservedQueues(policy, cfg.queues); len(q) > 0 {
 		logger.Warn("policy rules match queues this worker does not serve", "queues", q)
 	}

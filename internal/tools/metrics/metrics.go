@@ -8,7 +8,8 @@
 //	    One per middleware event (admitted: once per run of a task a rule
 //	    governs; rescheduled: each time one is moved). outcome is a
 //	    taskrl.Outcome: admitted, rescheduled, refused, upstream_throttled,
-//	    paused, unlimited, local. rule is
+//	    paused, unlimited, local; and for shadow rules (mode: shadow,
+//	    worker --shadow) would_admit and would_wait, once per task. rule is
 //	    the rule that made the task wait or refused it, "none" when none did
 //	    (always "none" for upstream_throttled and paused: the block applies
 //	    to the task's rules in the policy's throttle scope). Redis errors are not decisions: see below.
@@ -20,6 +21,10 @@
 //	taskrl_reschedule_delay_seconds              histogram
 //	    How far ahead rescheduled tasks were moved (their booked slot, or
 //	    when the denying rule would next allow them).
+//	taskrl_shadow_wait_seconds                   histogram
+//	    The wait shadow rules would have imposed on each task they would
+//	    have held back (would_wait; a task they would never admit is not
+//	    observed here).
 //	taskrl_upstream_throttle_seconds             histogram
 //	    The Retry-After of each upstream 429: how long the task's rules were
 //	    blocked for every worker.
@@ -56,6 +61,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/taskrl/taskrl/internal/tools/httpcall"
+	"github.com/taskrl/taskrl/quotas"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -66,6 +72,7 @@ type Metrics struct {
 	hold           prometheus.Histogram
 	reschedule     prometheus.Histogram
 	upstream       prometheus.Histogram
+	shadowWait     prometheus.Histogram
 	redisErrors    prometheus.Counter
 	quotaRemaining *prometheus.GaugeVec
 	ruleRate       *prometheus.GaugeVec
@@ -91,6 +98,11 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name:    "taskrl_reschedule_delay_seconds",
 			Help:    "How far ahead rescheduled tasks were moved.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400},
+		}),
+		shadowWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "taskrl_shadow_wait_seconds",
+			Help:    "Wait shadow rules would have imposed on the tasks they would have held back.",
+			Buckets: []float64{.001, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 3600},
 		}),
 		upstream: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "taskrl_upstream_throttle_seconds",
@@ -118,7 +130,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Policy file reloads by result: ok (in effect) or error (refused; the running policy was kept).",
 		}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls, m.reloads} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls, m.reloads} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -150,6 +162,10 @@ func (m *Metrics) Observe(e taskrl.Event) {
 		m.reschedule.Observe(max(e.Wait, 0).Seconds())
 	case taskrl.UpstreamThrottled:
 		m.upstream.Observe(max(e.Wait, 0).Seconds())
+	case taskrl.WouldWait:
+		if e.Wait != quotas.Never {
+			m.shadowWait.Observe(max(e.Wait, 0).Seconds())
+		}
 	}
 	for _, r := range e.Rules {
 		m.quotaRemaining.WithLabelValues(r.Name).Set(float64(r.Remaining))

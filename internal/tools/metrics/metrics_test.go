@@ -31,6 +31,7 @@ var documented = []string{
 	"taskrl_hold_seconds",
 	"taskrl_reschedule_delay_seconds",
 	"taskrl_upstream_throttle_seconds",
+	"taskrl_shadow_wait_seconds",
 	"taskrl_redis_errors_total",
 	"taskrl_quota_remaining",
 	"taskrl_rule_rate",

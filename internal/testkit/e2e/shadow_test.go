@@ -1,0 +1,51 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/examples/ideal"
+)
+
+// TestShadowRule: a per-business rule tried in shadow mode beside the
+// enforced vendor rule, on three worker processes. 60 calls over 3
+// businesses run as the vendor rule alone allows (within 1.05x of the
+// time computed from it), and the workers report a verdict per task: no
+// more would-be admissions per business than the shadow limit allows in
+// that time (its burst plus its rate times the time), the rest would wait.
+func TestShadowRule(t *testing.T) {
+	const tasks, businesses = 60, 3
+	vendor := gcra.Limit{Rate: 10, Period: time.Second, Burst: 1}
+	r := start(t, fakeapi.Limits{Global: apiGlobal}, `rules:
+  - name: vendor-peak
+    match: {type: "http:call"}
+    gcra: {rate: 10, per: 1s, burst: 1}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    mode: shadow
+    gcra: {rate: 1, per: 1s, burst: 1}
+`, 3)
+	begin := time.Now()
+	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
+	st := r.waitKeys(tasks, time.Minute)
+	calls := make([]ideal.Call, tasks)
+	for i := range calls {
+		calls[i] = ideal.Call{At: begin}
+	}
+	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: vendor}}, calls)).Sub(begin)
+	took := st.LastOK.Sub(begin)
+	admit := r.counter("taskrl_decisions_total", `outcome="would_admit"`)
+	wait := r.counter("taskrl_decisions_total", `outcome="would_wait"`, `rule="per-business"`)
+	most := businesses * (1 + took.Seconds()*1)
+	t.Logf("%d calls in %v (the vendor rule allows %v); shadow per-business: %.0f would be admitted (at most %.1f in that time), %.0f would wait",
+		st.OK, took.Round(time.Millisecond), best.Round(time.Millisecond), admit, most, wait)
+	checkExact(t, st, tasks, took, best)
+	if admit+wait != tasks || admit > most || admit < businesses {
+		t.Errorf("shadow verdicts: %.0f would_admit, %.0f would_wait for %d tasks; at most %.1f admissions allowed", admit, wait, tasks, most)
+	}
+	r.stop()
+}
