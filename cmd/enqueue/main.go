@@ -14,9 +14,12 @@
 // then to 127.0.0.1:6379. --redis-cluster NODES (default
 // $REDIS_CLUSTER_ADDRS) uses a Redis Cluster instead: its seed nodes as
 // host:port,host:port,... or a go-redis cluster URL
-// (redis://[[user]:password@]host:port?addr=host:port&...); a flag beats
-// the other form's environment variable, and the two flags are exclusive.
-// --redis-password replaces the password of either form.
+// (redis://[[user]:password@]host:port?addr=host:port&...).
+// --redis-sentinel MASTER@NODES (default $REDIS_SENTINEL) uses the primary
+// Redis Sentinel manages under that name, found through the sentinels NODES,
+// or a go-redis failover URL with master_name=. A flag beats the other
+// forms' environment variables, and the three flags are exclusive.
+// --redis-password replaces the password of any form.
 //
 // --payload-file FILE replaces --count (--url and --businesses are then
 // ignored): one task per line of FILE, each line a JSON object, blank lines
@@ -145,8 +148,9 @@ type options struct {
 	policy                    string
 	taskDuration              time.Duration
 	start                     time.Time
-	redisFromEnv              bool // --redis or --redis-cluster came from the environment
+	redisFromEnv              bool // the Redis came from the environment
 	redisCluster              string
+	redisSentinel             string
 	redisPassword             string
 	cron, tz, name, keyPrefix string
 	simulate                  bool
@@ -204,7 +208,8 @@ func parse(args []string, env stdio) (*options, error) {
 	)
 	fs.StringVar(&o.redis, "redis", "", "Redis `URL` (redis://, rediss:// or host:port); default $REDIS_URL, then "+defaultRedis)
 	fs.StringVar(&o.redisCluster, "redis-cluster", "", "a Redis Cluster instead: seed `NODES` host:port,host:port,... or a redis:// cluster URL with addr= parameters; default $REDIS_CLUSTER_ADDRS")
-	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis `password`, replacing any in the URL (never printed)")
+	fs.StringVar(&o.redisSentinel, "redis-sentinel", "", "a Sentinel-managed primary instead: `MASTER@NODES` (the sentinels, host:port,...) or a redis:// failover URL with master_name=; default $REDIS_SENTINEL")
+	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis `password` (the primary's, for a sentinel), replacing any in the URL (never printed)")
 	fs.StringVar(&o.spec.Type, "type", campaign.DefaultType, "task `type`")
 	fs.StringVar(&o.spec.URL, "url", "", "the `URL` each generated http:call payload calls")
 	fs.IntVar(&count, "count", 0, "`N` tasks to enqueue")
@@ -362,16 +367,25 @@ func parse(args []string, env stdio) (*options, error) {
 		return nil, usagef("%v", err)
 	}
 
-	// A flag beats the environment; a cluster in the environment beats
-	// the default single Redis.
+	// A flag beats the environment; more than one form in either is an
+	// error; with none, the default single Redis.
+	flags, envs := 0, 0
+	for _, f := range [][2]string{{"redis", "REDIS_URL"}, {"redis-cluster", "REDIS_CLUSTER_ADDRS"}, {"redis-sentinel", "REDIS_SENTINEL"}} {
+		if set[f[0]] {
+			flags++
+		}
+		if env.getenv(f[1]) != "" {
+			envs++
+		}
+	}
 	switch {
-	case set["redis"] && set["redis-cluster"]:
+	case flags > 1 || flags == 0 && envs > 1:
 		return nil, usagef("%v", redisurl.ErrBoth)
-	case set["redis"], set["redis-cluster"]:
-	case env.getenv("REDIS_URL") != "" && env.getenv("REDIS_CLUSTER_ADDRS") != "":
-		return nil, usagef("%v", redisurl.ErrBoth)
+	case flags == 1:
 	case env.getenv("REDIS_CLUSTER_ADDRS") != "":
 		o.redisCluster, o.redisFromEnv = env.getenv("REDIS_CLUSTER_ADDRS"), true
+	case env.getenv("REDIS_SENTINEL") != "":
+		o.redisSentinel, o.redisFromEnv = env.getenv("REDIS_SENTINEL"), true
 	case env.getenv("REDIS_URL") != "":
 		o.redis, o.redisFromEnv = env.getenv("REDIS_URL"), true
 	default:
@@ -382,7 +396,7 @@ func parse(args []string, env stdio) (*options, error) {
 
 // parseSimulate checks the flags of --simulate, which enqueues nothing.
 func parseSimulate(o *options, vendor string, set map[string]bool) (*options, error) {
-	for _, f := range []string{"redis", "redis-cluster", "redis-password", "url", "count", "businesses", "max-retry", "parallel", "cron", "tz", "campaign", "key-prefix", "dry-run", "task-duration", "start"} {
+	for _, f := range []string{"redis", "redis-cluster", "redis-sentinel", "redis-password", "url", "count", "businesses", "max-retry", "parallel", "cron", "tz", "campaign", "key-prefix", "dry-run", "task-duration", "start"} {
 		if set[f] {
 			return nil, usagef("--%s: not used with --simulate", f)
 		}
@@ -475,12 +489,23 @@ func readPayloads(path string) ([]json.RawMessage, error) {
 	return out, nil
 }
 
-// connect opens and pings the Redis of --redis or --redis-cluster.
+// connect opens and pings the Redis of --redis, --redis-cluster or
+// --redis-sentinel.
 func connect(ctx context.Context, o *options, pool int) (redis.UniversalClient, error) {
-	target, err := redisurl.ParseTarget(o.redis, o.redisCluster, o.redisPassword)
+	target, err := redisurl.ParseTarget(o.redis, o.redisCluster, o.redisSentinel, o.redisPassword)
 	if err != nil {
-		name := map[[2]bool]string{{false, false}: "--redis", {true, false}: "REDIS_URL", {false, true}: "--redis-cluster", {true, true}: "REDIS_CLUSTER_ADDRS"}[[2]bool{o.redisFromEnv, o.redisCluster != ""}]
-		return nil, usagef("%s: %v", name, err)
+		name := [2]string{"--redis", "REDIS_URL"}
+		switch {
+		case o.redisCluster != "":
+			name = [2]string{"--redis-cluster", "REDIS_CLUSTER_ADDRS"}
+		case o.redisSentinel != "":
+			name = [2]string{"--redis-sentinel", "REDIS_SENTINEL"}
+		}
+		i := 0
+		if o.redisFromEnv {
+			i = 1
+		}
+		return nil, usagef("%s: %v", name[i], err)
 	}
 	rdb := target.Client(pool)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -196,6 +196,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--url", "http://x", "--count", "5", "--redis", "a:1", "--redis-cluster", "b:1,c:1"}, "are exclusive"},
 		{[]string{"--url", "http://x", "--count", "5", "--redis-cluster", "b:1,c:x"}, `--redis-cluster: node "c:x": port must be a number`},
 		{[]string{"--url", "http://x", "--count", "5", "--redis-cluster", "redis://:hunter2@b:x?addr=c:1"}, "--redis-cluster: not a valid Redis Cluster URL"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis-sentinel", "m@a:1", "--redis-cluster", "b:1,c:1"}, "are exclusive"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis-sentinel", "a:1"}, "--redis-sentinel: no primary name before @"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis-sentinel", "redis://:hunter2@s:x?master_name=m"}, "--redis-sentinel: not a valid Redis Sentinel URL"},
 		{[]string{"--url", "http://x", "--count", "5", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--nope"}, "-nope"},
 	} {
@@ -208,8 +211,14 @@ func TestUsageErrors(t *testing.T) {
 	if code, _, errOut := enqueue(context.Background(), map[string]string{"REDIS_URL": "a:1", "REDIS_CLUSTER_ADDRS": "b:1"}, "--url", "http://x", "--count", "1"); code != 2 || !strings.Contains(errOut, "are exclusive") {
 		t.Errorf("REDIS_URL and REDIS_CLUSTER_ADDRS: exit %d, %q", code, errOut)
 	}
+	if code, _, errOut := enqueue(context.Background(), map[string]string{"REDIS_SENTINEL": "m@a:1", "REDIS_CLUSTER_ADDRS": "b:1"}, "--url", "http://x", "--count", "1"); code != 2 || !strings.Contains(errOut, "are exclusive") {
+		t.Errorf("REDIS_SENTINEL and REDIS_CLUSTER_ADDRS: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := enqueue(context.Background(), map[string]string{"REDIS_SENTINEL": "no-master"}, "--url", "http://x", "--count", "1"); code != 2 || !strings.Contains(errOut, "REDIS_SENTINEL: no primary name") {
+		t.Errorf("a bad REDIS_SENTINEL: exit %d, %q", code, errOut)
+	}
 	// No password is ever printed.
-	for _, args := range [][]string{{"--redis-cluster", "redis://:hunter2@b:x?addr=c:1"}, {"--redis", "redis://:hunter2@host:port/0"}, {"--redis", "127.0.0.1:1", "--redis-password", "hunter2"}} {
+	for _, args := range [][]string{{"--redis-cluster", "redis://:hunter2@b:x?addr=c:1"}, {"--redis-sentinel", "redis://:hunter2@s:x?master_name=m"}, {"--redis-sentinel", "m@127.0.0.1:1", "--redis-password", "hunter2"}, {"--redis", "redis://:hunter2@host:port/0"}, {"--redis", "127.0.0.1:1", "--redis-password", "hunter2"}} {
 		if _, out, errOut := enqueue(context.Background(), nil, append([]string{"--url", "http://x", "--count", "1"}, args...)...); strings.Contains(out+errOut, "hunter2") {
 			t.Errorf("%q: the password appears in the output: %q", args, out+errOut)
 		}

@@ -33,9 +33,9 @@ the policy file for the same rule and key. Workers whose policy has no such
 keyed rule, or a rule of another kind, skip it with a warning.
 
 Flags (before or after the arguments):
-  --redis URL, --redis-cluster NODES, --redis-password P
+  --redis URL, --redis-cluster NODES, --redis-sentinel M@NODES, --redis-password P
                  the workers' Redis, as for the worker (defaults $REDIS_URL,
-                 $REDIS_CLUSTER_ADDRS)
+                 $REDIS_CLUSTER_ADDRS, $REDIS_SENTINEL)
   --prefix S     the workers' --prefix. Default "taskrl:".
   --policy FILE  set: also check RULE, KEY and LIMIT against this policy file
                  (the rule exists, has a key, has the same kind of limit).
@@ -51,6 +51,7 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 	fs.Usage = func() {}
 	url := fs.String("redis", getenv("REDIS_URL"), "")
 	cluster := fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), "")
+	sentinel := fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), "")
 	password := fs.String("redis-password", "", "")
 	prefix := fs.String("prefix", "taskrl:", "")
 	policyPath := fs.String("policy", "", "")
@@ -98,7 +99,7 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 			return usage("LIMIT %q: %v", pos[3], strings.TrimPrefix(err.Error(), "policy: "))
 		}
 	}
-	target, err := redisTarget(fs, *url, *cluster, *password)
+	target, err := redisTarget(fs, *url, *cluster, *sentinel, *password)
 	if err != nil {
 		return usage("%v", err)
 	}

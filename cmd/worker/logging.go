@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -46,4 +47,14 @@ func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...)) }
 func (a asynqLogger) Fatal(args ...any) {
 	a.l.Error(fmt.Sprint(args...))
 	os.Exit(exitRuntime)
+}
+
+// redisLogger routes go-redis's own log lines (failed dials, a sentinel's
+// choice of primary) to slog at debug level: the worker reports what
+// matters of them itself (its health check, failed limiter calls), and
+// they would otherwise break --log-format json.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.DebugContext(ctx, fmt.Sprintf(format, v...))
 }

@@ -29,6 +29,8 @@ import (
 	"time"
 	_ "time/tzdata" // policy time zones on machines without a zone database
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/tools/redisurl"
 	"github.com/taskrl/taskrl/taskrl"
@@ -57,13 +59,18 @@ a campaign that "enqueue --cron" schedules into its tasks, once per tick.
 Flags (--name and -name are the same; values as --name=V or --name V):
   --redis URL              Redis to use for queues and limits: redis://[[user]:password@]host[:port][/db],
                            rediss://... (TLS), unix:///path.sock, or a bare host[:port].
-                           Default: $REDIS_URL. This or --redis-cluster is required.
+                           Default: $REDIS_URL. This, --redis-cluster or --redis-sentinel is required.
   --redis-cluster NODES    a Redis Cluster instead, for queues and limits alike: its seed nodes as
                            host:port,host:port,... or redis://[[user]:password@]host:port?addr=host:port&...
-                           (rediss:// for TLS). Default: $REDIS_CLUSTER_ADDRS. Exclusive with --redis
-                           (a flag given beats the other's environment variable).
-  --redis-password P       the Redis password, replacing any in the URL (for a list of cluster nodes,
-                           the only way to give one). Never printed.
+                           (rediss:// for TLS). Default: $REDIS_CLUSTER_ADDRS.
+  --redis-sentinel M@NODES the primary named M that Redis Sentinel manages, found through the
+                           sentinels NODES (host:port,host:port,...), or a go-redis failover URL
+                           redis://[[user]:password@]host:port?master_name=M&addr=host:port (the
+                           URL's password is the sentinels'). Default: $REDIS_SENTINEL.
+                           --redis, --redis-cluster and --redis-sentinel are exclusive (a flag
+                           given beats the other forms' environment variables).
+  --redis-password P       the Redis password (the primary's, for a sentinel), replacing any in the
+                           URL (for a list of nodes, the only way to give one). Never printed.
   --policy FILE            policy file (YAML; see the README's policy file reference). Required.
                            A file that is wrong in any way is refused before anything connects,
                            naming line, rule and field. While running, the worker reloads it on
@@ -201,6 +208,7 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return exitOK
 	}
 	logger := newLogger(stderr, cfg.logFormat, cfg.logLevel)
+	redis.SetLogger(redisLogger{logger.With("component", "go-redis")})
 	if err := run(ctx, cfg, policy, logger); err != nil {
 		logger.Error("worker failed", "err", err)
 		fmt.Fprintf(stderr, "worker: %v\n", err)
@@ -249,7 +257,7 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		return cfg, nil
 	}
 	var err error
-	if cfg.redis, err = redisTarget(fs, *f.redisURL, *f.redisCluster, *f.redisPassword); err != nil {
+	if cfg.redis, err = redisTarget(fs, *f.redisURL, *f.redisCluster, *f.redisSentinel, *f.redisPassword); err != nil {
 		return nil, err
 	}
 	if cfg.policyPath == "" {
@@ -303,29 +311,36 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	return cfg, nil
 }
 
-// redisTarget resolves the Redis flags of fs as parsed (url and cluster
-// with their environment defaults): a flag given beats the other form's
-// environment variable; both, or neither, is a usage error.
-func redisTarget(fs *flag.FlagSet, url, cluster, password string) (redisurl.Target, error) {
+// redisTarget resolves the Redis flags of fs as parsed (url, cluster and
+// sentinel with their environment defaults): a flag given beats the other
+// forms' environment variables; more than one form, or none, is a usage
+// error.
+func redisTarget(fs *flag.FlagSet, url, cluster, sentinel, password string) (redisurl.Target, error) {
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	switch {
-	case set["redis-cluster"] && !set["redis"]:
-		url = ""
-	case set["redis"] && !set["redis-cluster"]:
-		cluster = ""
+	forms := []struct {
+		flag string
+		val  *string
+	}{{"redis", &url}, {"redis-cluster", &cluster}, {"redis-sentinel", &sentinel}}
+	given := set["redis"] || set["redis-cluster"] || set["redis-sentinel"]
+	for _, f := range forms {
+		if given && !set[f.flag] {
+			*f.val = ""
+		}
 	}
-	if url == "" && cluster == "" {
-		return redisurl.Target{}, usagef("--redis (or REDIS_URL) or --redis-cluster (or REDIS_CLUSTER_ADDRS) is required, e.g. --redis redis://localhost:6379/0")
+	if url == "" && cluster == "" && sentinel == "" {
+		return redisurl.Target{}, usagef("--redis (or REDIS_URL), --redis-cluster (or REDIS_CLUSTER_ADDRS) or --redis-sentinel (or REDIS_SENTINEL) is required, e.g. --redis redis://localhost:6379/0")
 	}
-	if url != "" && cluster != "" {
-		return redisurl.Target{}, usagef("%v", redisurl.ErrBoth)
+	t, err := redisurl.ParseTarget(url, cluster, sentinel, password)
+	if errors.Is(err, redisurl.ErrBoth) {
+		return redisurl.Target{}, usagef("%v", err)
 	}
-	t, err := redisurl.ParseTarget(url, cluster, password)
 	if err != nil {
 		flagName := "--redis"
-		if cluster != "" {
-			flagName = "--redis-cluster"
+		for _, f := range forms {
+			if *f.val != "" {
+				flagName = "--" + f.flag
+			}
 		}
 		return redisurl.Target{}, usagef("%s: %v", flagName, err)
 	}
@@ -334,7 +349,7 @@ func redisTarget(fs *flag.FlagSet, url, cluster, password string) (redisurl.Targ
 
 // flagValues holds the flags' values as parsed.
 type flagValues struct {
-	redisURL, redisCluster, redisPassword                    *string
+	redisURL, redisCluster, redisSentinel, redisPassword     *string
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
 	concurrency, localShare                                  *int
 	strict, check, shadow                                    *bool
@@ -350,6 +365,7 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 	return fs, &flagValues{
 		redisURL:      fs.String("redis", getenv("REDIS_URL"), ""),
 		redisCluster:  fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), ""),
+		redisSentinel: fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), ""),
 		redisPassword: fs.String("redis-password", "", ""),
 		policy:        fs.String("policy", "", ""),
 		concurrency:   fs.Int("concurrency", 10, ""),

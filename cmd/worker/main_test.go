@@ -156,8 +156,10 @@ func TestBadFlags(t *testing.T) {
 		env  string // REDIS_URL
 		want string
 	}{
-		{[]string{"--policy", policy}, "", "--redis (or REDIS_URL) or --redis-cluster (or REDIS_CLUSTER_ADDRS) is required"},
-		{[]string{"--policy", policy, "--redis", "a:1", "--redis-cluster", "b:1,c:1"}, "", "worker: a single Redis (--redis, REDIS_URL) and a cluster (--redis-cluster, REDIS_CLUSTER_ADDRS) are exclusive"},
+		{[]string{"--policy", policy}, "", "--redis (or REDIS_URL), --redis-cluster (or REDIS_CLUSTER_ADDRS) or --redis-sentinel (or REDIS_SENTINEL) is required"},
+		{[]string{"--policy", policy, "--redis", "a:1", "--redis-cluster", "b:1,c:1"}, "", "are exclusive; give one"},
+		{[]string{"--policy", policy, "--redis-sentinel", "m@a:1", "--redis-cluster", "b:1,c:1"}, "", "are exclusive; give one"},
+		{[]string{"--policy", policy, "--redis-sentinel", "a:1"}, "", "--redis-sentinel: no primary name before @"},
 		{[]string{"--policy", policy, "--redis-cluster", "b:1,,c:1"}, "", "--redis-cluster: want host:port,host:port,..."},
 		{[]string{"--policy", policy, "--redis-cluster", "b:1,c:0"}, "", `--redis-cluster: node "c:0": port must be a number`},
 		{[]string{"--policy", policy, "--redis-cluster", "redis://:hunter2@b:x?addr=c:1"}, "", "--redis-cluster: not a valid Redis Cluster URL"},

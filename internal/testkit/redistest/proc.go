@@ -67,7 +67,8 @@ func baseArgs(port int, dir, logPath string) []string {
 }
 
 // launch starts redis-server on port with its working directory dir and
-// waits until it answers. On failure the process is gone when launch returns.
+// waits until it answers. extra may start with a configuration file's path
+// (a name ending in .conf), which is then passed first. On failure the process is gone when launch returns.
 func launch(port int, dir string, extra []string) (*proc, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -79,6 +80,10 @@ func launch(port int, dir string, extra []string) (*proc, error) {
 		off = fi.Size()
 	}
 	args := append(baseArgs(port, dir, logPath), extra...)
+	if len(extra) > 0 && strings.HasSuffix(extra[0], ".conf") {
+		// A configuration file must come first (a sentinel's does).
+		args = append(append([]string{extra[0]}, baseArgs(port, dir, logPath)...), extra[1:]...)
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	cmd.SysProcAttr = sysProcAttr()

@@ -307,3 +307,16 @@ func TestLaunchDetectsPortInUse(t *testing.T) {
 		t.Fatalf("launch on a port served by another redis: %v", err)
 	}
 }
+
+// TestSentinel: two sentinels watch a primary; a failover client finds it
+// through them and writes to it.
+func TestSentinel(t *testing.T) {
+	s := StartSentinel(t, 2)
+	c := s.Client(t)
+	if err := c.Set(t.Context(), "k", "v", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Primary.Client(t).Get(t.Context(), "k").Val(); got != "v" {
+		t.Fatalf("the primary holds %q", got)
+	}
+}

@@ -1,6 +1,7 @@
 // Package redisurl parses the Redis the binaries take (--redis, REDIS_URL;
-// --redis-cluster, REDIS_CLUSTER_ADDRS; --redis-password) into go-redis
-// options and clients, with errors that never repeat a password.
+// --redis-cluster, REDIS_CLUSTER_ADDRS; --redis-sentinel, REDIS_SENTINEL;
+// --redis-password) into go-redis options and clients, with errors that
+// never repeat a password.
 //
 // Application code of the binaries, imported by cmd/enqueue and cmd/worker.
 package redisurl
@@ -45,29 +46,51 @@ func Parse(s string) (*redis.Options, error) {
 	return &redis.Options{Network: "tcp", Addr: net.JoinHostPort(host, port)}, nil
 }
 
-// ErrBoth is ParseTarget's error when both a single Redis and a cluster
-// are given.
-var ErrBoth = errors.New("a single Redis (--redis, REDIS_URL) and a cluster (--redis-cluster, REDIS_CLUSTER_ADDRS) are exclusive; give one")
+// ErrBoth is ParseTarget's error when more than one of a single Redis, a
+// cluster and a sentinel-managed primary are given.
+var ErrBoth = errors.New("a single Redis (--redis, REDIS_URL), a cluster (--redis-cluster, REDIS_CLUSTER_ADDRS) and a Sentinel-managed primary (--redis-sentinel, REDIS_SENTINEL) are exclusive; give one")
 
-// Target is the Redis the binaries use: one server (--redis) or a Redis
-// Cluster (--redis-cluster). The zero value is not a target; build one
-// with ParseTarget.
+// Target is the Redis the binaries use: one server (--redis), a Redis
+// Cluster (--redis-cluster) or the primary Sentinel names
+// (--redis-sentinel). The zero value is not a target; build one with
+// ParseTarget.
 type Target struct {
-	single  *redis.Options
-	cluster *redis.ClusterOptions
+	single   *redis.Options
+	cluster  *redis.ClusterOptions
+	sentinel *redis.FailoverOptions
 }
 
 // ParseTarget reads the binaries' Redis flags: url as Parse reads it (one
-// server), or cluster, the seed nodes of a Redis Cluster as a
+// server); or cluster, the seed nodes of a Redis Cluster as a
 // comma-separated host:port list or a go-redis cluster URL
 // (redis://[[user]:password@]host:port?addr=host:port&addr=..., rediss://
-// for TLS; see redis.ParseClusterURL). Exactly one of them must be set.
-// password, if set, replaces the password of either form (for a list of
-// nodes, the only way to give one). Its errors never repeat a password.
-func ParseTarget(url, cluster, password string) (Target, error) {
+// for TLS; see redis.ParseClusterURL); or sentinel, a primary found
+// through Redis Sentinel as MASTER@host:port,host:port,... (the
+// sentinels) or a go-redis failover URL
+// (redis://[[user]:password@]host:port?master_name=MASTER&addr=host:port,
+// whose user and password are the sentinels'; see redis.ParseFailoverURL).
+// Exactly one of them must be set. password, if set, replaces the password
+// of the server, the cluster's nodes or the primary (for a list of nodes,
+// the only way to give one). Its errors never repeat a password.
+func ParseTarget(url, cluster, sentinel, password string) (Target, error) {
+	n := 0
+	for _, s := range []string{url, cluster, sentinel} {
+		if s != "" {
+			n++
+		}
+	}
 	switch {
-	case url != "" && cluster != "":
+	case n > 1:
 		return Target{}, ErrBoth
+	case sentinel != "":
+		fo, err := parseSentinel(sentinel)
+		if err != nil {
+			return Target{}, err
+		}
+		if password != "" {
+			fo.Password = password
+		}
+		return Target{sentinel: fo}, nil
 	case cluster != "":
 		co, err := parseCluster(cluster)
 		if err != nil {
@@ -114,6 +137,38 @@ func parseCluster(s string) (*redis.ClusterOptions, error) {
 	return co, nil
 }
 
+// parseSentinel reads a primary's name and its sentinels.
+func parseSentinel(s string) (*redis.FailoverOptions, error) {
+	const want = "want MASTER@host:port,host:port,... or redis://[[user]:password@]host:port?master_name=MASTER&addr=host:port"
+	if strings.Contains(s, "://") {
+		fo, err := redis.ParseFailoverURL(s)
+		if err != nil {
+			return nil, fmt.Errorf("not a valid Redis Sentinel URL (%v); %s", bare(err), want)
+		}
+		if fo.MasterName == "" {
+			return nil, fmt.Errorf("the URL names no primary (master_name=...); %s", want)
+		}
+		return fo, nil
+	}
+	master, nodes, ok := strings.Cut(s, "@")
+	if !ok || strings.TrimSpace(master) == "" {
+		return nil, fmt.Errorf("no primary name before @; %s", want)
+	}
+	fo := &redis.FailoverOptions{MasterName: strings.TrimSpace(master)}
+	for _, node := range strings.Split(nodes, ",") {
+		node = strings.TrimSpace(node)
+		if node == "" || strings.Contains(node, "://") {
+			return nil, fmt.Errorf("an empty or URL entry among the sentinels; %s", want)
+		}
+		o, err := Parse(node)
+		if err != nil {
+			return nil, fmt.Errorf("sentinel %q: %v", node, err)
+		}
+		fo.SentinelAddrs = append(fo.SentinelAddrs, o.Addr)
+	}
+	return fo, nil
+}
+
 // Cluster reports whether t is a Redis Cluster.
 func (t Target) Cluster() bool { return t.cluster != nil }
 
@@ -122,14 +177,21 @@ func (t Target) TLS() bool {
 	if t.cluster != nil {
 		return t.cluster.TLSConfig != nil
 	}
+	if t.sentinel != nil {
+		return t.sentinel.TLSConfig != nil
+	}
 	return t.single != nil && t.single.TLSConfig != nil
 }
 
 // String names t for logs and errors, without a password: the server's
-// address and database, or the cluster's seed nodes.
+// address and database, the cluster's seed nodes, or the primary's name,
+// its sentinels and database.
 func (t Target) String() string {
 	if t.cluster != nil {
 		return "cluster " + strings.Join(t.cluster.Addrs, ",")
+	}
+	if t.sentinel != nil {
+		return fmt.Sprintf("sentinel %s@%s db %d", t.sentinel.MasterName, strings.Join(t.sentinel.SentinelAddrs, ","), t.sentinel.DB)
 	}
 	if t.single == nil {
 		return "no Redis"
@@ -144,6 +206,11 @@ func (t Target) Client(pool int) redis.UniversalClient {
 		co := *t.cluster
 		co.PoolSize = max(co.PoolSize, pool)
 		return redis.NewClusterClient(&co)
+	}
+	if t.sentinel != nil {
+		fo := *t.sentinel
+		fo.PoolSize = max(fo.PoolSize, pool)
+		return redis.NewFailoverClient(&fo)
 	}
 	o := *t.single
 	o.PoolSize = max(o.PoolSize, pool)
