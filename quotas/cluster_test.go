@@ -2,6 +2,7 @@ package quotas
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -221,4 +222,31 @@ func FuzzKeys(f *testing.F) {
 		checkKeys(t, l, a, seen)
 		checkKeys(t, l, b, seen)
 	})
+}
+
+// TestClusterReserveNow: on the servers' own clocks (no explicit now), a
+// Reserve of a set spanning slots that every slot admits at once is
+// booked now, in one round. Each slot reads its own TIME, microseconds
+// apart, so "every slot booked the same moment" never held for an
+// immediate admission: the rounds chased each other's clocks and the
+// request was refused with a wait of a few microseconds, again and again
+// (a task starved forever on an idle cluster). 50 such reserves in a row
+// must all be admitted at once.
+func TestClusterReserveNow(t *testing.T) {
+	c := redistest.Cluster(t)
+	l, _ := New(Config{Client: c, Prefix: redistest.Prefix(t)})
+	set := mustSet(
+		Rule{Name: "peak", Limit: GCRA(gcra.Limit{Rate: 1000, Period: time.Second, Burst: 100})},
+		Rule{Name: "business", Limit: GCRA(gcra.Limit{Rate: 1, Period: time.Second, Burst: 1})},
+	)
+	for i := 0; i < 50; i++ {
+		req := Request{Keys: []string{"", fmt.Sprintf("b%d", i)}}
+		if calls, _ := l.bind(set, req, false); len(l.groups(calls)) != 2 {
+			t.Fatal("the set does not span two slots")
+		}
+		d, err := l.Reserve(context.Background(), set, req, time.Hour)
+		if err != nil || !d.Allowed || d.Delay > time.Millisecond {
+			t.Fatalf("reserve %d on an idle cluster: %+v %v", i, d, err)
+		}
+	}
 }

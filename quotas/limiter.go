@@ -315,6 +315,7 @@ const (
 	opStatus
 	opBlock
 	opHeld
+	opEarliest // a reserve's moment, nothing charged (Cluster)
 )
 
 // timing is what every script call of one request shares.
@@ -656,15 +657,69 @@ func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horiz
 	}
 	p := params{op: op, req: req, n: max(req.Cost, 1), horizon: horizon}
 	gs := l.groups(calls)
-	// On a sharded Redis a reservation may take a few rounds: each slot
-	// books its own earliest moment; if they differ, the bookings are undone
-	// and every slot books again no earlier than the latest of them.
-	rounds := 1
 	if op == opReserve && len(gs) > 1 {
-		rounds = 4
+		return l.reserveAcross(ctx, s, gs, p)
 	}
+	if s.named {
+		p.nonce = newNonce()
+	}
+	rs, err := l.run(ctx, gs, p)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := l.assemble(s, gs, rs, p)
+	if len(gs) == 1 || d.Allowed {
+		return d, nil
+	}
+	// Undo what some slots charged, and report the state after that.
+	return l.undone(ctx, s, gs, rs, p, d)
+}
+
+// undone refunds what the admitting groups of a denied decision d
+// charged and returns d, denied, with their state after that.
+func (l *Limiter) undone(ctx context.Context, s *Set, gs [][]call, rs []reply, p params, d Decision) (Decision, error) {
+	charged, undone, err := l.undo(ctx, gs, rs, p)
+	for gi, g := range charged {
+		for j, c := range g {
+			d.Rules[c.i] = status(s, c, undone[gi].rules[j])
+		}
+	}
+	return d.denied(), err
+}
+
+// reserveAcross books a set whose keys span slots: the slots first agree,
+// without charging anything, on the earliest moment every one of them
+// admits (each answers the earliest moment from the latest one asked, until
+// all answer the same, or all admit at once, which on their own clocks are
+// moments microseconds apart); then every slot books that moment. A slot
+// that books another (another request took the moment in between) has the
+// bookings undone, and the agreement starts again from there. An
+// agreement that takes too many rounds is a refusal with the wait until
+// the latest moment asked, as is one beyond the horizon.
+func (l *Limiter) reserveAcross(ctx context.Context, s *Set, gs [][]call, p params) (Decision, error) {
+	const rounds, attempts = 16, 4
 	var d Decision
-	for round := 0; round < rounds; round++ {
+	for attempt := 0; attempt < attempts; attempt++ {
+		dry := p
+		dry.op = opEarliest
+		agreed := false
+		for round := 0; round < rounds && !agreed; round++ {
+			rs, err := l.run(ctx, gs, dry)
+			if err != nil {
+				return Decision{}, err
+			}
+			if d = l.assemble(s, gs, rs, dry); !d.Allowed {
+				return d, nil
+			}
+			agreed = together(rs)
+			for _, r := range rs {
+				dry.notBefore = max(dry.notBefore, r.at)
+			}
+		}
+		p.notBefore = dry.notBefore
+		if !agreed {
+			break
+		}
 		if s.named {
 			p.nonce = newNonce()
 		}
@@ -673,28 +728,30 @@ func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horiz
 			return Decision{}, err
 		}
 		d = l.assemble(s, gs, rs, p)
-		agreed := true
-		for _, r := range rs {
-			agreed = agreed && r.at == rs[0].at
-			p.notBefore = max(p.notBefore, r.at)
-		}
-		if len(gs) == 1 || d.Allowed && (op == opAllow || agreed) {
+		if d.Allowed && together(rs) {
 			return d, nil
 		}
-		// Undo what some slots charged, and report the state after that.
-		charged, undone, err := l.undo(ctx, gs, rs, p)
-		for gi, g := range charged {
-			for j, c := range g {
-				d.Rules[c.i] = status(s, c, undone[gi].rules[j])
-			}
+		for _, r := range rs {
+			p.notBefore = max(p.notBefore, r.at)
 		}
-		if err != nil || !d.Allowed {
-			return d.denied(), err
+		if d, err = l.undone(ctx, s, gs, rs, p, d); err != nil || d.Rule != "" {
+			return d, err // denied by a rule, not by disagreement
 		}
 	}
 	d = d.denied()
-	d.RetryAfter, d.Rule = time.Duration(p.notBefore-d.Now.UnixMicro())*time.Microsecond, ""
+	d.RetryAfter, d.Rule = time.Duration(max(p.notBefore, 0)-d.Now.UnixMicro())*time.Microsecond, ""
 	return d, nil
+}
+
+// together reports whether the groups' replies name one moment: the same,
+// or each group's own present (all admit at once).
+func together(rs []reply) bool {
+	same, now := true, true
+	for _, r := range rs {
+		same = same && r.at == rs[0].at
+		now = now && r.at <= r.now
+	}
+	return same || now
 }
 
 // assemble merges the groups' replies into one Decision. Now is the time of

@@ -13,7 +13,9 @@
 --          tokens hash, each then followed by the rule's block key (a
 --          string: until when a Block holds it, µs)
 -- ARGV[1]  number of requests; then per request, from its first argument:
---   +1     op: 0 allow, 1 reserve, 2 refund, 3 status, 4 block, 5 held
+--   +1     op: 0 allow, 1 reserve, 2 refund, 3 status, 4 block, 5 held,
+--          6 earliest: the moment a reserve would book, nothing charged
+--          (the Cluster path agrees on one moment across slots with it)
 --   +2     explicit now in microseconds, or -1 for the server's TIME (read
 --          for each request: each is decided at its own time)
 --   +3     TTL floor in milliseconds (0 in production)
@@ -190,6 +192,8 @@ end
 -- the next request.
 local function decide(k0, a0)
   local op = tonumber(ARGV[a0 + 1])
+  local dry = op == 6
+  if dry then op = 1 end
   local now = gcra_now(ARGV[a0 + 2])
   local ttl_floor = tonumber(ARGV[a0 + 3])
   local n = tonumber(ARGV[a0 + 4])
@@ -245,7 +249,7 @@ local function decide(k0, a0)
   end
   -- An adaptive rule's interval is its learned rate's, for every op.
   for i = 1, nrules do
-    if rules[i].adapt then ad_load(rules[i], now, op == 0 or op == 1 or op == 4) end
+    if rules[i].adapt then ad_load(rules[i], now, not dry and (op == 0 or op == 1 or op == 4)) end
   end
   if op == 2 or op == 5 then
     for i = 1, nrules do
@@ -411,6 +415,10 @@ local function decide(k0, a0)
       if not deny then limit = t end
       local took = take_over(rules, nrules, fair, max(now, tonumber(ARGV[a0 + 9])), n, now, limit, critical, holder, g)
       if took then t, deny = took, false end
+    end
+    if dry and not deny then
+      -- The moment alone (a booking it would take over included).
+      return reply(rules, nrules, now, 1, t - now, 0, t), k, a - 1
     end
     if deny then
       return reply(rules, nrules, now, 0, deny[1], deny[2], now), k, a - 1

@@ -152,6 +152,7 @@ type options struct {
 	redisCluster              string
 	redisSentinel             string
 	redisPassword             string
+	redisTLS                  bool
 	cron, tz, name, keyPrefix string
 	simulate                  bool
 	sim                       simulate.Spec
@@ -210,6 +211,7 @@ func parse(args []string, env stdio) (*options, error) {
 	fs.StringVar(&o.redisCluster, "redis-cluster", "", "a Redis Cluster instead: seed `NODES` host:port,host:port,... or a redis:// cluster URL with addr= parameters; default $REDIS_CLUSTER_ADDRS")
 	fs.StringVar(&o.redisSentinel, "redis-sentinel", "", "a Sentinel-managed primary instead: `MASTER@NODES` (the sentinels, host:port,...) or a redis:// failover URL with master_name=; default $REDIS_SENTINEL")
 	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis `password` (the primary's, for a sentinel), replacing any in the URL (never printed)")
+	fs.BoolVar(&o.redisTLS, "redis-tls", false, "reach Redis over TLS (for host:port and node lists; rediss:// says so itself)")
 	fs.StringVar(&o.spec.Type, "type", campaign.DefaultType, "task `type`")
 	fs.StringVar(&o.spec.URL, "url", "", "the `URL` each generated http:call payload calls")
 	fs.IntVar(&count, "count", 0, "`N` tasks to enqueue")
@@ -396,7 +398,7 @@ func parse(args []string, env stdio) (*options, error) {
 
 // parseSimulate checks the flags of --simulate, which enqueues nothing.
 func parseSimulate(o *options, vendor string, set map[string]bool) (*options, error) {
-	for _, f := range []string{"redis", "redis-cluster", "redis-sentinel", "redis-password", "url", "count", "businesses", "max-retry", "parallel", "cron", "tz", "campaign", "key-prefix", "dry-run", "task-duration", "start"} {
+	for _, f := range []string{"redis", "redis-cluster", "redis-sentinel", "redis-password", "redis-tls", "url", "count", "businesses", "max-retry", "parallel", "cron", "tz", "campaign", "key-prefix", "dry-run", "task-duration", "start"} {
 		if set[f] {
 			return nil, usagef("--%s: not used with --simulate", f)
 		}
@@ -506,6 +508,9 @@ func connect(ctx context.Context, o *options, pool int) (redis.UniversalClient, 
 			i = 1
 		}
 		return nil, usagef("%s: %v", name[i], err)
+	}
+	if o.redisTLS {
+		target = target.WithTLS()
 	}
 	rdb := target.Client(pool)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -33,7 +33,7 @@ the policy file for the same rule and key. Workers whose policy has no such
 keyed rule, or a rule of another kind, skip it with a warning.
 
 Flags (before or after the arguments):
-  --redis URL, --redis-cluster NODES, --redis-sentinel M@NODES, --redis-password P
+  --redis URL, --redis-cluster NODES, --redis-sentinel M@NODES, --redis-password P, --redis-tls
                  the workers' Redis, as for the worker (defaults $REDIS_URL,
                  $REDIS_CLUSTER_ADDRS, $REDIS_SENTINEL)
   --prefix S     the workers' --prefix. Default "taskrl:".
@@ -53,6 +53,7 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 	cluster := fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), "")
 	sentinel := fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), "")
 	password := fs.String("redis-password", "", "")
+	useTLS := fs.Bool("redis-tls", false, "")
 	prefix := fs.String("prefix", "taskrl:", "")
 	policyPath := fs.String("policy", "", "")
 	usage := func(format string, a ...any) int {
@@ -99,7 +100,7 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 			return usage("LIMIT %q: %v", pos[3], strings.TrimPrefix(err.Error(), "policy: "))
 		}
 	}
-	target, err := redisTarget(fs, *url, *cluster, *sentinel, *password)
+	target, err := redisTarget(fs, *url, *cluster, *sentinel, *password, *useTLS)
 	if err != nil {
 		return usage("%v", err)
 	}

@@ -71,6 +71,8 @@ Flags (--name and -name are the same; values as --name=V or --name V):
                            given beats the other forms' environment variables).
   --redis-password P       the Redis password (the primary's, for a sentinel), replacing any in the
                            URL (for a list of nodes, the only way to give one). Never printed.
+  --redis-tls              reach Redis over TLS, verifying its certificate against the system's roots
+                           (for host:port and node lists; a rediss:// URL says so itself).
   --policy FILE            policy file (YAML; see the README's policy file reference). Required.
                            A file that is wrong in any way is refused before anything connects,
                            naming line, rule and field. While running, the worker reloads it on
@@ -257,7 +259,7 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		return cfg, nil
 	}
 	var err error
-	if cfg.redis, err = redisTarget(fs, *f.redisURL, *f.redisCluster, *f.redisSentinel, *f.redisPassword); err != nil {
+	if cfg.redis, err = redisTarget(fs, *f.redisURL, *f.redisCluster, *f.redisSentinel, *f.redisPassword, *f.redisTLS); err != nil {
 		return nil, err
 	}
 	if cfg.policyPath == "" {
@@ -315,7 +317,7 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 // sentinel with their environment defaults): a flag given beats the other
 // forms' environment variables; more than one form, or none, is a usage
 // error.
-func redisTarget(fs *flag.FlagSet, url, cluster, sentinel, password string) (redisurl.Target, error) {
+func redisTarget(fs *flag.FlagSet, url, cluster, sentinel, password string, useTLS bool) (redisurl.Target, error) {
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	forms := []struct {
@@ -344,6 +346,9 @@ func redisTarget(fs *flag.FlagSet, url, cluster, sentinel, password string) (red
 		}
 		return redisurl.Target{}, usagef("%s: %v", flagName, err)
 	}
+	if useTLS {
+		t = t.WithTLS()
+	}
 	return t, nil
 }
 
@@ -352,7 +357,7 @@ type flagValues struct {
 	redisURL, redisCluster, redisSentinel, redisPassword     *string
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
 	concurrency, localShare                                  *int
-	strict, check, shadow                                    *bool
+	strict, check, shadow, redisTLS                          *bool
 	shutdown, maxHold, budget, httpTimeout                   *time.Duration
 }
 
@@ -367,6 +372,7 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 		redisCluster:  fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), ""),
 		redisSentinel: fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), ""),
 		redisPassword: fs.String("redis-password", "", ""),
+		redisTLS:      fs.Bool("redis-tls", false, ""),
 		policy:        fs.String("policy", "", ""),
 		concurrency:   fs.Int("concurrency", 10, ""),
 		queues:        fs.String("queues", "default=1", ""),

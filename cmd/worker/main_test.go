@@ -140,6 +140,14 @@ func TestParseFlags(t *testing.T) {
 	if err != nil || cfg.redis.String() != "cluster n1:7000,n2:7000" || !cfg.redis.TLS() {
 		t.Errorf("cluster URL: %v, %v", cfg, err)
 	}
+	cfg, err = parseFlags([]string{"--policy", "p", "--redis-sentinel", "m@s1:26379,s2:26379", "--redis-tls"}, noEnv)
+	if err != nil || cfg.redis.String() != "sentinel m@s1:26379,s2:26379 db 0" || !cfg.redis.TLS() {
+		t.Errorf("--redis-sentinel --redis-tls: %v, %v", cfg, err)
+	}
+	cfg, err = parseFlags([]string{"--policy", "p"}, func(k string) string { return map[string]string{"REDIS_SENTINEL": "m@s1:26379"}[k] })
+	if err != nil || cfg.redis.String() != "sentinel m@s1:26379 db 0" || cfg.redis.TLS() {
+		t.Errorf("REDIS_SENTINEL: %v, %v", cfg, err)
+	}
 	for in, want := range map[string]string{"localhost": "localhost:6379", "::1": "[::1]:6379", "[::1]:7001": "[::1]:7001", ":6390": "localhost:6390"} {
 		cfg, err := parseFlags([]string{"--policy", "p", "--redis", in}, noEnv)
 		if err != nil || cfg.redis.String() != want+" db 0" {

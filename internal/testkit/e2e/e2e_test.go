@@ -696,11 +696,12 @@ func TestNoHeadOfLineBlocking(t *testing.T) {
 // workers, the policy of TestBinaries (global rate, 10 s window,
 // per-business rate and concurrency, whose keys live in different slots),
 // 60 tasks over 6 businesses with MaxRetry(0). The API must see zero 429s
-// and every call exactly once; asynq must have archived none. Speed is
-// logged, not asserted: sets whose keys span slots are slow on a cluster
-// (docs/design.md, section 3.4).
+// and every call exactly once; asynq must have archived none; the run must
+// finish within 3x of the time the limits allow (measured 1.3-1.7x; sets
+// whose keys span slots agree on a moment in extra round trips,
+// docs/design.md section 3.4; before they agreed without charging, 3-13x).
 func TestBinariesOnCluster(t *testing.T) {
-	onTopology(t, cluster, `redis="cluster `, 0)
+	onTopology(t, cluster, `redis="cluster `, 3)
 }
 
 // TestBinariesOnSentinel is TestBinariesOnCluster on a primary that two
@@ -712,8 +713,8 @@ func TestBinariesOnSentinel(t *testing.T) {
 }
 
 // onTopology runs TestBinariesOnCluster's tasks on topo; the workers must
-// log started, and, when within is set, the run finish within that many
-// times the time the limits allow.
+// log started, and the run finish within that many times the time the
+// limits allow.
 func onTopology(t *testing.T, topo topology, started string, within float64) {
 	const n, businesses = 60, 6
 	r := startOn(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness, Quota: fakeapi.Quota{Limit: 150, Every: 10 * time.Second}}, policy, 3, topo)
@@ -732,7 +733,7 @@ func onTopology(t *testing.T, topo topology, started string, within float64) {
 		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", n, st.Calls, st.DistinctKeys)
 	}
 	checkCalls(t, st)
-	if within > 0 && float64(took) > within*float64(best) {
+	if float64(took) > within*float64(best) {
 		t.Errorf("took %v, more than %.2fx the %v the limits allow", took, within, best)
 	}
 	info, err := r.insp.GetQueueInfo(r.queue)

@@ -7,6 +7,7 @@
 package redisurl
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -167,6 +168,29 @@ func parseSentinel(s string) (*redis.FailoverOptions, error) {
 		fo.SentinelAddrs = append(fo.SentinelAddrs, o.Addr)
 	}
 	return fo, nil
+}
+
+// WithTLS returns t reached over TLS (--redis-tls): for the forms that
+// cannot say so themselves, a host:port or a list of nodes. Certificates
+// are verified against the system's roots, with the name each node is
+// dialled by. A target that already uses TLS (rediss://) is unchanged.
+func (t Target) WithTLS() Target {
+	cfg := func() *tls.Config { return &tls.Config{MinVersion: tls.VersionTLS12} }
+	switch {
+	case t.cluster != nil && t.cluster.TLSConfig == nil:
+		co := *t.cluster
+		co.TLSConfig = cfg()
+		t.cluster = &co
+	case t.sentinel != nil && t.sentinel.TLSConfig == nil:
+		fo := *t.sentinel
+		fo.TLSConfig = cfg()
+		t.sentinel = &fo
+	case t.single != nil && t.single.TLSConfig == nil && t.single.Network != "unix":
+		o := *t.single
+		o.TLSConfig = cfg()
+		t.single = &o
+	}
+	return t
 }
 
 // Cluster reports whether t is a Redis Cluster.

@@ -87,6 +87,16 @@ func TestParseTarget(t *testing.T) {
 			t.Errorf("ParseTarget(%q, %q, %q): %v", c[0], c[1], c[2], err)
 		}
 	}
+	// --redis-tls for every form; a rediss:// URL keeps its own.
+	for _, f := range [][3]string{{"a:1", "", ""}, {"", "a:1,b:1", ""}, {"", "", "m@a:1"}, {"rediss://a:1", "", ""}} {
+		tg, err := ParseTarget(f[0], f[1], f[2], "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tls := tg.WithTLS(); !tls.TLS() || (f[0] == "a:1" && tg.TLS()) {
+			t.Errorf("%q: TLS %v after WithTLS, %v before", f, tls.TLS(), tg.TLS())
+		}
+	}
 	// A cluster client for a cluster, a failover client for a sentinel, a
 	// single client otherwise.
 	tg, _ := ParseTarget("", "a:1,b:1", "", "")
