@@ -98,6 +98,7 @@ import (
 	"github.com/taskrl/taskrl/internal/tools/estimate"
 	"github.com/taskrl/taskrl/internal/tools/redisurl"
 	"github.com/taskrl/taskrl/internal/tools/simulate"
+	"github.com/taskrl/taskrl/internal/tools/version"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -200,18 +201,20 @@ func parse(args []string, env stdio) (*options, error) {
 	// Parse errors are reported by run, once; -h prints the usage on stdout.
 	fs.SetOutput(io.Discard)
 	var (
-		o          options
-		count      int
-		businesses int
-		maxRetry   optInt
-		start      string
-		vendor     string
+		o           options
+		count       int
+		businesses  int
+		maxRetry    optInt
+		start       string
+		vendor      string
+		showVersion bool
 	)
 	fs.StringVar(&o.redis, "redis", "", "Redis `URL` (redis://, rediss:// or host:port); default $REDIS_URL, then "+defaultRedis)
 	fs.StringVar(&o.redisCluster, "redis-cluster", "", "a Redis Cluster instead: seed `NODES` host:port,host:port,... or a redis:// cluster URL with addr= parameters; default $REDIS_CLUSTER_ADDRS")
 	fs.StringVar(&o.redisSentinel, "redis-sentinel", "", "a Sentinel-managed primary instead: `MASTER@NODES` (the sentinels, host:port,...) or a redis:// failover URL with master_name=; default $REDIS_SENTINEL")
 	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis `password` (the primary's, for a sentinel), replacing any in the URL (never printed)")
 	fs.BoolVar(&o.redisTLS, "redis-tls", false, "reach Redis over TLS (for host:port and node lists; rediss:// says so itself)")
+	fs.BoolVar(&showVersion, "version", false, "print the version (module version, commit, Go version) and exit")
 	fs.StringVar(&o.spec.Type, "type", campaign.DefaultType, "task `type`")
 	fs.StringVar(&o.spec.URL, "url", "", "the `URL` each generated http:call payload calls")
 	fs.IntVar(&count, "count", 0, "`N` tasks to enqueue")
@@ -254,6 +257,10 @@ func parse(args []string, env stdio) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, usagef("unexpected argument %q (flags only)", fs.Arg(0))
+	}
+	if showVersion {
+		fmt.Fprintln(env.stdout, version.String("enqueue"))
+		return nil, flag.ErrHelp // done: exit 0
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

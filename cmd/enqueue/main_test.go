@@ -223,6 +223,9 @@ func TestUsageErrors(t *testing.T) {
 			t.Errorf("%q: the password appears in the output: %q", args, out+errOut)
 		}
 	}
+	if code, out, _ := enqueue(context.Background(), nil, "--version"); code != 0 || !strings.HasPrefix(out, "enqueue taskrl ") {
+		t.Errorf("--version: exit %d, %q", code, out)
+	}
 	// -h prints the usage on stdout and succeeds.
 	if code, out, _ := enqueue(context.Background(), nil, "-h"); code != 0 || !strings.Contains(out, "usage: enqueue --redis URL --type TYPE --url URL --count N") {
 		t.Errorf("-h: exit %d, %q", code, out)

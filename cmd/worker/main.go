@@ -33,6 +33,7 @@ import (
 
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/tools/redisurl"
+	"github.com/taskrl/taskrl/internal/tools/version"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -107,6 +108,7 @@ Flags (--name and -name are the same; values as --name=V or --name V):
                            Default 30s.
   --log-format text|json   log format on stderr. Default text.
   --log-level LEVEL        debug, info, warn or error. Default info.
+  --version                print the version (module version, commit, Go version) and exit.
   -h, --help               print this help and exit.
 
 Durations are Go durations: 500ms, 30s, 5m.
@@ -138,6 +140,9 @@ type config struct {
 	shadow          bool   // --shadow: decide every rule, enforce none
 	policyData      []byte // the policy file as read at start
 }
+
+// errVersion is parseFlags' answer to --version.
+var errVersion = errors.New("version asked")
 
 // usageError is a command line that cannot be run; cli prints it with a
 // hint and exits with status 2.
@@ -183,6 +188,10 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 	cfg, err := parseFlags(args, getenv)
 	if errors.Is(err, flag.ErrHelp) {
 		io.WriteString(stdout, usageText)
+		return exitOK
+	}
+	if errors.Is(err, errVersion) {
+		fmt.Fprintln(stdout, version.String("worker"))
 		return exitOK
 	}
 	if err != nil {
@@ -236,6 +245,9 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, usagef("unexpected argument %q (every option is a --flag)", fs.Arg(0))
+	}
+	if *f.version {
+		return nil, errVersion
 	}
 	cfg := &config{
 		policyPath:      *f.policy,
@@ -357,7 +369,7 @@ type flagValues struct {
 	redisURL, redisCluster, redisSentinel, redisPassword     *string
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
 	concurrency, localShare                                  *int
-	strict, check, shadow, redisTLS                          *bool
+	strict, check, shadow, redisTLS, version                 *bool
 	shutdown, maxHold, budget, httpTimeout                   *time.Duration
 }
 
@@ -379,6 +391,7 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 		strict:        fs.Bool("strict-priority", false, ""),
 		check:         fs.Bool("check", false, ""),
 		shadow:        fs.Bool("shadow", false, ""),
+		version:       fs.Bool("version", false, ""),
 		metricsAddr:   fs.String("metrics-addr", "", ""),
 		shutdown:      fs.Duration("shutdown-timeout", 30*time.Second, ""),
 		maxHold:       fs.Duration("max-hold", 500*time.Millisecond, ""),

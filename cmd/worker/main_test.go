@@ -231,6 +231,10 @@ func TestHelp(t *testing.T) {
 			t.Errorf("%s printed %q, want the usage text", arg, stdout.String())
 		}
 	}
+	var stdout, stderr bytes.Buffer
+	if code := cli(context.Background(), []string{"--version"}, noEnv, &stdout, &stderr); code != exitOK || !strings.HasPrefix(stdout.String(), "worker taskrl ") {
+		t.Errorf("--version: exit %d, %q %q", code, stdout.String(), stderr.String())
+	}
 	// Every flag is described, in its --name form.
 	fs, _ := newFlagSet(noEnv)
 	fs.VisitAll(func(f *flag.Flag) {

@@ -29,8 +29,9 @@ type reloader struct {
 	path   string
 	apply  func(*taskrl.Policy) error // the middleware's SetPolicy
 	logger *slog.Logger
-	result func(ok bool)    // counts a reload of the file; may be nil
-	store  *overrides.Store // the live overrides; nil: none
+	result func(ok bool)              // counts a reload of the file; may be nil
+	store  *overrides.Store           // the live overrides; nil: none
+	counts func(applied, skipped int) // reports the live overrides; may be nil
 
 	base    *taskrl.Policy    // the policy file's policy in force
 	seen    []byte            // the content last loaded or refused
@@ -83,7 +84,7 @@ func (r *reloader) pollLive(ctx context.Context) bool {
 
 // install applies the file's policy with the live overrides over it.
 func (r *reloader) install() error {
-	p := r.base
+	p, skipped := r.base, 0
 	for _, e := range r.live {
 		err := e.Err
 		if err == nil {
@@ -93,10 +94,17 @@ func (r *reloader) install() error {
 			}
 		}
 		if err != nil {
+			skipped++
 			r.logger.Warn("live override skipped", "rule", e.Rule, "key", e.Key, "limit", e.Spec, "err", strings.TrimPrefix(err.Error(), "policy: "))
 		}
 	}
-	return r.apply(p)
+	if err := r.apply(p); err != nil {
+		return err
+	}
+	if r.counts != nil {
+		r.counts(len(r.live)-skipped, skipped)
+	}
+	return nil
 }
 
 // check reloads the file if it changed since it was last seen, or always

@@ -173,3 +173,25 @@ func TestReloaderLive(t *testing.T) {
 	}
 	check()
 }
+
+// TestExamplePolicy: the sample policy the repository ships validates,
+// with its overrides and its shadow rule.
+func TestExamplePolicy(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := cli(context.Background(), []string{"--check", "--policy", "../../examples/policy.yaml"}, noEnv, &stdout, &stderr); code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	p, err := taskrl.LoadPolicyFile("../../examples/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shadow := 0
+	for _, r := range p.Rules() {
+		if r.Shadow {
+			shadow++
+		}
+	}
+	if len(p.Overrides()) != 2 || shadow != 1 || len(p.Critical()) != 1 || len(p.Throttle()) != 2 {
+		t.Errorf("overrides %v, %d shadow rules, critical %v, throttle %v", p.Overrides(), shadow, p.Critical(), p.Throttle())
+	}
+}

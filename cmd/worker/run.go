@@ -48,6 +48,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 	if err != nil {
 		return err
 	}
+	client.AddHook(m.RedisHook())
 
 	mw, err := taskrl.New(taskrl.Config{
 		Policy:         policy,
@@ -108,7 +109,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 	}
 
 	// The live overrides apply from the first task on.
-	rl := &reloader{path: cfg.policyPath, apply: mw.SetPolicy, logger: logger, result: m.PolicyReload,
+	rl := &reloader{path: cfg.policyPath, apply: mw.SetPolicy, logger: logger, result: m.PolicyReload, counts: m.Overrides,
 		store: overrides.New(client, cfg.prefix), base: policy, seen: cfg.policyData, version: -1}
 	rl.pollLive(ctx)
 	rctx, stopReload := context.WithCancel(ctx)

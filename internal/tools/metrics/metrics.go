@@ -4,7 +4,7 @@
 // Metrics (every label value is bounded: rule names come from the policy,
 // never from payloads, and entity keys are never a label):
 //
-//	taskrl_decisions_total{rule,outcome}        counter
+//	taskrl_decisions_total{rule,outcome,queue,type} counter
 //	    One per middleware event (admitted: once per run of a task a rule
 //	    governs; rescheduled: each time one is moved). outcome is a
 //	    taskrl.Outcome: admitted, rescheduled, refused, upstream_throttled,
@@ -12,7 +12,10 @@
 //	    worker --shadow) would_admit and would_wait, once per task. rule is
 //	    the rule that made the task wait or refused it, "none" when none did
 //	    (always "none" for upstream_throttled and paused: the block applies
-//	    to the task's rules in the policy's throttle scope). Redis errors are not decisions: see below.
+//	    to the task's rules in the policy's throttle scope).
+//	    queue and type are the task's; after 200 distinct (queue, type)
+//	    pairs, further ones count as queue="other", type="other". Redis
+//	    errors are not decisions: see below.
 //	taskrl_hold_seconds                          histogram
 //	    How long admitted tasks waited in the worker for their turn, zero
 //	    waits included: the le="0" bucket counts tasks admitted at once, so
@@ -44,6 +47,12 @@
 //	    Policy file reloads (SIGHUP or a change of the file): result "ok"
 //	    when the new policy took effect, "error" when it was refused (it
 //	    did not validate or could not be read) and the running one kept.
+//	taskrl_overrides{state}                      gauge
+//	    Live per-key overrides (worker limits) in force ("applied") and
+//	    skipped because the policy cannot take them ("skipped").
+//	taskrl_redis_roundtrip_seconds{call}         histogram
+//	    Round trips of the worker's Redis client, the limiter's and asynq's
+//	    alike, by call: "script" (EVALSHA, EVAL), "pipeline", "command".
 //	taskrl_http_calls_total{code}                counter
 //	    Requests sent by the http:call handler by result class: 2xx, 429,
 //	    4xx (other than 429), 5xx, other (an unfollowed 1xx/3xx or a status
@@ -56,7 +65,12 @@
 package metrics
 
 import (
+	"context"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -78,7 +92,15 @@ type Metrics struct {
 	ruleRate       *prometheus.GaugeVec
 	httpCalls      *prometheus.CounterVec
 	reloads        *prometheus.CounterVec
+	overrides      *prometheus.GaugeVec
+	roundTrip      *prometheus.HistogramVec
+
+	pairs sync.Map // "queue\x00type" -> struct{}, the label pairs in use
+	npair atomic.Int64
 }
+
+// maxPairs bounds the (queue, type) label pairs of the decision counter.
+const maxPairs = 200
 
 // New creates the metrics and registers them with reg (for example
 // prometheus.NewRegistry()). It fails when reg already holds metrics of the
@@ -88,7 +110,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "taskrl_decisions_total",
 			Help: "Middleware decisions by outcome and by the rule that made the task wait or refused it (\"none\" if none did).",
-		}, []string{"rule", "outcome"}),
+		}, []string{"rule", "outcome", "queue", "type"}),
 		hold: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "taskrl_hold_seconds",
 			Help:    "Time admitted tasks waited in the worker for their turn; the le=\"0\" bucket counts tasks admitted at once.",
@@ -125,12 +147,21 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "taskrl_http_calls_total",
 			Help: "Requests sent by the http:call handler by result class (2xx, 429, 4xx, 5xx, other, error).",
 		}, []string{"code"}),
+		overrides: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "taskrl_overrides",
+			Help: "Live per-key overrides applied, and skipped because the policy cannot take them.",
+		}, []string{"state"}),
+		roundTrip: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "taskrl_redis_roundtrip_seconds",
+			Help:    "Round trips of the worker's Redis client by call: script, pipeline, command.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}, []string{"call"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "taskrl_policy_reloads_total",
 			Help: "Policy file reloads by result: ok (in effect) or error (refused; the running policy was kept).",
 		}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls, m.reloads} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls, m.reloads, m.overrides, m.roundTrip} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -140,6 +171,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	m.reloads.WithLabelValues("ok")
 	m.reloads.WithLabelValues("error")
+	m.Overrides(0, 0)
+	for _, call := range []string{"script", "pipeline", "command"} {
+		m.roundTrip.WithLabelValues(call)
+	}
 	return m, nil
 }
 
@@ -154,7 +189,15 @@ func (m *Metrics) Observe(e taskrl.Event) {
 	if rule == "" {
 		rule = "none"
 	}
-	m.decisions.WithLabelValues(rule, string(e.Outcome)).Inc()
+	queue, typ := e.Queue, e.TaskType
+	if _, ok := m.pairs.Load(queue + "\x00" + typ); !ok {
+		if m.npair.Add(1) <= maxPairs {
+			m.pairs.Store(queue+"\x00"+typ, struct{}{})
+		} else {
+			queue, typ = "other", "other"
+		}
+	}
+	m.decisions.WithLabelValues(rule, string(e.Outcome), queue, typ).Inc()
 	switch e.Outcome {
 	case taskrl.Admitted:
 		m.hold.Observe(max(e.Wait, 0).Seconds())
@@ -189,4 +232,42 @@ func (m *Metrics) PolicyReload(ok bool) {
 		result = "ok"
 	}
 	m.reloads.WithLabelValues(result).Inc()
+}
+
+// Overrides sets the number of live overrides applied and skipped. Safe for
+// concurrent use.
+func (m *Metrics) Overrides(applied, skipped int) {
+	m.overrides.WithLabelValues("applied").Set(float64(applied))
+	m.overrides.WithLabelValues("skipped").Set(float64(skipped))
+}
+
+// RedisHook returns a go-redis hook that times every round trip of the
+// client it is added to in taskrl_redis_roundtrip_seconds.
+func (m *Metrics) RedisHook() redis.Hook { return roundTripHook{m.roundTrip} }
+
+type roundTripHook struct{ h *prometheus.HistogramVec }
+
+func (roundTripHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r roundTripHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmd)
+		call := "command"
+		switch cmd.Name() {
+		case "evalsha", "eval", "evalsha_ro", "eval_ro":
+			call = "script"
+		}
+		r.h.WithLabelValues(call).Observe(time.Since(start).Seconds())
+		return err
+	}
+}
+
+func (r roundTripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmds)
+		r.h.WithLabelValues("pipeline").Observe(time.Since(start).Seconds())
+		return err
+	}
 }

@@ -1,11 +1,20 @@
 package metrics
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -32,6 +41,8 @@ var documented = []string{
 	"taskrl_reschedule_delay_seconds",
 	"taskrl_upstream_throttle_seconds",
 	"taskrl_shadow_wait_seconds",
+	"taskrl_overrides",
+	"taskrl_redis_roundtrip_seconds",
 	"taskrl_redis_errors_total",
 	"taskrl_quota_remaining",
 	"taskrl_rule_rate",
@@ -41,7 +52,7 @@ var documented = []string{
 
 func TestDecisions(t *testing.T) {
 	m, reg := newMetrics(t)
-	m.Observe(taskrl.Event{Outcome: taskrl.Admitted})
+	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Queue: "bulk", TaskType: "http:call"})
 	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Wait: 20 * time.Millisecond})
 	m.Observe(taskrl.Event{Outcome: taskrl.Rescheduled, Wait: 3 * time.Second})
 	m.Observe(taskrl.Event{Outcome: taskrl.Rescheduled, Rule: "daily", Wait: time.Hour})
@@ -54,18 +65,38 @@ func TestDecisions(t *testing.T) {
 	want := `
 # HELP taskrl_decisions_total Middleware decisions by outcome and by the rule that made the task wait or refused it ("none" if none did).
 # TYPE taskrl_decisions_total counter
-taskrl_decisions_total{outcome="admitted",rule="none"} 2
-taskrl_decisions_total{outcome="refused",rule="per-business"} 1
-taskrl_decisions_total{outcome="rescheduled",rule="daily"} 1
-taskrl_decisions_total{outcome="rescheduled",rule="none"} 1
-taskrl_decisions_total{outcome="unlimited",rule="none"} 1
-taskrl_decisions_total{outcome="upstream_throttled",rule="none"} 1
+taskrl_decisions_total{outcome="admitted",queue="",rule="none",type=""} 1
+taskrl_decisions_total{outcome="admitted",queue="bulk",rule="none",type="http:call"} 1
+taskrl_decisions_total{outcome="refused",queue="",rule="per-business",type=""} 1
+taskrl_decisions_total{outcome="rescheduled",queue="",rule="daily",type=""} 1
+taskrl_decisions_total{outcome="rescheduled",queue="",rule="none",type=""} 1
+taskrl_decisions_total{outcome="unlimited",queue="",rule="none",type=""} 1
+taskrl_decisions_total{outcome="upstream_throttled",queue="",rule="none",type=""} 1
 # HELP taskrl_redis_errors_total Failed limiter calls of the rate-limit middleware.
 # TYPE taskrl_redis_errors_total counter
 taskrl_redis_errors_total 2
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "taskrl_decisions_total", "taskrl_redis_errors_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestLabelPairsBounded: the decision counter's (queue, type) pairs stop
+// at maxPairs; further ones count as "other".
+func TestLabelPairsBounded(t *testing.T) {
+	m, _ := newMetrics(t)
+	for i := 0; i < maxPairs+50; i++ {
+		m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Queue: "q", TaskType: fmt.Sprintf("t%d", i)})
+	}
+	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Queue: "q", TaskType: "t0"})
+	if got := testutil.CollectAndCount(m.decisions); got != maxPairs+1 {
+		t.Errorf("%d series, want %d and other", got, maxPairs)
+	}
+	if got := testutil.ToFloat64(m.decisions.WithLabelValues("none", "admitted", "other", "other")); got != 50 {
+		t.Errorf("other: %v, want 50", got)
+	}
+	if got := testutil.ToFloat64(m.decisions.WithLabelValues("none", "admitted", "q", "t0")); got != 2 {
+		t.Errorf("t0: %v, want 2", got)
 	}
 }
 
@@ -230,7 +261,7 @@ func TestConcurrentObserve(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if got := testutil.ToFloat64(m.decisions.WithLabelValues("none", "admitted")); got != goroutines*each {
+	if got := testutil.ToFloat64(m.decisions.WithLabelValues("none", "admitted", "", "")); got != goroutines*each {
 		t.Errorf("admitted = %v, want %d", got, goroutines*each)
 	}
 	if got := histCount(t, reg, "taskrl_hold_seconds"); got != goroutines*each {
@@ -281,4 +312,68 @@ func BenchmarkObserve(b *testing.B) {
 			m.Observe(e)
 		}
 	})
+}
+
+// TestRedisHook: each round trip is timed under its kind of call.
+func TestRedisHook(t *testing.T) {
+	m, _ := newMetrics(t)
+	h := m.RedisHook()
+	ctx := context.Background()
+	done := func(context.Context, redis.Cmder) error { return nil }
+	h.ProcessHook(done)(ctx, redis.NewCmd(ctx, "evalsha", "abc", 0))
+	h.ProcessHook(done)(ctx, redis.NewCmd(ctx, "get", "k"))
+	h.ProcessHook(done)(ctx, redis.NewCmd(ctx, "get", "k"))
+	h.ProcessPipelineHook(func(context.Context, []redis.Cmder) error { return nil })(ctx, nil)
+	for call, want := range map[string]uint64{"script": 1, "command": 2, "pipeline": 1} {
+		var pb dto.Metric
+		if err := m.roundTrip.WithLabelValues(call).(prometheus.Histogram).Write(&pb); err != nil {
+			t.Fatal(err)
+		}
+		if got := pb.GetHistogram().GetSampleCount(); got != want {
+			t.Errorf("%s: %d round trips timed, want %d", call, got, want)
+		}
+	}
+}
+
+// TestDashboard: the Grafana dashboard in examples/ is valid JSON, and
+// every metric its queries use is one the worker exports.
+func TestDashboard(t *testing.T) {
+	data, err := os.ReadFile("../../../examples/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(data, &d); err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	name := regexp.MustCompile(`taskrl_[a-z_]+`)
+	for _, p := range d.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, q := range p.Targets {
+			for _, m := range name.FindAllString(q.Expr, -1) {
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					if trimmed := strings.TrimSuffix(m, suffix); slices.Contains(documented, trimmed) {
+						m = trimmed
+					}
+				}
+				if !slices.Contains(documented, m) {
+					t.Errorf("panel %q queries %s, which the worker does not export", p.Title, m)
+				}
+				used[m] = true
+			}
+		}
+	}
+	for _, m := range documented {
+		if !used[m] {
+			t.Errorf("no panel shows %s", m)
+		}
+	}
 }
