@@ -1,13 +1,14 @@
 # make test: the whole suite against real redis-server processes (a standalone
-# server and a 3-master cluster) started by internal/testkit/redistest on free
-# loopback ports and stopped at the end. Installs redis-server first when it
-# is missing and the machine allows it (root with apt-get).
+# server, a 3-master cluster, sentinels) started by internal/testkit/redistest
+# on free loopback ports and stopped at the end. Installs redis-server, and
+# Chromium for the live view's browser test, first when they are missing and
+# the machine allows it (root with apt-get).
 
 GO ?= go
 
-.PHONY: test redis-server check fuzz bench e2e-long
+.PHONY: test redis-server chromium check fuzz bench e2e-long
 
-test: redis-server check
+test: redis-server chromium check
 	$(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -race -count=1 -p 1 ./...
 	cd bench && $(GO) test -count=1 ./...
 
@@ -27,6 +28,17 @@ redis-server:
 		echo "Install Redis 7: Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis"; \
 		if [ "$$CI" = true ]; then exit 1; fi; \
 	fi
+
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then \
+		chromium --version 2>/dev/null || true; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium with apt-get (the live view's browser test)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null && chromium --version 2>/dev/null || true; \
+	else \
+		echo "chromium not found: the live view's browser test (cmd/worker TestLiveView) will skip."; \
+	fi
+	@if [ "$$CI" = true ] && ! command -v chromium >/dev/null 2>&1; then echo "chromium is required in CI"; exit 1; fi
 
 # Short coverage-guided fuzzing of every fuzz target (not part of make test).
 FUZZTIME ?= 30s

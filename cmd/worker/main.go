@@ -47,6 +47,7 @@ const (
 const usageText = `Usage: worker --redis URL --policy FILE --concurrency N [--queues NAME=WEIGHT,...] [--metrics-addr ADDR] [flags]
        worker --check --policy FILE
        worker limits list|set|rm ...   (live per-key overrides; worker limits --help)
+       worker status --policy FILE [--key K] [--json]   (what the limits do now)
 
 Runs an asynq worker whose tasks respect the global rate limits and quotas of
 a policy file, shared through Redis with every other worker. Built-in task
@@ -85,8 +86,9 @@ Flags (--name and -name are the same; values as --name=V or --name V):
   --queues LIST            queues to serve with their weights, NAME=WEIGHT,... (weights positive
                            integers; a bare NAME has weight 1). Default "default=1".
   --strict-priority        serve queues strictly by weight: lower ones only when higher are empty.
-  --metrics-addr ADDR      serve Prometheus metrics at http://ADDR/metrics and a health check at
-                           /healthz (200 while Redis answers, else 503), e.g. ":9090" or
+  --metrics-addr ADDR      serve Prometheus metrics at http://ADDR/metrics, a health check at
+                           /healthz (200 while Redis answers, else 503), the limits' state as JSON
+                           at /limits (as worker status --json) and a page showing it at /, e.g. ":9090" or
                            "127.0.0.1:0" (the chosen address is logged as "metrics listening").
                            Default: off.
   --shutdown-timeout D     on SIGTERM/SIGINT, how long running tasks may finish; tasks still running
@@ -184,6 +186,9 @@ func main() {
 func cli(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "limits" {
 		return limitsCLI(ctx, args[1:], getenv, stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "status" {
+		return statusCLI(ctx, args[1:], getenv, stdout, stderr)
 	}
 	cfg, err := parseFlags(args, getenv)
 	if errors.Is(err, flag.ErrHelp) {

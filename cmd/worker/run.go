@@ -96,6 +96,8 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.Handle("/limits", &limitsHandler{client: client, prefix: cfg.prefix, policy: mw.Policy})
+		mux.HandleFunc("/", servePage)
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 			if e := redisErr.Load(); e != nil {
 				http.Error(w, "redis: "+(*e).Error(), http.StatusServiceUnavailable)

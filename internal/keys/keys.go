@@ -84,3 +84,32 @@ func ValidatePrefix(p string) error {
 	}
 	return nil
 }
+
+// Decode returns the identifier Encode mapped to enc, and false when enc is
+// a hash (the identifier cannot be recovered) or not a form Encode returns.
+func Decode(enc string) (string, bool) {
+	if enc == "" || strings.HasPrefix(enc, "~") {
+		return "", false
+	}
+	var b strings.Builder
+	for i := 0; i < len(enc); i++ {
+		c := enc[i]
+		if c != '%' {
+			if !safe(c) {
+				return "", false
+			}
+			b.WriteByte(c)
+			continue
+		}
+		if i+2 >= len(enc) {
+			return "", false
+		}
+		var v byte
+		if _, err := fmt.Sscanf(enc[i+1:i+3], "%02X", &v); err != nil {
+			return "", false
+		}
+		b.WriteByte(v)
+		i += 2
+	}
+	return b.String(), true
+}

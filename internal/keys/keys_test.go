@@ -75,3 +75,16 @@ func TestValidatePrefix(t *testing.T) {
 		}
 	}
 }
+
+func TestDecode(t *testing.T) {
+	for _, id := range []string{"b7", "acme corp", "tenant:{7}", "ü", strings.Repeat("x", 64)} {
+		if got, ok := Decode(Encode(id)); !ok || got != id {
+			t.Errorf("Decode(Encode(%q)) = %q, %v", id, got, ok)
+		}
+	}
+	for _, enc := range []string{Encode(strings.Repeat("x", 65)), Encode(""), "", "a%2", "a%zz", "a b"} {
+		if got, ok := Decode(enc); ok {
+			t.Errorf("Decode(%q) = %q, want no identifier", enc, got)
+		}
+	}
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/internal/tools/overrides"
+	"github.com/taskrl/taskrl/internal/tools/status"
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+const statusUsage = `Usage: worker status --policy FILE [--key K] [--json] [flags]
+
+What the limits of a policy are doing now, as every worker sharing the Redis
+and the --prefix sees them: per rule its limit (after the file's and the live
+overrides), used, remaining, when it resets, until when an upstream throttle
+blocks it, and the rate it decides at (learned, for an adaptive rule). A rule
+keyed by a payload field shows its 10 busiest keys, or, with --key, that key.
+
+Flags (before or after the arguments):
+  --policy FILE  the workers' policy file. Required.
+  --key K        the key to show for keyed rules (e.g. a business id).
+  --json         print JSON (the same as a worker's /limits) instead of a table.
+  --redis URL, --redis-cluster NODES, --redis-sentinel M@NODES, --redis-password P, --redis-tls
+                 the workers' Redis, as for the worker (defaults $REDIS_URL,
+                 $REDIS_CLUSTER_ADDRS, $REDIS_SENTINEL)
+  --prefix S     the workers' --prefix. Default "taskrl:".
+  -h, --help     print this help and exit.
+
+Exit status: 0 done, 2 bad arguments or policy file, 1 Redis failed.
+`
+
+// statusCLI runs "worker status ...".
+func statusCLI(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("worker status", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	url := fs.String("redis", getenv("REDIS_URL"), "")
+	cluster := fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), "")
+	sentinel := fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), "")
+	password := fs.String("redis-password", "", "")
+	useTLS := fs.Bool("redis-tls", false, "")
+	prefix := fs.String("prefix", "taskrl:", "")
+	policyPath := fs.String("policy", "", "")
+	key := fs.String("key", "", "")
+	asJSON := fs.Bool("json", false, "")
+	usage := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "worker status: "+format+"\nRun worker status --help for usage.\n", a...)
+		return exitUsage
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			io.WriteString(stdout, statusUsage)
+			return exitOK
+		}
+		return usage("%s", strings.Replace(err.Error(), " -", " --", 1))
+	}
+	if fs.NArg() > 0 {
+		return usage("unexpected argument %q (every option is a --flag)", fs.Arg(0))
+	}
+	if *policyPath == "" {
+		return usage("--policy is required: the workers' policy file")
+	}
+	policy, err := taskrl.LoadPolicyFile(*policyPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "worker status: %v\n", err)
+		return exitUsage
+	}
+	target, err := redisTarget(fs, *url, *cluster, *sentinel, *password, *useTLS)
+	if err != nil {
+		return usage("%v", err)
+	}
+	client := target.Client(4)
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	// The live overrides, as the workers apply them.
+	if live, err := overrides.New(client, *prefix).List(ctx); err == nil {
+		for _, e := range live {
+			if e.Err == nil {
+				if q, err := policy.WithOverrides(e.Override()); err == nil {
+					policy = q
+				}
+			}
+		}
+	}
+	rep, err := status.Collect(ctx, client, *prefix, policy, *key)
+	if err != nil {
+		fmt.Fprintf(stderr, "worker status: %v\n", err)
+		return exitRuntime
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return exitRuntime
+		}
+		return exitOK
+	}
+	io.WriteString(stdout, status.Text(rep))
+	return exitOK
+}
+
+//go:embed status.html
+var statusPage []byte
+
+// limitsHandler serves the running policy's state as JSON (/limits), read
+// at most once a second however many clients ask.
+type limitsHandler struct {
+	client redis.UniversalClient
+	prefix string
+	policy func() *taskrl.Policy
+
+	mu   sync.Mutex
+	at   time.Time
+	body []byte
+}
+
+func (h *limitsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if time.Since(h.at) >= time.Second {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		rep, err := status.Collect(ctx, h.client, h.prefix, h.policy(), "")
+		cancel()
+		if err != nil {
+			http.Error(w, "reading the limits: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		body, err := json.Marshal(rep)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		h.at, h.body = time.Now(), body
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write(h.body)
+}
+
+// servePage serves the live view, a page that reads /limits every 2 s.
+func servePage(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/" {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Write(statusPage)
+}

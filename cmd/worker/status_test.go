@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/internal/tools/status"
+)
+
+const statusPolicy = `rules:
+  - name: peak
+    match: {type: "http:call"}
+    gcra: {rate: 100, per: 1s, burst: 20}
+  - name: hourly
+    match: {type: "http:call"}
+    sliding: {limit: 1000, every: 1h}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 1, per: 1m, burst: 10}
+`
+
+// TestLiveView runs a worker with --metrics-addr, runs 6 calls of two
+// businesses through it, and reads the limits three ways: worker status
+// (table and --json), the worker's /limits, and its / page as headless
+// Chromium renders it (skipped, saying so, where Chromium is missing):
+// every rule is there, with the use the calls made.
+func TestLiveView(t *testing.T) {
+	a := newAPI(t)
+	prefix := redistest.Prefix(t)
+	policy := writePolicy(t, statusPolicy)
+	queue := redistest.Queue(t, redistest.Client(t), "live")
+	logs := &logBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cli(ctx, []string{"--redis", "redis://" + redistest.Addr(t), "--policy", policy, "--concurrency", "4",
+			"--queues", queue, "--metrics-addr", "127.0.0.1:0", "--prefix", prefix}, noEnv, io.Discard, logs)
+	}()
+	defer func() { cancel(); <-done }()
+	addr := logs.waitFor(t, regexp.MustCompile(`level=INFO msg="metrics listening" addr=(\S+)`), done)[1]
+	logs.waitFor(t, regexp.MustCompile(`msg="worker started"`), done)
+	client := asynq.NewClientFromRedisClient(redistest.Client(t))
+	for i := 0; i < 6; i++ {
+		payload := fmt.Sprintf(`{"url": %q, "business_id": "b%d"}`, a.URL+"/ok", i%2+1)
+		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(queue)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "6 calls", func() bool { return len(a.byPath("/ok")) >= 6 })
+
+	// worker status, as a table and as JSON.
+	var stdout, stderr bytes.Buffer
+	args := []string{"status", "--policy", policy, "--redis", "redis://" + redistest.Addr(t), "--prefix", prefix}
+	if code := cli(context.Background(), args, noEnv, &stdout, &stderr); code != exitOK {
+		t.Fatalf("worker status: exit %d: %s", code, stderr.String())
+	}
+	t.Log("\n" + stdout.String())
+	for _, re := range []string{`hourly +\(global\) +sliding +6 +994`, `per-business +b1 +gcra +3 +7`, `per-business +b2 +gcra +3 +7`} {
+		if !regexp.MustCompile(re).MatchString(stdout.String()) {
+			t.Errorf("worker status lacks /%s/", re)
+		}
+	}
+	stdout.Reset()
+	if code := cli(context.Background(), append(args, "--json", "--key", "b2"), noEnv, &stdout, &stderr); code != exitOK {
+		t.Fatalf("worker status --json: exit %d: %s", code, stderr.String())
+	}
+	var rep status.Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || len(rep.Rules) != 3 || rep.Rules[2].KeyState == nil || rep.Rules[2].Key != "b2" || rep.Rules[2].Used != 3 {
+		t.Fatalf("worker status --json --key b2: %v %s", err, stdout.String())
+	}
+
+	// /limits.
+	resp, err := http.Get("http://" + addr + "/limits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	rep = status.Report{}
+	if err := json.Unmarshal(body, &rep); err != nil || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("/limits: %v %s", err, body)
+	}
+	if r := rep.Rules[1]; r.Name != "hourly" || r.KeyState == nil || r.Used != 6 || len(rep.Rules[2].Busiest) != 2 {
+		t.Fatalf("/limits: %s", body)
+	}
+
+	// / in a real browser.
+	chrome := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			chrome = p
+			break
+		}
+	}
+	if chrome == "" {
+		t.Skip("Chromium is not installed (Debian: apt-get install chromium; make test installs it as root): the page at / is not checked in a browser")
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer ccancel()
+	out, err := exec.CommandContext(cctx, chrome, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+		"--user-data-dir="+t.TempDir(), "--virtual-time-budget=5000", "--dump-dom", "http://"+addr+"/").Output()
+	if err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	if shot := os.Getenv("TASKRL_SCREENSHOT"); shot != "" {
+		// For the README: TASKRL_SCREENSHOT=$PWD/docs/live-view.png go test -run TestLiveView ./cmd/worker
+		if out, err := exec.CommandContext(cctx, chrome, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+			"--user-data-dir="+t.TempDir(), "--virtual-time-budget=5000", "--window-size=1100,300", "--screenshot="+shot, "http://"+addr+"/").CombinedOutput(); err != nil {
+			t.Errorf("screenshot: %v\n%s", err, out)
+		}
+	}
+	dom := string(out)
+	for _, r := range rep.Rules {
+		if !strings.Contains(dom, `data-rule="`+r.Name+`"`) {
+			t.Errorf("the page shows no row of rule %s", r.Name)
+		}
+	}
+	row := regexp.MustCompile(`<tr data-rule="hourly">.*?</tr>`).FindString(dom)
+	if !strings.Contains(row, `<td class="num used">6</td>`) || !strings.Contains(row, `<td class="num remaining">994</td>`) || !strings.Contains(row, `title="1% used"`) {
+		t.Errorf("the hourly row does not show 6 used, 994 remaining and its bar: %s\n%s", row, dom)
+	}
+	if !regexp.MustCompile(`<tr data-rule="per-business"><td>per-business</td><td>b[12]</td>.*?<td class="num used">3</td>`).MatchString(dom) {
+		t.Errorf("the page does not show the businesses' use:\n%s", dom)
+	}
+}
+
+// TestStatusUsage: worker status refuses bad arguments before connecting.
+func TestStatusUsage(t *testing.T) {
+	addr, conns := countingListener(t)
+	policy := writePolicy(t, statusPolicy)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{}, "--policy is required"},
+		{[]string{"--policy", policy, "extra"}, `unexpected argument "extra"`},
+		{[]string{"--policy", policy, "--bogus"}, "flag provided but not defined: --bogus"},
+		{[]string{"--policy", writePolicy(t, "rules: []\n")}, "policy"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := cli(context.Background(), append(append([]string{"status"}, tc.args...), "--redis", "redis://"+addr), noEnv, &stdout, &stderr)
+		if code != exitUsage || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%q: exit %d, %q; want %q", tc.args, code, stderr.String(), tc.want)
+		}
+	}
+	if n := conns.Load(); n != 0 {
+		t.Errorf("%d connections", n)
+	}
+	var stdout bytes.Buffer
+	if code := cli(context.Background(), []string{"status", "--help"}, noEnv, &stdout, io.Discard); code != exitOK || stdout.String() != statusUsage {
+		t.Errorf("--help: exit %d", code)
+	}
+}

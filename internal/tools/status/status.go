@@ -1,0 +1,286 @@
+// Package status reads what the limits of a policy are doing now, for
+// "worker status" and the worker's /limits and / pages: per rule its limit
+// (after overrides), use, what remains, when it resets, until when an
+// upstream throttle blocks it, the rate it decides at (learned, for an
+// adaptive rule) and, for a rule keyed by a payload field, its busiest keys.
+//
+// Application code of the binaries, imported by cmd/worker.
+package status
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+// Busiest is how many keys of a keyed rule a Report lists; MaxScan bounds
+// the keys looked at to find them, per rule.
+const (
+	Busiest = 10
+	MaxScan = 10000
+)
+
+// Report is the state of a policy's rules at one moment.
+type Report struct {
+	// At is the Redis server's time of the report.
+	At    time.Time `json:"at"`
+	Rules []Rule    `json:"rules"`
+}
+
+// Rule is one rule's state: of its one key (a rule without a key, or the
+// key asked for), or, for a keyed rule, of its busiest keys.
+type Rule struct {
+	Name string `json:"name"`
+	// Kind is the policy file's block: gcra, adaptive, quota, sliding,
+	// concurrency.
+	Kind string `json:"kind"`
+	// Limit describes the limit in force for Key (after overrides).
+	Limit  string `json:"limit"`
+	Shadow bool   `json:"shadow,omitempty"`
+	// Keyed says the rule limits each value of a payload field; Template
+	// is its key template.
+	Keyed    bool   `json:"keyed,omitempty"`
+	Template string `json:"template,omitempty"`
+	// Overrides counts the keys with a limit of their own.
+	Overrides int `json:"overrides,omitempty"`
+	// The state of one key: Key is "" for a rule without a key template.
+	// Absent for a keyed rule when no key was asked for: see Busiest.
+	*KeyState
+	// Busiest are the keys of a keyed rule using most of it, at most
+	// Busiest of them, most used first (keys whose id was hashed in Redis
+	// show as that hash).
+	Busiest []KeyState `json:"busiest,omitempty"`
+}
+
+// KeyState is one key of a rule.
+type KeyState struct {
+	Key string `json:"key"`
+	// Override is the limit an override gives this key, "" without one.
+	Override  string `json:"override,omitempty"`
+	Used      int    `json:"used"`
+	Remaining int    `json:"remaining"`
+	// ResetsAt is when the used units are all given back (zero: nothing
+	// used).
+	ResetsAt time.Time `json:"resets_at,omitzero"`
+	// BlockedUntil is the end of an upstream throttle on the rule for this
+	// key (zero: none).
+	BlockedUntil time.Time `json:"blocked_until,omitzero"`
+	// Rate is the rate per second a GCRA rule decides at: its limit, or,
+	// adaptive, what the fleet learned.
+	Rate float64 `json:"rate,omitempty"`
+}
+
+// Collect reads the state of every rule of p. key, if not "", is the key
+// to report for every keyed rule; otherwise keyed rules report their
+// busiest keys, found by scanning Redis (every master of a Cluster).
+func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *taskrl.Policy, key string) (Report, error) {
+	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
+	if err != nil {
+		return Report{}, err
+	}
+	over := map[[2]string]quotas.Limit{}
+	count := map[string]int{}
+	for _, o := range p.Overrides() {
+		over[[2]string{o.Rule, o.Key}] = o.Limit
+		count[o.Rule]++
+	}
+	var rep Report
+	for _, r := range p.Rules() {
+		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: r.Limit.String(), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Overrides: count[r.Name]}
+		state := func(k string) (KeyState, error) {
+			lim, own := over[[2]string{r.Name, k}]
+			if !own || !out.Keyed {
+				lim = r.Limit
+			}
+			ks, at, err := keyState(ctx, c, l, prefix, r, lim, k)
+			if own && out.Keyed {
+				ks.Override = lim.String()
+			}
+			if rep.At.IsZero() {
+				rep.At = at
+			}
+			return ks, err
+		}
+		switch {
+		case !out.Keyed || key != "":
+			k := ""
+			if out.Keyed {
+				k = key
+			}
+			ks, err := state(k)
+			if err != nil {
+				return Report{}, err
+			}
+			out.KeyState = &ks
+		default:
+			found, err := scanKeys(ctx, c, prefix, r.Name)
+			if err != nil {
+				return Report{}, err
+			}
+			for _, k := range found {
+				ks, err := state(k)
+				if err != nil {
+					return Report{}, err
+				}
+				if ks.Used > 0 || !ks.BlockedUntil.IsZero() {
+					out.Busiest = append(out.Busiest, ks)
+				}
+			}
+			slices.SortStableFunc(out.Busiest, func(a, b KeyState) int {
+				if a.Used != b.Used {
+					return b.Used - a.Used
+				}
+				return strings.Compare(a.Key, b.Key)
+			})
+			out.Busiest = out.Busiest[:min(len(out.Busiest), Busiest)]
+		}
+		rep.Rules = append(rep.Rules, out)
+	}
+	if rep.At.IsZero() {
+		t, err := c.Time(ctx).Result()
+		if err != nil {
+			return Report{}, err
+		}
+		rep.At = t
+	}
+	return rep, nil
+}
+
+// keyState reads one key of rule r under limit lim, and the server's time.
+func keyState(ctx context.Context, c redis.UniversalClient, l *quotas.Limiter, prefix string, r taskrl.Rule, lim quotas.Limit, key string) (KeyState, time.Time, error) {
+	set, err := quotas.NewSet(quotas.Rule{Name: r.Name, Limit: lim, Fair: r.Fair != ""})
+	if err != nil {
+		return KeyState{}, time.Time{}, err
+	}
+	d, err := l.Status(ctx, set, quotas.Request{Keys: []string{key}, Holder: "~status"})
+	if err != nil {
+		return KeyState{}, time.Time{}, err
+	}
+	st := d.Rules[0]
+	ks := KeyState{Key: key, Used: st.Used, Remaining: st.Remaining}
+	if st.ResetAfter > 0 {
+		ks.ResetsAt = d.Now.Add(st.ResetAfter)
+	}
+	if st.Interval > 0 {
+		ks.Rate = float64(time.Second) / float64(st.Interval)
+	}
+	us, err := c.Get(ctx, keys.Block(prefix, r.Name, key)).Int64()
+	switch {
+	case errors.Is(err, redis.Nil):
+	case err != nil:
+		return KeyState{}, time.Time{}, err
+	case time.UnixMicro(us).After(d.Now):
+		ks.BlockedUntil = time.UnixMicro(us)
+	}
+	return ks, d.Now, nil
+}
+
+// scanKeys returns the keys (entities) rule name has state for, at most
+// MaxScan, decoded where Redis holds them readably.
+func scanKeys(ctx context.Context, c redis.UniversalClient, prefix, name string) ([]string, error) {
+	match := prefix + keys.Rules + "{*}:" + name + ":*"
+	seen := map[string]bool{}
+	var out []string
+	scan := func(ctx context.Context, n redis.UniversalClient) error {
+		it := n.Scan(ctx, 0, match, 1000).Iterator()
+		for it.Next(ctx) && len(seen) < MaxScan {
+			k := it.Val()
+			open, end := strings.IndexByte(k, '{'), strings.IndexByte(k, '}')
+			if open < 0 || end < open || !strings.HasPrefix(k[end+1:], ":"+name+":") {
+				continue
+			}
+			tag := k[open+1 : end]
+			if seen[tag] || tag == keys.Global {
+				continue
+			}
+			seen[tag] = true
+			if id, ok := keys.Decode(tag); ok {
+				out = append(out, id)
+			}
+		}
+		return it.Err()
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		var mu = make(chan struct{}, 1)
+		mu <- struct{}{}
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			<-mu
+			defer func() { mu <- struct{}{} }()
+			return scan(ctx, m)
+		})
+		return out, err
+	}
+	return out, scan(ctx, c)
+}
+
+// kind names l's block in the policy file.
+func kind(l quotas.Limit) string {
+	switch l.(type) {
+	case quotas.GCRA:
+		return "gcra"
+	case quotas.Adaptive:
+		return "adaptive"
+	case quotas.FixedWindow, quotas.CalendarWindow:
+		return "quota"
+	case quotas.SlidingWindow:
+		return "sliding"
+	case quotas.Concurrency:
+		return "concurrency"
+	}
+	return fmt.Sprintf("%T", l)
+}
+
+// Text renders rep as a table, a line per key.
+func Text(rep Report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "as of %s (Redis time)\n", rep.At.UTC().Format(time.RFC3339))
+	fmt.Fprintf(&b, "%-22s %-12s %-10s %6s %9s %-10s %-10s %8s  %s\n", "RULE", "KEY", "KIND", "USED", "REMAINING", "RESETS IN", "BLOCKED", "RATE/S", "LIMIT")
+	line := func(r Rule, ks KeyState) {
+		key := ks.Key
+		if !r.Keyed {
+			key = "(global)"
+		}
+		limit := r.Limit
+		if ks.Override != "" {
+			limit = ks.Override + " (override)"
+		}
+		if r.Shadow {
+			limit += " [shadow]"
+		}
+		rate := "-"
+		if ks.Rate > 0 {
+			rate = strconv.FormatFloat(ks.Rate, 'f', 2, 64)
+		}
+		fmt.Fprintf(&b, "%-22s %-12s %-10s %6d %9d %-10s %-10s %8s  %s\n", r.Name, key, r.Kind, ks.Used, ks.Remaining, until(rep.At, ks.ResetsAt), until(rep.At, ks.BlockedUntil), rate, limit)
+	}
+	for _, r := range rep.Rules {
+		switch {
+		case r.KeyState != nil:
+			line(r, *r.KeyState)
+		case len(r.Busiest) == 0:
+			fmt.Fprintf(&b, "%-22s %-12s %-10s %6s %9s %-10s %-10s %8s  %s\n", r.Name, "(no key in use)", r.Kind, "-", "-", "-", "-", "-", r.Limit)
+		default:
+			for _, ks := range r.Busiest {
+				line(r, ks)
+			}
+		}
+	}
+	return b.String()
+}
+
+func until(now, t time.Time) string {
+	if t.IsZero() || !t.After(now) {
+		return "-"
+	}
+	return t.Sub(now).Round(time.Millisecond).String()
+}

@@ -1,0 +1,117 @@
+package status
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/taskrl"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+const policy = `
+rules:
+  - name: peak
+    match: {type: job}
+    gcra: {rate: 10, per: 1s, burst: 10}
+  - name: hourly
+    match: {type: job}
+    sliding: {limit: 100, every: 1h}
+  - name: per-business
+    match: {type: job}
+    key: "{{.business_id}}"
+    gcra: {rate: 1, per: 1m, burst: 5}
+overrides:
+  - {rule: per-business, key: "acme corp", gcra: {rate: 1, per: 1m, burst: 9}}
+`
+
+// TestCollect: after tasks of three businesses (b1: 3, "acme corp": 2,
+// b2: 1) and an upstream block on b1, the report shows each rule's use,
+// the keyed rule's busiest keys in order with the override's limit, the
+// block, and, for one key asked for, that key alone.
+func TestCollect(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	p, err := taskrl.ParsePolicy([]byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.Bind("job", "q")
+	for biz, n := range map[string]int{"b1": 3, "acme corp": 2, "b2": 1} {
+		for i := 0; i < n; i++ {
+			rq, err := b.Request([]byte(`{"business_id": "` + biz + `"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			set := b.Set()
+			if biz == "acme corp" {
+				rules := set.Rules()
+				rules[2].Limit = quotas.GCRA{Rate: 1, Period: time.Minute, Burst: 9}
+				set, _ = quotas.NewSet(rules...)
+			}
+			if d, err := l.Allow(ctx, set, rq); err != nil || !d.Allowed {
+				t.Fatalf("%s: %+v %v", biz, d, err)
+			}
+		}
+	}
+	blocked := time.Now().Add(time.Minute)
+	c.Set(ctx, keys.Block(prefix, "per-business", "b1"), blocked.UnixMicro(), time.Minute)
+
+	rep, err := Collect(ctx, c, prefix, p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := Text(rep)
+	t.Log("\n" + text)
+	if len(rep.Rules) != 3 || rep.Rules[0].Used != 6 || rep.Rules[1].Used != 6 || rep.Rules[1].Remaining != 94 || rep.Rules[0].Rate != 10 {
+		t.Fatalf("global rules: %+v %+v", rep.Rules[0].KeyState, rep.Rules[1].KeyState)
+	}
+	pb := rep.Rules[2]
+	if !pb.Keyed || pb.KeyState != nil || pb.Overrides != 1 || len(pb.Busiest) != 3 {
+		t.Fatalf("per-business: %+v", pb)
+	}
+	want := []struct {
+		key  string
+		used int
+	}{{"b1", 3}, {"acme corp", 2}, {"b2", 1}}
+	for i, w := range want {
+		if k := pb.Busiest[i]; k.Key != w.key || k.Used != w.used {
+			t.Errorf("busiest %d: %+v, want %s with %d used", i, k, w.key, w.used)
+		}
+	}
+	if k := pb.Busiest[0]; k.BlockedUntil.UnixMicro() != blocked.UnixMicro() || k.ResetsAt.IsZero() {
+		t.Errorf("b1: blocked until %v (want %v), resets at %v", k.BlockedUntil, blocked, k.ResetsAt)
+	}
+	if k := pb.Busiest[1]; k.Override != "1/1m0s burst 9 (GCRA)" || k.Remaining != 7 {
+		t.Errorf("acme corp: %+v, want its override's limit and 7 remaining", k)
+	}
+	for _, s := range []string{"peak", "(global)", "acme corp", "(override)", "b1"} {
+		if !strings.Contains(text, s) {
+			t.Errorf("the table lacks %q", s)
+		}
+	}
+	one, err := Collect(ctx, c, prefix, p, "b2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := one.Rules[2].KeyState; k == nil || k.Key != "b2" || k.Used != 1 || one.Rules[2].Busiest != nil {
+		t.Errorf("--key b2: %+v", one.Rules[2])
+	}
+	js, _ := json.Marshal(rep)
+	for _, s := range []string{`"name":"peak"`, `"used":6`, `"busiest":[{"key":"b1"`, `"blocked_until":`} {
+		if !strings.Contains(string(js), s) {
+			t.Errorf("JSON lacks %s: %s", s, js)
+		}
+	}
+}
