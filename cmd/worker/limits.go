@@ -49,11 +49,7 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 	fs := flag.NewFlagSet("worker limits", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	url := fs.String("redis", getenv("REDIS_URL"), "")
-	cluster := fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), "")
-	sentinel := fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), "")
-	password := fs.String("redis-password", "", "")
-	useTLS := fs.Bool("redis-tls", false, "")
+	rf := addRedisFlags(fs, getenv)
 	prefix := fs.String("prefix", "taskrl:", "")
 	policyPath := fs.String("policy", "", "")
 	usage := func(format string, a ...any) int {
@@ -100,7 +96,7 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 			return usage("LIMIT %q: %v", pos[3], strings.TrimPrefix(err.Error(), "policy: "))
 		}
 	}
-	target, err := redisTarget(fs, *url, *cluster, *sentinel, *password, *useTLS)
+	target, err := rf.target(fs)
 	if err != nil {
 		return usage("%v", err)
 	}

@@ -276,7 +276,7 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		return cfg, nil
 	}
 	var err error
-	if cfg.redis, err = redisTarget(fs, *f.redisURL, *f.redisCluster, *f.redisSentinel, *f.redisPassword, *f.redisTLS); err != nil {
+	if cfg.redis, err = f.redis.target(fs); err != nil {
 		return nil, err
 	}
 	if cfg.policyPath == "" {
@@ -330,11 +330,29 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	return cfg, nil
 }
 
-// redisTarget resolves the Redis flags of fs as parsed (url, cluster and
-// sentinel with their environment defaults): a flag given beats the other
-// forms' environment variables; more than one form, or none, is a usage
-// error.
-func redisTarget(fs *flag.FlagSet, url, cluster, sentinel, password string, useTLS bool) (redisurl.Target, error) {
+// redisFlags are the Redis flags every command of the worker takes.
+type redisFlags struct {
+	url, cluster, sentinel, password *string
+	tls                              *bool
+}
+
+// addRedisFlags defines the Redis flags on fs; getenv supplies their
+// environment defaults.
+func addRedisFlags(fs *flag.FlagSet, getenv func(string) string) redisFlags {
+	return redisFlags{
+		url:      fs.String("redis", getenv("REDIS_URL"), ""),
+		cluster:  fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), ""),
+		sentinel: fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), ""),
+		password: fs.String("redis-password", "", ""),
+		tls:      fs.Bool("redis-tls", false, ""),
+	}
+}
+
+// target resolves the flags as fs parsed them: a flag given beats the
+// other forms' environment variables; more than one form, or none, is a
+// usage error.
+func (f redisFlags) target(fs *flag.FlagSet) (redisurl.Target, error) {
+	url, cluster, sentinel := *f.url, *f.cluster, *f.sentinel
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	forms := []struct {
@@ -342,28 +360,28 @@ func redisTarget(fs *flag.FlagSet, url, cluster, sentinel, password string, useT
 		val  *string
 	}{{"redis", &url}, {"redis-cluster", &cluster}, {"redis-sentinel", &sentinel}}
 	given := set["redis"] || set["redis-cluster"] || set["redis-sentinel"]
-	for _, f := range forms {
-		if given && !set[f.flag] {
-			*f.val = ""
+	for _, form := range forms {
+		if given && !set[form.flag] {
+			*form.val = ""
 		}
 	}
 	if url == "" && cluster == "" && sentinel == "" {
 		return redisurl.Target{}, usagef("--redis (or REDIS_URL), --redis-cluster (or REDIS_CLUSTER_ADDRS) or --redis-sentinel (or REDIS_SENTINEL) is required, e.g. --redis redis://localhost:6379/0")
 	}
-	t, err := redisurl.ParseTarget(url, cluster, sentinel, password)
+	t, err := redisurl.ParseTarget(url, cluster, sentinel, *f.password)
 	if errors.Is(err, redisurl.ErrBoth) {
 		return redisurl.Target{}, usagef("%v", err)
 	}
 	if err != nil {
 		flagName := "--redis"
-		for _, f := range forms {
-			if *f.val != "" {
-				flagName = "--" + f.flag
+		for _, form := range forms {
+			if *form.val != "" {
+				flagName = "--" + form.flag
 			}
 		}
 		return redisurl.Target{}, usagef("%s: %v", flagName, err)
 	}
-	if useTLS {
+	if *f.tls {
 		t = t.WithTLS()
 	}
 	return t, nil
@@ -371,10 +389,10 @@ func redisTarget(fs *flag.FlagSet, url, cluster, sentinel, password string, useT
 
 // flagValues holds the flags' values as parsed.
 type flagValues struct {
-	redisURL, redisCluster, redisSentinel, redisPassword     *string
+	redis                                                    redisFlags
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
 	concurrency, localShare                                  *int
-	strict, check, shadow, redisTLS, version                 *bool
+	strict, check, shadow, version                           *bool
 	shutdown, maxHold, budget, httpTimeout                   *time.Duration
 }
 
@@ -385,27 +403,23 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	return fs, &flagValues{
-		redisURL:      fs.String("redis", getenv("REDIS_URL"), ""),
-		redisCluster:  fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), ""),
-		redisSentinel: fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), ""),
-		redisPassword: fs.String("redis-password", "", ""),
-		redisTLS:      fs.Bool("redis-tls", false, ""),
-		policy:        fs.String("policy", "", ""),
-		concurrency:   fs.Int("concurrency", 10, ""),
-		queues:        fs.String("queues", "default=1", ""),
-		strict:        fs.Bool("strict-priority", false, ""),
-		check:         fs.Bool("check", false, ""),
-		shadow:        fs.Bool("shadow", false, ""),
-		version:       fs.Bool("version", false, ""),
-		metricsAddr:   fs.String("metrics-addr", "", ""),
-		shutdown:      fs.Duration("shutdown-timeout", 30*time.Second, ""),
-		maxHold:       fs.Duration("max-hold", 500*time.Millisecond, ""),
-		budget:        fs.Duration("throttle-budget", 0, ""),
-		localShare:    fs.Int("local-share", 1, ""),
-		prefix:        fs.String("prefix", "taskrl:", ""),
-		httpTimeout:   fs.Duration("http-timeout", 30*time.Second, ""),
-		logFormat:     fs.String("log-format", "text", ""),
-		logLevel:      fs.String("log-level", "info", ""),
+		redis:       addRedisFlags(fs, getenv),
+		policy:      fs.String("policy", "", ""),
+		concurrency: fs.Int("concurrency", 10, ""),
+		queues:      fs.String("queues", "default=1", ""),
+		strict:      fs.Bool("strict-priority", false, ""),
+		check:       fs.Bool("check", false, ""),
+		shadow:      fs.Bool("shadow", false, ""),
+		version:     fs.Bool("version", false, ""),
+		metricsAddr: fs.String("metrics-addr", "", ""),
+		shutdown:    fs.Duration("shutdown-timeout", 30*time.Second, ""),
+		maxHold:     fs.Duration("max-hold", 500*time.Millisecond, ""),
+		budget:      fs.Duration("throttle-budget", 0, ""),
+		localShare:  fs.Int("local-share", 1, ""),
+		prefix:      fs.String("prefix", "taskrl:", ""),
+		httpTimeout: fs.Duration("http-timeout", 30*time.Second, ""),
+		logFormat:   fs.String("log-format", "text", ""),
+		logLevel:    fs.String("log-level", "info", ""),
 	}
 }
 

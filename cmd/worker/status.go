@@ -47,11 +47,7 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 	fs := flag.NewFlagSet("worker status", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	url := fs.String("redis", getenv("REDIS_URL"), "")
-	cluster := fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), "")
-	sentinel := fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), "")
-	password := fs.String("redis-password", "", "")
-	useTLS := fs.Bool("redis-tls", false, "")
+	rf := addRedisFlags(fs, getenv)
 	prefix := fs.String("prefix", "taskrl:", "")
 	policyPath := fs.String("policy", "", "")
 	key := fs.String("key", "", "")
@@ -78,7 +74,7 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 		fmt.Fprintf(stderr, "worker status: %v\n", err)
 		return exitUsage
 	}
-	target, err := redisTarget(fs, *url, *cluster, *sentinel, *password, *useTLS)
+	target, err := rf.target(fs)
 	if err != nil {
 		return usage("%v", err)
 	}

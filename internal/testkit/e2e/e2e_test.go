@@ -86,16 +86,17 @@ func binaries(t *testing.T) string {
 // run is one end-to-end run: a strict API, a Redis queue and worker
 // processes started as a user would.
 type run struct {
-	t       *testing.T
-	bin     string
-	api     *fakeapi.API
-	url     string
-	redis   []string // the binaries' Redis flags
-	policy  string   // the policy file's path
-	prefix  string   // of the workers' limiter keys
-	queue   string
-	insp    *asynq.Inspector
-	workers []*worker
+	t        *testing.T
+	bin      string
+	api      *fakeapi.API
+	url      string
+	redis    []string            // the binaries' Redis flags
+	policy   string              // the policy file's path
+	sentinel *redistest.Sentinel // the sentinels, for a sentinel topology
+	prefix   string              // of the workers' limiter keys
+	queue    string
+	insp     *asynq.Inspector
+	workers  []*worker
 }
 
 type worker struct {
@@ -115,9 +116,10 @@ func start(t *testing.T, limits fakeapi.Limits, policy string, n int) *run {
 type topology int
 
 const (
-	single   topology = iota // the test's Redis server
-	cluster                  // the test's Redis Cluster (--redis-cluster)
-	sentinel                 // a primary of its own behind two sentinels (--redis-sentinel)
+	single     topology = iota // the test's Redis server
+	cluster                    // the test's Redis Cluster (--redis-cluster)
+	sentinel                   // a primary of its own behind two sentinels (--redis-sentinel)
+	replicated                 // the same with a replica and three sentinels, for a failover
 )
 
 // startOn is start, on the given kind of Redis.
@@ -145,12 +147,19 @@ func startOn(t *testing.T, limits fakeapi.Limits, policy string, n int, topo top
 	case cluster:
 		c = redistest.Cluster(t)
 		r.redis = []string{"--redis-cluster", strings.Join(redistest.ClusterAddrs(t), ",")}
-	case sentinel:
-		s := redistest.StartSentinel(t, 2)
+	case sentinel, replicated:
+		s := redistest.StartSentinel(t, 2, 0)
+		if topo == replicated {
+			s = redistest.StartSentinel(t, 3, 1)
+		}
 		c = s.Client(t)
 		r.redis = []string{"--redis-sentinel", redistest.SentinelMaster + "@" + strings.Join(s.Addrs, ",")}
+		r.sentinel = s
 	}
-	r.queue = redistest.Queue(t, c, "e2e")
+	r.queue = "e2e" // a Redis of the test's own (sentinel): nothing to clean up
+	if r.sentinel == nil {
+		r.queue = redistest.Queue(t, c, "e2e")
+	}
 	r.insp = asynq.NewInspectorFromRedisClient(c)
 	for i := 0; i < n; i++ {
 		cmd := exec.Command(filepath.Join(r.bin, "worker"), append([]string{"--policy", policyFile, "--concurrency", "10",
@@ -757,4 +766,58 @@ func onTopology(t *testing.T, topo topology, started string, within float64) {
 			}
 		}
 	}
+}
+
+// TestSentinelFailover: three workers and the enqueuer find a primary
+// through three sentinels; 120 calls over 6 businesses run under a global
+// 10/s burst 2 and 2/s per business, and 3 s in the sentinels fail the
+// primary over to its replica (SENTINEL FAILOVER). The workers keep going
+// on the new primary: every call is made (nothing lost; a task whose end
+// the old primary did not record runs again when asynq recovers it, which
+// the API sees as a second call with the same Idempotency-Key, logged),
+// and no second holds more calls than the limits allow plus one burst
+// (state written to the old primary in the moments before the switch may
+// not have reached the replica).
+func TestSentinelFailover(t *testing.T) {
+	const n, businesses = 120, 6
+	r := startOn(t, fakeapi.Limits{Global: apiGlobal}, `rules:
+  - name: vendor-peak
+    match: {type: "http:call"}
+    gcra: {rate: 10, per: 1s, burst: 2}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 2, per: 1s, burst: 1}
+`, 3, replicated)
+	begin := time.Now()
+	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(n), "--businesses", fmt.Sprint(businesses))
+	time.Sleep(3 * time.Second)
+	failover := time.Now()
+	r.sentinel.Failover(t)
+	switched := time.Now()
+	st := r.waitKeys(n, 2*time.Minute)
+	_, busiest := r.answered(begin, st.LastOK.Add(time.Millisecond), "")
+	calls := make([]ideal.Call, n)
+	for i := range calls {
+		calls[i] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", i%businesses+1)}
+	}
+	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: gcra.Limit{Rate: 10, Period: time.Second, Burst: 2}}, {GCRA: gcra.Limit{Rate: 2, Period: time.Second, Burst: 1}, Keyed: true}}, calls)).Sub(begin)
+	t.Logf("failover at %v, the sentinels reported the new primary %v later; %d calls, %d distinct keys answered 2xx, %d twice, %d 429; busiest second %d (limit 10/s burst 2); done in %v (the limits allow %v)",
+		failover.Sub(begin).Round(time.Millisecond), switched.Sub(failover).Round(time.Millisecond), st.Calls, st.DistinctKeys, st.Duplicates, st.Throttled,
+		busiest, st.LastOK.Sub(begin).Round(time.Millisecond), best.Round(time.Millisecond))
+	if st.DistinctKeys != n {
+		t.Errorf("%d of %d calls made: tasks lost in the failover", st.DistinctKeys, n)
+	}
+	if busiest > 10+2+2 {
+		t.Errorf("%d calls in one second: more than the limits (10/s burst 2) and one burst", busiest)
+	}
+	info, err := asynq.NewInspectorFromRedisClient(r.sentinel.Client(t)).GetQueueInfo(r.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("queue after the run: %d active (runs the failover cut off; asynq recovers them when their lease ends), %d archived", info.Active, info.Archived)
+	if info.Archived != 0 {
+		t.Errorf("queue after the failover: %+v", info)
+	}
+	r.stop()
 }

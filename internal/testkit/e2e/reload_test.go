@@ -43,10 +43,11 @@ func (r *run) arrive(interval time.Duration, payload func(i int) string) (stop f
 }
 
 // answered returns the arrival times of the calls the API answered 2xx in
-// [from, to), and the most of them in any one second.
-func (r *run) answered(from, to time.Time) (at []time.Time, busiest int) {
+// [from, to), of business biz if not "", and the most of them in any one
+// second.
+func (r *run) answered(from, to time.Time, biz string) (at []time.Time, busiest int) {
 	for _, c := range r.api.Calls() {
-		if c.Status == 200 && !c.At.Before(from) && c.At.Before(to) {
+		if c.Status == 200 && !c.At.Before(from) && c.At.Before(to) && (biz == "" || c.Business == biz) {
 			at = append(at, c.At)
 		}
 	}
@@ -72,9 +73,9 @@ func peakPolicy(rate string) string {
 // TestReload: three workers run calls arriving at 8/s under a policy of
 // 12/s. A policy file that does not validate is refused by every worker,
 // on change and on SIGHUP, counted in taskrl_policy_reloads_total, and the
-// running policy stays (the calls keep their pace). Then the file lowers
-// the rule to 3/s: from 2 s after the change no second of calls at the API
-// holds more than the new limit allows (3 + its burst of 1), and the calls
+// running policy stays (the calls keep their pace). Then the file halves
+// the rule to 6/s: from 2 s after the change no second of calls at the API
+// holds more than the new limit allows (6 + its burst of 1), and the calls
 // go on at that rate. The change is written as deploy tools do, by
 // renaming a new file over the old.
 func TestReload(t *testing.T) {
@@ -123,37 +124,38 @@ func TestReload(t *testing.T) {
 			t.Errorf("worker %d did not log the refused file's errors:\n%s", i, logs)
 		}
 	}
-	changed := write(peakPolicy("3"))
+	changed := write(peakPolicy("6"))
 	time.Sleep(8 * time.Second)
 	reloads("ok", 1)
 
 	now := time.Now()
-	before, _ := r.answered(begin.Add(time.Second), changed)
-	after, busiest := r.answered(changed.Add(2*time.Second), now)
+	before, _ := r.answered(begin.Add(time.Second), changed, "")
+	after, busiest := r.answered(changed.Add(2*time.Second), now, "")
 	checkCalls(t, r.api.Stats())
 	span := changed.Sub(begin.Add(time.Second)).Seconds()
 	rateAfter := float64(len(after)) / now.Sub(changed.Add(2*time.Second)).Seconds()
-	t.Logf("before the change: %d calls in %.1f s (%.1f/s, arrivals 8/s, limit 12/s); from 2 s after it: %d calls, %.2f/s, busiest second %d (limit 3/s burst 1)",
+	t.Logf("before the change: %d calls in %.1f s (%.1f/s, arrivals 8/s, limit 12/s); from 2 s after it: %d calls, %.2f/s, busiest second %d (limit 6/s burst 1)",
 		len(before), span, float64(len(before))/span, len(after), rateAfter, busiest)
 	if float64(len(before)) < 0.8*8*span {
 		t.Errorf("before the change (and while a bad file was refused) only %d calls in %.1f s: the 12/s policy did not hold", len(before), span)
 	}
-	if busiest > 4 {
-		t.Errorf("%d calls in one second from 2 s after the limit went to 3/s burst 1", busiest)
+	if busiest > 7 {
+		t.Errorf("%d calls in one second from 2 s after the limit went to 6/s burst 1", busiest)
 	}
-	if rateAfter < 0.8*3 {
+	if rateAfter < 0.8*6 {
 		t.Errorf("%.2f calls/s after the change, under 80%% of the new limit", rateAfter)
 	}
 	r.stop()
 }
 
-// TestLiveOverride: three workers hold business b7 to its policy's 1/s
-// while its calls arrive at 6/s. "worker limits set per-business b7
-// 'gcra: {rate: 4, per: 1s}'" raises it for every worker without a
-// reload: from 2 s after the command b7 runs at 4/s, never above 4 + its
-// burst in a second; "worker limits rm" brings 1/s back as fast. Bookings
-// made under the other limit decide again when their slot comes, so no
-// second ever holds more than the limit in force allows.
+// TestLiveOverride: three workers hold businesses b7 and b8 to their
+// policy's 1/s while the calls of each arrive at 6/s. "worker limits set
+// per-business b7 'gcra: {rate: 5, per: 1s}'" raises b7 for every worker
+// without a reload: from 2 s after the command b7 runs at 5/s, never above
+// 5 + its burst in a second, while b8 stays at 1/s; "worker limits rm"
+// brings b7 back to 1/s as fast. Bookings made under the other limit
+// decide again when their slot comes, so no second ever holds more than
+// the limit in force allows.
 func TestLiveOverride(t *testing.T) {
 	r := start(t, fakeapi.Limits{Global: apiGlobal}, `rules:
   - name: per-business
@@ -171,22 +173,22 @@ func TestLiveOverride(t *testing.T) {
 		return time.Now()
 	}
 	begin := time.Now()
-	stop := r.arrive(time.Second/6, func(i int) string {
-		return fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b7", "n": %d}`, r.url+"/v1/charge", i)
+	stop := r.arrive(time.Second/12, func(i int) string {
+		return fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b%d", "n": %d}`, r.url+"/v1/charge", 7+i%2, i)
 	})
 	defer stop()
 
 	time.Sleep(4 * time.Second)
-	set := limits("set", "per-business", "b7", "gcra: {rate: 4, per: 1s}")
+	set := limits("set", "per-business", "b7", "gcra: {rate: 5, per: 1s}")
 	time.Sleep(6 * time.Second)
 	rm := limits("rm", "per-business", "b7")
 	time.Sleep(6 * time.Second)
 	end := time.Now()
 
 	checkCalls(t, r.api.Stats())
-	phase := func(name string, from, to time.Time, rate float64, burst int) {
+	phase := func(name, biz string, from, to time.Time, rate float64, burst int) {
 		t.Helper()
-		in, busiest := r.answered(from, to)
+		in, busiest := r.answered(from, to, biz)
 		got := float64(len(in)) / to.Sub(from).Seconds()
 		t.Logf("%s: %d calls in %.1f s, %.2f/s, busiest second %d (limit %.0f/s burst %d)", name, len(in), to.Sub(from).Seconds(), got, busiest, rate, burst)
 		if busiest > int(rate)+burst {
@@ -196,9 +198,10 @@ func TestLiveOverride(t *testing.T) {
 			t.Errorf("%s: %.2f calls/s, under 80%% of %v/s", name, got, rate)
 		}
 	}
-	phase("policy", begin.Add(time.Second), set, 1, 1)
-	phase("override", set.Add(2*time.Second), rm, 4, 1)
-	phase("override removed", rm.Add(2*time.Second), end, 1, 1)
+	phase("b7 under the policy", "b7", begin.Add(time.Second), set, 1, 1)
+	phase("b7 overridden", "b7", set.Add(2*time.Second), rm, 5, 1)
+	phase("b8 meanwhile", "b8", set.Add(2*time.Second), rm, 1, 1)
+	phase("b7 override removed", "b7", rm.Add(2*time.Second), end, 1, 1)
 	for i, w := range r.workers {
 		if logs := w.logs.String(); strings.Count(logs, "live overrides loaded") < 3 {
 			t.Errorf("worker %d did not load the overrides on start, set and rm:\n%s", i, logs)

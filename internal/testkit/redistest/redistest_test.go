@@ -308,15 +308,25 @@ func TestLaunchDetectsPortInUse(t *testing.T) {
 	}
 }
 
-// TestSentinel: two sentinels watch a primary; a failover client finds it
-// through them and writes to it.
+// TestSentinel: three sentinels watch a primary and its replica; a
+// failover client finds the primary through them and writes to it; after a
+// failover it writes to the new primary, which has the first write.
 func TestSentinel(t *testing.T) {
-	s := StartSentinel(t, 2)
+	s := StartSentinel(t, 3, 1)
 	c := s.Client(t)
 	if err := c.Set(t.Context(), "k", "v", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if got := s.Primary.Client(t).Get(t.Context(), "k").Val(); got != "v" {
 		t.Fatalf("the primary holds %q", got)
+	}
+	s.Failover(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Set(t.Context(), "k2", "v2", time.Minute).Err() != nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	r := s.Replicas[0].Client(t)
+	if got := r.Get(t.Context(), "k").Val() + r.Get(t.Context(), "k2").Val(); got != "vv2" {
+		t.Fatalf("the new primary holds %q", got)
 	}
 }
