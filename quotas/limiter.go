@@ -231,7 +231,8 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	}
 	// Every key is PREFIX "q:{" TAG "}:" NAME ":" KIND...: the kind (and a
 	// GCRA's interval and burst, a window's length) keeps rules of the same
-	// name but other definitions apart. They are cut from one string, one allocation for them all.
+	// name but other definitions apart. They are cut from one string, one
+	// allocation for them all.
 	calls := make([]call, len(s.rules))
 	size := 0
 	for i := range s.rules {
@@ -739,7 +740,7 @@ func (l *Limiter) reserveAcross(ctx context.Context, s *Set, gs [][]call, p para
 		}
 	}
 	d = d.denied()
-	d.RetryAfter, d.Rule = time.Duration(max(p.notBefore, 0)-d.Now.UnixMicro())*time.Microsecond, ""
+	d.RetryAfter, d.Rule = time.Duration(p.notBefore-d.Now.UnixMicro())*time.Microsecond, ""
 	return d, nil
 }
 

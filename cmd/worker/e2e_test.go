@@ -225,19 +225,27 @@ func TestEndToEnd(t *testing.T) {
 		`taskrl_http_calls_total{code="2xx"} 7`,
 		`taskrl_http_calls_total{code="429"} 1`,
 		`taskrl_http_calls_total{code="4xx"} 1`,
-		`taskrl_decisions_total{outcome="upstream_throttled",rule="none"} 1`,
+		`taskrl_decisions_total{outcome="upstream_throttled",queue="` + queue + `",rule="none",type="http:call"} 1`,
 		`taskrl_redis_errors_total 0`,
 	}
 	var body string
-	eventually(t, "metrics reflect the run", func() bool {
+	ok := false
+	deadline := time.Now().Add(20 * time.Second)
+	for !ok && time.Now().Before(deadline) {
 		_, body = get(t, "http://"+metricsAddr+"/metrics")
+		ok = true
 		for _, l := range wantLines {
-			if !strings.Contains(body, l+"\n") {
-				return false
-			}
+			ok = ok && strings.Contains(body, l+"\n")
 		}
-		return true
-	})
+		if !ok {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for _, l := range wantLines {
+		if !strings.Contains(body, l+"\n") {
+			t.Errorf("/metrics lacks %s:\n%s", l, body)
+		}
+	}
 	for _, name := range []string{"taskrl_decisions_total{", "taskrl_hold_seconds_bucket{", "taskrl_reschedule_delay_seconds_count", "taskrl_upstream_throttle_seconds_count 1",
 		`taskrl_quota_remaining{rule="e2e-global"}`, `taskrl_quota_remaining{rule="e2e-business"}`, "go_goroutines", "process_resident_memory_bytes"} {
 		if !strings.Contains(body, name) {
