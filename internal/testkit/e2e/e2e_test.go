@@ -331,11 +331,7 @@ func TestBinaries(t *testing.T) {
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(tasks, 2*time.Minute)
 
-	calls := make([]ideal.Call, tasks)
-	for i := range calls {
-		calls[i] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", i%businesses+1)}
-	}
-	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: peak}, {Limit: 140, Every: 10 * time.Second}, {GCRA: perBusiness, Keyed: true}}, calls)).Sub(begin)
+	best := bestTime(begin, tasks, businesses, policyRules)
 	took := st.LastOK.Sub(begin)
 	t.Logf("API: %d calls, %d answered 2xx, %d distinct keys, %d duplicates, %d 429s; busiest second %d; took %v from the enqueue, the limits allow %v: ratio %.3f",
 		st.Calls, st.OK, st.DistinctKeys, st.Duplicates, st.Throttled, st.BusiestSecond().OK,
@@ -380,15 +376,20 @@ rules:
     gcra: {rate: 1.8, per: 1s, burst: 1}
 `
 
-// bestTime is how long after begin the limits of noisyPolicy alone (package
-// ideal) allow n calls over businesses b1..bK, enqueued at begin in turn,
-// to finish.
-func bestTime(begin time.Time, n, businesses int) time.Duration {
+// The limits of noisyPolicy and policy, for package ideal.
+var (
+	noisyRules  = []ideal.Rule{{GCRA: peak}, {GCRA: perBusiness, Keyed: true}}
+	policyRules = []ideal.Rule{{GCRA: peak}, {Limit: 140, Every: 10 * time.Second}, {GCRA: perBusiness, Keyed: true}}
+)
+
+// bestTime is how long after begin rules alone (package ideal) allow n
+// calls over businesses b1..bK, enqueued at begin in turn, to finish.
+func bestTime(begin time.Time, n, businesses int, rules []ideal.Rule) time.Duration {
 	calls := make([]ideal.Call, n)
 	for i := range calls {
 		calls[i] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", i%businesses+1)}
 	}
-	return ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: peak}, {GCRA: perBusiness, Keyed: true}}, calls)).Sub(begin)
+	return ideal.Last(ideal.Schedule(rules, calls)).Sub(begin)
 }
 
 // TestCampaign: the campaign of TestBinaries under the global and
@@ -403,7 +404,7 @@ func TestCampaign(t *testing.T) {
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(tasks, time.Minute)
-	best := bestTime(begin, tasks, businesses)
+	best := bestTime(begin, tasks, businesses, noisyRules)
 	took := st.LastOK.Sub(begin)
 	t.Logf("%d calls answered 2xx, %d 429s; took %v from the enqueue, the limits allow %v: ratio %.3f; busiest second %d",
 		st.OK, st.Throttled, took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best), st.BusiestSecond().OK)
@@ -444,7 +445,7 @@ func TestScopedThrottle(t *testing.T) {
 		r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(quiet), "--businesses", fmt.Sprint(businesses))
 		st := r.waitKeys(quiet, time.Minute)
 		took[i] = st.LastOK.Sub(begin)
-		best = bestTime(begin, quiet, businesses)
+		best = bestTime(begin, quiet, businesses, noisyRules)
 		ns := strict.Stats()
 		t.Logf("%s: the other businesses' %d calls took %v (the limits allow %v: %.2fx), %d 429s among them; the noisy business: %d calls, %d answered 429",
 			map[bool]string{true: "throttle: [per-business]", false: "no throttle scope"}[head != ""], st.OK, took[i].Round(time.Millisecond), best.Round(time.Millisecond), float64(took[i])/float64(best), st.Throttled, ns.Calls, ns.Throttled)
@@ -730,11 +731,7 @@ func onTopology(t *testing.T, topo topology, started string, within float64) {
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(n), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(n, 3*time.Minute)
-	calls := make([]ideal.Call, n)
-	for i := range calls {
-		calls[i] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", i%businesses+1)}
-	}
-	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: peak}, {Limit: 140, Every: 10 * time.Second}, {GCRA: perBusiness, Keyed: true}}, calls)).Sub(begin)
+	best := bestTime(begin, n, businesses, policyRules)
 	took := st.LastOK.Sub(begin)
 	t.Logf("%d calls, %d distinct keys answered 2xx, %d 429, in %v (the limits allow %v: ratio %.3f)", st.Calls, st.DistinctKeys, st.Throttled,
 		took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best))
@@ -797,11 +794,7 @@ func TestSentinelFailover(t *testing.T) {
 	switched := time.Now()
 	st := r.waitKeys(n, 2*time.Minute)
 	_, busiest := r.answered(begin, st.LastOK.Add(time.Millisecond), "")
-	calls := make([]ideal.Call, n)
-	for i := range calls {
-		calls[i] = ideal.Call{At: begin, Key: fmt.Sprintf("b%d", i%businesses+1)}
-	}
-	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: gcra.Limit{Rate: 10, Period: time.Second, Burst: 2}}, {GCRA: gcra.Limit{Rate: 2, Period: time.Second, Burst: 1}, Keyed: true}}, calls)).Sub(begin)
+	best := bestTime(begin, n, businesses, []ideal.Rule{{GCRA: gcra.Limit{Rate: 10, Period: time.Second, Burst: 2}}, {GCRA: gcra.Limit{Rate: 2, Period: time.Second, Burst: 1}, Keyed: true}})
 	t.Logf("failover at %v, the sentinels reported the new primary %v later; %d calls, %d distinct keys answered 2xx, %d twice, %d 429; busiest second %d (limit 10/s burst 2); done in %v (the limits allow %v)",
 		failover.Sub(begin).Round(time.Millisecond), switched.Sub(failover).Round(time.Millisecond), st.Calls, st.DistinctKeys, st.Duplicates, st.Throttled,
 		busiest, st.LastOK.Sub(begin).Round(time.Millisecond), best.Round(time.Millisecond))

@@ -32,11 +32,7 @@ func TestShadowRule(t *testing.T) {
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(tasks, time.Minute)
-	calls := make([]ideal.Call, tasks)
-	for i := range calls {
-		calls[i] = ideal.Call{At: begin}
-	}
-	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: vendor}}, calls)).Sub(begin)
+	best := bestTime(begin, tasks, businesses, []ideal.Rule{{GCRA: vendor}})
 	took := st.LastOK.Sub(begin)
 	admit := r.counter("taskrl_decisions_total", `outcome="would_admit"`)
 	wait := r.counter("taskrl_decisions_total", `outcome="would_wait"`, `rule="per-business"`)
