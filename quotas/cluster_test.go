@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,6 +249,66 @@ func TestClusterReserveNow(t *testing.T) {
 		d, err := l.Reserve(context.Background(), set, req, time.Hour)
 		if err != nil || !d.Allowed || d.Delay > time.Millisecond {
 			t.Fatalf("reserve %d on an idle cluster: %+v %v", i, d, err)
+		}
+	}
+}
+
+// TestClusterRacingReservesKeepEveryInterval: 8 callers reserve at once,
+// 24 requests each, for 4 businesses under a global peak of 100/s (burst
+// 1) and 2/s per business (burst 1), whose keys live in different slots,
+// at one explicit now. Each business's 48 bookings then need 47 intervals
+// of 500 ms after the first, plus the few 10 ms steps by which the peak
+// shifts the businesses' moments apart (and any peak interval an undo
+// lost): a lost business interval pushes the last one 500 ms later.
+// When a slot booked first is undone because the other missed the moment,
+// and a request of the same business booked after it, the business's
+// interval was lost (the GCRA TAT cannot give back an interval below
+// another charge): before the longest-interval slot booked last, and only
+// once the other had, the last booking came seconds later.
+func TestClusterRacingReservesKeepEveryInterval(t *testing.T) {
+	const callers, each, businesses = 8, 24, 4
+	c := redistest.Cluster(t)
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	l, _ := New(Config{Client: c, Prefix: redistest.Prefix(t), Now: func() time.Time { return t0 }})
+	set := mustSet(
+		Rule{Name: "peak", Limit: GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 1})},
+		Rule{Name: "business", Limit: GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})},
+	)
+	var mu sync.Mutex
+	var refused atomic.Int64
+	last := make(map[string]time.Duration)
+	var wg sync.WaitGroup
+	for w := 0; w < callers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				b := fmt.Sprintf("b%d", (w+i)%businesses)
+				d, err := l.Reserve(context.Background(), set, Request{Keys: []string{"", b}}, time.Hour)
+				for try := 0; err == nil && !d.Allowed && d.Rule == "" && try < 20; try++ {
+					// The slots did not agree in time: ask again, as
+					// the middleware does after RetryAfter.
+					refused.Add(1)
+					d, err = l.Reserve(context.Background(), set, Request{Keys: []string{"", b}}, time.Hour)
+				}
+				if err != nil || !d.Allowed {
+					t.Errorf("reserve for %s: %+v %v", b, d, err)
+					return
+				}
+				mu.Lock()
+				last[b] = max(last[b], d.Delay)
+				mu.Unlock()
+			}
+		}(w)
+	}
+	wg.Wait()
+	t.Logf("%d reserves refused for want of agreement, and asked again", refused.Load())
+	per := callers * each / businesses
+	bar := time.Duration(per-1)*500*time.Millisecond + 250*time.Millisecond
+	for b, d := range last {
+		t.Logf("%s: last booking %v ahead (bar %v)", b, d, bar)
+		if d > bar {
+			t.Errorf("%s: the last of %d bookings is %v ahead, more than the %v its limits need: intervals were lost", b, per, d, bar)
 		}
 	}
 }

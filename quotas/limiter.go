@@ -316,7 +316,8 @@ const (
 	opStatus
 	opBlock
 	opHeld
-	opEarliest // a reserve's moment, nothing charged (Cluster)
+	opEarliest  // a reserve's moment, nothing charged (Cluster)
+	opReserveAt // a reserve of exactly p.notBefore, or nothing (Cluster)
 )
 
 // timing is what every script call of one request shares.
@@ -692,21 +693,26 @@ func (l *Limiter) undone(ctx context.Context, s *Set, gs [][]call, rs []reply, p
 // without charging anything, on the earliest moment every one of them
 // admits (each answers the earliest moment from the latest one asked, until
 // all answer the same, or all admit at once, which on their own clocks are
-// moments microseconds apart); then every slot books that moment. A slot
-// that books another (another request took the moment in between) has the
-// bookings undone, and the agreement starts again from there. An
-// agreement that takes too many rounds is a refusal with the wait until
-// the latest moment asked, as is one beyond the horizon.
+// moments microseconds apart); then every slot books that moment, and only
+// that moment. A slot where another request took the moment in between
+// books nothing and names its next one; the slots that booked are undone
+// and the agreement starts again from there. An undo is exact unless a
+// request of the same key booked after it (a GCRA rule then loses the
+// interval), so the slot whose GCRA interval is longest, usually a
+// per-customer rule's, books last, once the others did, and is never
+// undone. An agreement that takes too many rounds is a refusal with the
+// wait until the latest moment asked, as is one beyond the horizon.
 func (l *Limiter) reserveAcross(ctx context.Context, s *Set, gs [][]call, p params) (Decision, error) {
-	const rounds, attempts = 16, 4
+	const rounds, attempts = 16, 8
 	var d Decision
 	for attempt := 0; attempt < attempts; attempt++ {
 		dry := p
 		dry.op = opEarliest
 		agreed := false
+		var rs []reply
 		for round := 0; round < rounds && !agreed; round++ {
-			rs, err := l.run(ctx, gs, dry)
-			if err != nil {
+			var err error
+			if rs, err = l.run(ctx, gs, dry); err != nil {
 				return Decision{}, err
 			}
 			if d = l.assemble(s, gs, rs, dry); !d.Allowed {
@@ -724,24 +730,85 @@ func (l *Limiter) reserveAcross(ctx context.Context, s *Set, gs [][]call, p para
 		if s.named {
 			p.nonce = newNonce()
 		}
-		rs, err := l.run(ctx, gs, p)
+		booked, bs, refused, err := l.bookAt(ctx, gs, lastToBook(rs), p)
 		if err != nil {
 			return Decision{}, err
 		}
-		d = l.assemble(s, gs, rs, p)
-		if d.Allowed && together(rs) {
-			return d, nil
+		if len(bs) == len(gs) && together(bs) {
+			return l.assemble(s, gs, bs, p), nil
 		}
-		for _, r := range rs {
+		for _, r := range bs {
 			p.notBefore = max(p.notBefore, r.at)
 		}
-		if d, err = l.undone(ctx, s, gs, rs, p, d); err != nil || d.Rule != "" {
-			return d, err // denied by a rule, not by disagreement
+		// The rules of groups that did not run keep their agreed state.
+		dd := l.assemble(s, booked, bs, p)
+		for i, st := range dd.Rules {
+			if st.Name == "" {
+				dd.Rules[i] = d.Rules[i]
+			}
+		}
+		if d, err = l.undone(ctx, s, booked, bs, p, dd); err != nil || refused {
+			return d, err
 		}
 	}
 	d = d.denied()
 	d.RetryAfter, d.Rule = time.Duration(p.notBefore-d.Now.UnixMicro())*time.Microsecond, ""
 	return d, nil
+}
+
+// lastToBook returns the group whose GCRA interval is the longest in the
+// replies rs, or -1 if no group has a GCRA rule.
+func lastToBook(rs []reply) int {
+	last, longest := -1, int64(0)
+	for gi, r := range rs {
+		for _, st := range r.rules {
+			if st[5] > longest {
+				last, longest = gi, st[5]
+			}
+		}
+	}
+	return last
+}
+
+// bookAt books p.notBefore on the groups gs (a reserve at, opReserveAt):
+// all but group last in one parallel round trip, then, if all of those
+// booked, group last. It returns the groups it ran, in gs's order, their
+// replies, and whether one refused outright (rather than missing the
+// moment, which replies the next one).
+func (l *Limiter) bookAt(ctx context.Context, gs [][]call, last int, p params) (ran [][]call, rs []reply, refused bool, err error) {
+	p.op = opReserveAt
+	var first, then [][]call
+	for gi, g := range gs {
+		if gi == last {
+			then = append(then, g)
+		} else {
+			first = append(first, g)
+		}
+	}
+	for _, step := range [][][]call{first, then} {
+		if len(step) == 0 {
+			continue
+		}
+		got, err := l.run(ctx, step, p)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		ran, rs = append(ran, step...), append(rs, got...)
+		missed := false
+		for _, r := range got {
+			// A miss replies the moment found; a refusal its now.
+			missed = missed || r.status != 1
+			refused = refused || r.status != 1 && r.at <= r.now
+		}
+		if missed {
+			return ran, rs, refused, nil
+		}
+	}
+	if last >= 0 && last < len(gs)-1 {
+		// Back to gs's order: the last group ran last.
+		ran, rs = gs, append(append(append([]reply{}, rs[:last]...), rs[len(rs)-1]), rs[last:len(rs)-1]...)
+	}
+	return ran, rs, false, nil
 }
 
 // together reports whether the groups' replies name one moment: the same,

@@ -15,7 +15,11 @@
 -- ARGV[1]  number of requests; then per request, from its first argument:
 --   +1     op: 0 allow, 1 reserve, 2 refund, 3 status, 4 block, 5 held,
 --          6 earliest: the moment a reserve would book, nothing charged
---          (the Cluster path agrees on one moment across slots with it)
+--          (the Cluster path agrees on one moment across slots with it),
+--          7 reserve at: a reserve that books only at the time given in +9
+--          (or now, if that is past); a later moment is not booked and is
+--          replied as status 0 with t that moment (the Cluster path books
+--          the agreed moment with it)
 --   +2     explicit now in microseconds, or -1 for the server's TIME (read
 --          for each request: each is decided at its own time)
 --   +3     TTL floor in milliseconds (0 in production)
@@ -54,7 +58,8 @@
 --   wait    denied: the longest rule wait (-1 never); reserve: t - now
 --   rule    1-based index of the rule that set wait, 0 if none
 --   t       the time the charge is made at (now, the booked time, or the
---           moment of a booking taken over)
+--           moment of a booking taken over); for a reserve at that found
+--           a later moment, that moment
 --   u1, u2  what a refund needs to undo this charge exactly: a GCRA rule's
 --           TAT after and before the charge (0: none), or for a booking of
 --           its own -x and its tag (booked.lua); a concurrency rule's
@@ -192,8 +197,8 @@ end
 -- the next request.
 local function decide(k0, a0)
   local op = tonumber(ARGV[a0 + 1])
-  local dry = op == 6
-  if dry then op = 1 end
+  local dry, exact = op == 6, op == 7
+  if dry or exact then op = 1 end
   local now = gcra_now(ARGV[a0 + 2])
   local ttl_floor = tonumber(ARGV[a0 + 3])
   local n = tonumber(ARGV[a0 + 4])
@@ -391,6 +396,7 @@ local function decide(k0, a0)
       local r = rules[i]
       if r.kind == 3 and win_at(r, t) < 0 then known = false end
     end
+    local from = max(now, tonumber(ARGV[a0 + 9]))
     if not agreed or not known or t - now > horizon then
       deny = {t - now, worst}
     else
@@ -398,7 +404,6 @@ local function decide(k0, a0)
       -- horizon that is full until then: the request would keep its slot
       -- after the reset even if refunds freed the window before it. The
       -- caller tries again at the reset.
-      local from = max(now, tonumber(ARGV[a0 + 9]))
       for i = 1, nrules do
         local r = rules[i]
         if r.kind == 2 or r.kind == 3 then
@@ -413,8 +418,12 @@ local function decide(k0, a0)
     if fair > 0 then
       local limit = now + horizon + 1
       if not deny then limit = t end
-      local took = take_over(rules, nrules, fair, max(now, tonumber(ARGV[a0 + 9])), n, now, limit, critical, holder, g)
+      local took = take_over(rules, nrules, fair, from, n, now, limit, critical, holder, g)
       if took then t, deny = took, false end
+    end
+    if exact and t > from then
+      -- Another request took the moment: charge nothing, say which is next.
+      return reply(rules, nrules, now, 0, t - now, worst, t), k, a - 1
     end
     if dry and not deny then
       -- The moment alone (a booking it would take over included).
