@@ -6,7 +6,7 @@
 
 GO ?= go
 
-.PHONY: test redis-server chromium check fuzz bench e2e-long
+.PHONY: test redis-server chromium check fuzz bench fleet e2e-long
 
 test: redis-server chromium check
 	$(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -race -count=1 -p 1 ./...
@@ -53,6 +53,13 @@ fuzz: redis-server
 # Peer comparison benchmarks (separate module; see BENCHMARKS.md).
 bench: redis-server
 	cd bench && $(GO) run ./cmd/benchtable
+
+# Fleet cost with the built worker (bench/fleet_test.go): idle workers'
+# Redis commands per second against idle plain asynq servers in the same
+# run (bar 1.5x), and the start error of paced copies (bar p99 20 ms).
+# About 80 s, not part of make test; figures in BENCHMARKS.md.
+fleet: redis-server
+	cd bench && TASKRL_FLEET=1 $(GO) test -count=1 -run 'TestIdleFleet|TestPacedStart' -v .
 
 # The adaptive-rule end-to-end scenarios at full length (phases of 60 s;
 # also 6 workers, an API at 3/s and one at 300/s): about 8 minutes, not

@@ -153,32 +153,65 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 	}
 }
 
-// await waits w in the worker for the turn of j.charge. Then, if checkHeld,
+// await waits w in the worker for the turn of j.charge. Then a task whose
+// limits changed meanwhile is rescheduled to decide again (done); if checkHeld,
 // a fair rule's booking is checked to be still the task's (again: it was
 // taken over and given back; decide anew), and the task is rescheduled
-// (done) if the remote side throttled its rules meanwhile. A cancelled wait
-// ends the task (done), giving the charge back if refund is set.
+// (done) if the remote side throttled its rules meanwhile, and a task the
+// checks made late for its turn (lateBooking) gives it back and decides
+// again. A cancelled wait ends the task (done), giving the charge back if
+// refund is set.
 func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, err error) {
+	slot := j.m.serverNow().Add(w)
 	if err := hold(j.ctx, w); err != nil {
 		if refund {
 			j.refund(j.charge)
 		}
 		return true, false, err
 	}
+	if j.limitsChanged() {
+		// Reloaded or overridden while the task waited: its charge was
+		// made under the old limits (kept, as for a stale copy,
+		// planBooked), and it decides again under the new ones at once.
+		j.observe(Event{Outcome: Rescheduled})
+		return true, false, j.reschedule(0, time.Time{}, "")
+	}
 	if checkHeld && !j.held() {
 		return false, true, nil
 	}
-	until, rule, err := j.blockedUntil()
+	// No marker read (Redis failed): nothing known to block.
+	if until, rule, err := j.blockedUntil(); err == nil {
+		a := plan(j.lim, j.step(step{stage: stageBlocked, blocked: until, rule: rule}))
+		if a.verb == reschedule {
+			j.refund(j.charge)
+			j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait})
+			return true, false, j.reschedule(a.wait, time.Time{}, "")
+		}
+	}
+	if j.m.serverNow().Sub(slot) > lateBooking {
+		// The checks took the task past its turn (Redis was down or
+		// slow): tasks that ran now would come in a bunch, each late for
+		// its own turn. It gives the turn back and decides again.
+		j.refund(j.charge)
+		return false, true, nil
+	}
+	return false, false, nil
+}
+
+// limitsChanged reports whether the task's rate rules have other limits
+// now than those it was decided under (a reload or an override since),
+// which a copy's HeaderLimits would tell the same way.
+func (j *job) limitsChanged() bool {
+	b := j.m.policy.Load().Bind(j.t.Type(), j.queue)
+	if b == nil {
+		return true
+	}
+	rq, err := b.Request(j.t.Payload())
 	if err != nil {
-		return false, false, nil // no marker read: nothing known to block
+		return true
 	}
-	a := plan(j.lim, j.step(step{stage: stageBlocked, blocked: until, rule: rule}))
-	if a.verb != reschedule {
-		return false, false, nil
-	}
-	j.refund(j.charge)
-	j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait})
-	return true, false, j.reschedule(a.wait, time.Time{}, "")
+	sp, err := j.m.split(b.forKeys(rq.Keys))
+	return err != nil || sp.digest != j.sp.digest
 }
 
 // held reports whether the slot booked for the task (j.charge) is still

@@ -17,6 +17,7 @@ import (
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/internal/clock"
+	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -303,16 +304,58 @@ func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		queue, _ := asynq.GetQueueName(ctx)
 		p := m.policy.Load()
+		if due, ok := dueAt(t); ok {
+			// A copy the pacer moved ahead of its due time waits for it
+			// here; one far earlier (run by hand) is rescheduled again.
+			switch w := due.Sub(m.serverNow()); {
+			case w > admission.EarlyBooking(m.pace.leadTime(), m.cfg.MaxHold):
+				return m.newJob(ctx, t, queue, p).reschedule(w, time.Time{}, "")
+			case w > 0:
+				if err := hold(ctx, w); err != nil {
+					return err
+				}
+			}
+		}
+		run := m.once(next)
 		b := p.Bind(t.Type(), queue)
 		if b == nil {
 			// No job for a task no rule governs unless it is throttled.
-			err := next.ProcessTask(ctx, t)
+			err := run.ProcessTask(ctx, t)
 			if te := (*ThrottledError)(nil); errors.As(err, &te) {
 				return m.newJob(ctx, t, queue, p).backOff(te)
 			}
 			return err
 		}
-		return m.newJob(ctx, t, queue, p).process(b, next)
+		return m.newJob(ctx, t, queue, p).process(b, run)
+	})
+}
+
+// once wraps next so that a rescheduled copy's first attempt runs once:
+// asynq may deliver one copy twice (a Redis failover loses the pacer's
+// move to pending, and the copy is moved again on the new primary), and
+// both deliveries would wait for the same slot and call at once. Just
+// before the first attempt runs, it marks the copy's ID (SET NX, one
+// minute); a delivery that finds the mark ends without running, as done.
+// If Redis cannot say within onceTimeout, or failed a moment ago, the
+// attempt runs. Retries and original tasks are not marked: asynq gives
+// those to one worker at a time.
+const onceTimeout = 100 * time.Millisecond
+
+func (m *Middleware) once(next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		// Real time: whether Redis failed a moment ago (guard).
+		if _, copied := t.Headers()[HeaderOrigin]; copied && retryCount(ctx) == 0 && time.Now().UnixNano() >= m.down.Load() {
+			id, _ := asynq.GetTaskID(ctx)
+			queue, _ := asynq.GetQueueName(ctx)
+			mctx, cancel := context.WithTimeout(ctx, onceTimeout)
+			first, err := m.cfg.Client.SetNX(mctx, keys.Ran(m.prefix, queue, id), 1, time.Minute).Result()
+			cancel()
+			if err == nil && !first {
+				m.cfg.Logger.Info("taskrl: a second delivery of a rescheduled task ends without running; another worker started it", "task", id)
+				return nil
+			}
+		}
+		return next.ProcessTask(ctx, t)
 	})
 }
 
@@ -321,27 +364,25 @@ func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p *Policy) *job {
 	j := &job{m: m, t: t, queue: queue, lim: m.limits}
 	j.lim.mode = p.FailureMode()
+	j.lim.early = admission.EarlyBooking(m.pace.leadTime(), j.lim.maxHold)
 	j.ctx = context.WithValue(ctx, jobKey{}, j)
 	j.id, _ = asynq.GetTaskID(ctx)
 	return j
 }
 
-// ServerConfig returns cfg adjusted for paced tasks, and starts pacing its
-// queues now rather than when a task of theirs is first rescheduled here:
-//   - TaskCheckInterval at most 50ms (asynq's default is 1s): a copy the
-//     pacer moves to pending at its slot is picked up within 50ms even by an
-//     idle worker, which then checks its queues 20 times a second;
-//   - DelayedTaskCheckInterval at most 1s (default 5s): a copy no pacer
-//     moved (every pacer down) still runs about 3s after its slot.
+// ServerConfig returns cfg unchanged and starts pacing its queues now
+// rather than when a task of theirs is first rescheduled here. It reads
+// cfg.TaskCheckInterval (asynq's default 1s when zero): an idle worker
+// looks for pending tasks after sleeping up to 1.5 times that, so a copy
+// rescheduled to a booked slot is moved to pending that long and 100ms
+// before its slot (admission.PaceLead: 1.6s by default) and waits for it
+// in the worker that picks it up, holding one of its Concurrency slots
+// meanwhile. A shorter interval gives a shorter lead, at the price of
+// idle polling (each look costs Redis three commands per queue).
 func (m *Middleware) ServerConfig(cfg asynq.Config) asynq.Config {
+	m.pace.setLead(admission.PaceLead(cfg.TaskCheckInterval))
 	for q := range cfg.Queues {
 		m.pace.serve(q)
-	}
-	if cfg.TaskCheckInterval == 0 || cfg.TaskCheckInterval > 50*time.Millisecond {
-		cfg.TaskCheckInterval = 50 * time.Millisecond
-	}
-	if cfg.DelayedTaskCheckInterval == 0 || cfg.DelayedTaskCheckInterval > time.Second {
-		cfg.DelayedTaskCheckInterval = time.Second
 	}
 	return cfg
 }

@@ -61,14 +61,18 @@ func TestUnmatchedTasksCostNothing(t *testing.T) {
 
 // runWorkers starts n asynq servers in this process on c with the
 // middleware, serving handler for queue, and stops them when the test ends.
+// They look at their queue every 100ms when idle (asynq's default is 1s),
+// so that the tests' timings measure the middleware, not asynq's polling;
+// the pacer's lead is 250ms then.
 func runWorkers(t *testing.T, c redis.UniversalClient, m *Middleware, n, concurrency int, queue string, handler asynq.HandlerFunc) {
 	t.Cleanup(func() { m.Close() }) // after the servers' shutdown
 	for i := 0; i < n; i++ {
 		srv := asynq.NewServerFromRedisClient(c, m.ServerConfig(asynq.Config{
-			Concurrency:    concurrency,
-			Queues:         map[string]int{queue: 1},
-			LogLevel:       asynq.ErrorLevel,
-			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond },
+			TaskCheckInterval: 100 * time.Millisecond,
+			Concurrency:       concurrency,
+			Queues:            map[string]int{queue: 1},
+			LogLevel:          asynq.ErrorLevel,
+			RetryDelayFunc:    func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond },
 		}))
 		mux := asynq.NewServeMux()
 		mux.Use(m.Handler)
@@ -951,5 +955,48 @@ func TestThrottleBlocksWindowsAndSlots(t *testing.T) {
 				t.Errorf("a task started %v after a %v 429", after[0], retryAfter)
 			}
 		})
+	}
+}
+
+// TestCopyRunsOnce: a rescheduled copy delivered a second time (as after a
+// Redis failover that lost the pacer's move to pending) ends without
+// running: the first delivery marked it. An original task with the same
+// shape but no HeaderOrigin, and a copy's retry, run every time.
+func TestCopyRunsOnce(t *testing.T) {
+	c := redistest.StartServer(t).Client(t)
+	m := newMiddleware(t, c, Rule{Name: "peak", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 1000, Period: time.Second, Burst: 100})})
+	var mu sync.Mutex
+	runs := map[string]int{}
+	runWorkers(t, c, m, 1, 4, "q", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		defer mu.Unlock()
+		runs[id]++
+		return nil
+	})
+	client := asynq.NewClientFromRedisClient(c)
+	insp := asynq.NewInspectorFromRedisClient(c)
+	deliver := func(id string, headers map[string]string) {
+		t.Helper()
+		if _, err := client.Enqueue(asynq.NewTaskWithHeaders("job", nil, headers), asynq.Queue("q"), asynq.TaskID(id)); err != nil {
+			t.Fatal(err)
+		}
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err := insp.GetTaskInfo("q", id); errors.Is(err, asynq.ErrTaskNotFound) {
+				return // done and deleted: the ID may be enqueued again
+			}
+			if time.Now().After(end) {
+				t.Fatalf("task %s did not finish", id)
+			}
+		}
+	}
+	for i := 0; i < 2; i++ {
+		deliver("x~1", map[string]string{HeaderOrigin: "x", HeaderRound: "1"})
+		deliver("plain", nil)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["x~1"] != 1 || runs["plain"] != 2 {
+		t.Fatalf("runs %v: want the copy once and the original twice", runs)
 	}
 }

@@ -1,21 +1,17 @@
 -- The pacing queue of one asynq queue: rescheduled tasks waiting for their
--- booked slot, moved to pending at that slot by the middleware's pacers.
--- Composed after internal/script/lua/gcra.lua (for gcra_now).
+-- booked slot, moved to pending a lead before that slot by the
+-- middleware's pacers. Composed after internal/script/lua/gcra.lua (for
+-- gcra_now).
 --
 -- KEYS[1]  sorted set: member = asynq task ID, score = booked slot, µs
--- KEYS[2]  leader: the pacer that polls this queue as a safety net (string,
---          with a TTL)
 -- ARGV[1]  op: 0 add, 1 claim
 -- ARGV[2]  explicit now in microseconds, or -1 for the server's TIME
 -- add:   ARGV[3] task ID, ARGV[4] booked µs, ARGV[5] key TTL floor, ms
 -- claim: ARGV[3] most IDs to claim, ARGV[4] lead: claim slots due this many
---        microseconds from now, ARGV[5] this pacer's ID, ARGV[6] leadership
---        lease in milliseconds
+--        microseconds from now
 --
--- Reply: add: 1. claim: {lead_ms, id...}: the IDs due by now + lead, removed
--- from the set in slot order; lead_ms is 0 when this pacer leads the queue
--- (it took or renewed the lease), otherwise the milliseconds left on the
--- other leader's lease. Any pacer may claim due IDs; each is handed out once.
+-- Reply: add: 1. claim: the IDs due by now + lead, removed from the set in
+-- slot order. Any pacer may claim due IDs; each is handed out once.
 local now = gcra_now(ARGV[2])
 if ARGV[1] == '0' then
   redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
@@ -26,16 +22,8 @@ if ARGV[1] == '0' then
   redis.call('PEXPIRE', KEYS[1], ttl)
   return 1
 end
-local out = {0}
-local leader = redis.call('GET', KEYS[2])
-if leader and leader ~= ARGV[5] then
-  out[1] = math.max(1, redis.call('PTTL', KEYS[2]))
-else
-  redis.call('SET', KEYS[2], ARGV[5], 'PX', tonumber(ARGV[6]))
-end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now + tonumber(ARGV[4])), 'LIMIT', 0, tonumber(ARGV[3]))
 if #due > 0 then
   redis.call('ZREM', KEYS[1], unpack(due))
 end
-for _, id in ipairs(due) do out[#out + 1] = id end
-return out
+return due

@@ -3,12 +3,12 @@ package taskrl
 import (
 	"container/heap"
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -25,18 +25,21 @@ var paceLua string
 
 var paceScript = script.New(paceLua, "gcra")
 
-// pacer moves rescheduled tasks from asynq's scheduled set to pending at
-// their booked slot, to the millisecond, instead of at the next whole second
-// asynq would use. The pacer of the process that booked a copy claims it at
-// its slot (and with it any other copy then due, whoever booked it); one
-// pacer per queue, the leader, also looks once a second, for the copies of
-// processes that died before their slot. Each copy is also scheduled in
-// asynq itself a little after its slot, so if no pacer runs (every worker
-// down), the task still runs, only late. One pacer runs per Middleware, for
-// every queue the middleware has served or been configured for.
+// pacer moves rescheduled tasks from asynq's scheduled set to pending a
+// lead before their booked slot (admission.PaceLead: longer than an idle
+// worker sleeps between two looks at its queues), so that a worker has
+// picked each up by its slot and waits for it there, instead of asynq
+// moving it at the next check of its scheduled set, seconds later. The
+// pacer of the process that booked a copy claims it then (and with it
+// any other copy then due, whoever booked it); every pacer also looks
+// every paceIdle, with one cheap command, for due copies of processes that
+// died before their slot. Each copy is also scheduled in asynq itself a
+// little after its slot, so if no pacer runs (every worker down), the task
+// still runs, only late. One pacer runs per Middleware, for every queue
+// the middleware has served or been configured for.
 type pacer struct {
 	pacerDeps
-	id   string // this pacer's name in the leadership of a queue
+	lead atomic.Int64 // admission.PaceLead, ns
 	mu   sync.Mutex
 	qs   map[string]*paceQueue
 	wake chan struct{}
@@ -49,7 +52,7 @@ type pacer struct {
 type paceQueue struct {
 	key  string
 	own  slots     // slots of the copies this process booked, server µs
-	poll time.Time // when to look next as leader (or to try to lead)
+	poll time.Time // when to look for others' due copies next
 	hold time.Time // after a failed claim: no claim before then
 }
 
@@ -57,15 +60,8 @@ type paceQueue struct {
 // no pacer moved.
 const paceSlack = 2 * time.Second
 
-// paceLead: see admission.PaceLead.
-const paceLead = admission.PaceLead
-
-// paceLease is how long a pacer leads a queue without claiming; another
-// takes over when it lapses.
-const paceLease = 2 * time.Second
-
-// paceIdle is how often the leader looks for copies whose process died.
-const paceIdle = time.Second
+// paceIdle is how often a pacer looks for due copies it did not book.
+const paceIdle = 2 * time.Second
 
 // paceBatch is the most copies one claim moves.
 const paceBatch = 100
@@ -83,10 +79,15 @@ type pacerDeps struct {
 func (p *pacer) serverNow() time.Time { return p.skew.Server(p.clock.Now()) }
 
 func newPacer(deps pacerDeps) *pacer {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return &pacer{pacerDeps: deps, id: hex.EncodeToString(b[:]), qs: map[string]*paceQueue{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	p := &pacer{pacerDeps: deps, qs: map[string]*paceQueue{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	p.setLead(admission.PaceLead(0))
+	return p
 }
+
+// setLead sets how long before its slot a copy is moved to pending.
+func (p *pacer) setLead(d time.Duration) { p.lead.Store(int64(d)) }
+
+func (p *pacer) leadTime() time.Duration { return time.Duration(p.lead.Load()) }
 
 // queue returns the state of queue, starting the pacer on first use.
 // p.mu must be held.
@@ -143,8 +144,9 @@ func (p *pacer) run() {
 	}
 }
 
-// pass claims the copies due in every queue that has some, or whose
-// leader poll is due, and returns when to look again.
+// pass claims the copies due in every queue where this process booked
+// some, looks for others' where that is due, and returns when to look
+// again.
 func (p *pacer) pass() time.Duration {
 	p.mu.Lock()
 	qs := make(map[string]*paceQueue, len(p.qs))
@@ -152,18 +154,19 @@ func (p *pacer) pass() time.Duration {
 		qs[name] = q
 	}
 	p.mu.Unlock()
+	lead := p.leadTime()
 	next := paceIdle
 	for name, q := range qs {
 		now, serverNow := p.clock.Now(), p.serverNow().UnixMicro()
 		p.mu.Lock()
-		ownDue := q.own.Len() > 0 && q.own[0]-paceLead.Microseconds() <= serverNow
+		ownDue := q.own.Len() > 0 && q.own[0]-lead.Microseconds() <= serverNow
 		p.mu.Unlock()
-		if (ownDue || !now.Before(q.poll)) && !now.Before(q.hold) {
-			p.claim(name, q)
+		if !now.Before(q.hold) && (ownDue || !now.Before(q.poll) && p.othersDue(name, q, serverNow+lead.Microseconds())) {
+			p.claim(name, q, lead)
 		}
 		p.mu.Lock()
 		if q.own.Len() > 0 {
-			next = min(next, max(time.Duration(q.own[0]-paceLead.Microseconds()-serverNow)*time.Microsecond, q.hold.Sub(p.clock.Now())))
+			next = min(next, max(time.Duration(q.own[0]-lead.Microseconds()-serverNow)*time.Microsecond, q.hold.Sub(p.clock.Now())))
 		}
 		p.mu.Unlock()
 		next = min(next, max(q.poll.Sub(p.clock.Now()), q.hold.Sub(p.clock.Now())))
@@ -171,12 +174,26 @@ func (p *pacer) pass() time.Duration {
 	return next
 }
 
-// claim moves the due copies of one queue to pending, forgets this
-// process's slots that are now due, and sets the queue's next leader poll.
-func (p *pacer) claim(queue string, q *paceQueue) {
+// othersDue reports whether queue has a copy due by server time by (µs),
+// with one command, and sets the next look paceIdle from now.
+func (p *pacer) othersDue(queue string, q *paceQueue, by int64) bool {
+	q.poll = p.clock.Now().Add(paceIdle)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	v, err := paceScript.Run(ctx, p.client, []string{q.key, q.key + ":leader"}, 1, -1, paceBatch, paceLead.Microseconds(), p.id, paceLease.Milliseconds()).Slice()
+	due, err := p.client.ZRangeByScore(ctx, q.key, &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(by, 10), Count: 1}).Result()
+	if err != nil {
+		p.logger.Debug("taskrl: pacer could not look for due copies", "queue", queue, "err", err)
+		return false
+	}
+	return len(due) > 0
+}
+
+// claim moves the copies of one queue due within lead to pending and
+// forgets this process's slots that are now due.
+func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v, err := paceScript.Run(ctx, p.client, []string{q.key}, 1, -1, paceBatch, lead.Microseconds()).StringSlice()
 	if err != nil {
 		if !errors.Is(err, redis.Nil) {
 			p.logger.Warn("taskrl: pacer", "queue", queue, "err", err)
@@ -184,31 +201,25 @@ func (p *pacer) claim(queue string, q *paceQueue) {
 		q.hold = p.clock.Now().Add(200 * time.Millisecond)
 		return
 	}
-	for _, id := range v[1:] {
+	for _, id := range v {
 		// A copy that asynq already moved, or that is gone, needs nothing.
-		if err := p.inspect.RunTask(queue, id.(string)); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+		if err := p.inspect.RunTask(queue, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
 			p.logger.Debug("taskrl: pacer could not run a task", "queue", queue, "task", id, "err", err)
 		}
 	}
-	switch ms, _ := v[0].(int64); {
-	case len(v) > paceBatch:
+	if len(v) >= paceBatch {
 		q.poll = p.clock.Now() // more may be due
-	case ms == 0:
-		q.poll = p.clock.Now().Add(paceIdle)
-	default:
-		q.poll = p.clock.Now().Add(min(time.Duration(ms)*time.Millisecond, paceLease))
+		return
 	}
-	if len(v) <= paceBatch {
-		p.mu.Lock()
-		p.dropDue(q, p.clock.Now())
-		p.mu.Unlock()
-	}
+	p.mu.Lock()
+	p.dropDue(q, p.clock.Now(), lead)
+	p.mu.Unlock()
 }
 
 // dropDue forgets this process's slots due by local time t plus the lead:
 // a claim has just moved them. p.mu must be held.
-func (p *pacer) dropDue(q *paceQueue, t time.Time) {
-	limit := p.skew.Server(t).Add(paceLead).UnixMicro()
+func (p *pacer) dropDue(q *paceQueue, t time.Time, lead time.Duration) {
+	limit := p.skew.Server(t).Add(lead).UnixMicro()
 	for q.own.Len() > 0 && q.own[0] <= limit {
 		heap.Pop(&q.own)
 	}

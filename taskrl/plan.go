@@ -86,6 +86,9 @@ type action struct {
 type limits struct {
 	maxHold, budget time.Duration
 	mode            FailureMode
+	// early is how far before its slot a booked copy may arrive and wait
+	// for it (admission.EarlyBooking).
+	early time.Duration
 }
 
 // lateBooking and slotRetry: see admission.LateBooking and SlotRetry.
@@ -129,7 +132,7 @@ func planBooked(c limits, s step) action {
 		return action{verb: decide}
 	case w < -lateBooking:
 		return action{verb: decide, refund: true}
-	case w > 2*c.maxHold || s.left <= w:
+	case w > c.early || s.left <= w:
 		return action{verb: reschedule, wait: w, booked: s.booked}
 	default:
 		return action{verb: run, wait: max(w, 0)}

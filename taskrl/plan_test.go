@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -14,7 +15,9 @@ import (
 func TestPlan(t *testing.T) {
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	ms := time.Millisecond
-	c := limits{maxHold: 500 * ms, mode: FailClosed}
+	// Copies arrive up to the pace lead early (1.6 s at asynq's default
+	// TaskCheckInterval) and wait for their slot: up to 1.85 s.
+	c := limits{maxHold: 500 * ms, mode: FailClosed, early: admission.EarlyBooking(admission.PaceLead(0), 500*ms)}
 	budget := c
 	budget.budget = 10 * time.Second
 	mode := func(m FailureMode) limits { l := c; l.mode = m; return l }
@@ -56,11 +59,12 @@ func TestPlan(t *testing.T) {
 		// A copy arrives with a slot booked for it.
 		{"booked: on time", c, step{stage: stageBooked, booked: now}, action{verb: run}},
 		{"booked: early, wait", c, step{stage: stageBooked, booked: now.Add(800 * ms)}, action{verb: run, wait: 800 * ms}},
+		{"booked: a pace lead early, wait", c, step{stage: stageBooked, booked: now.Add(1600 * ms)}, action{verb: run, wait: 1600 * ms}},
 		{"booked: slightly late", c, step{stage: stageBooked, booked: now.Add(-20 * ms)}, action{verb: run}},
 		{"booked: late, decide again", c, step{stage: stageBooked, booked: now.Add(-30 * ms)}, action{verb: decide, refund: true}},
 		{"booked: under other limits, decide again without a refund", c, step{stage: stageBooked, booked: now.Add(800 * ms), stale: true}, action{verb: decide}},
-		{"booked: far too early, reschedule still booked", c, step{stage: stageBooked, booked: now.Add(1100 * ms)},
-			action{verb: reschedule, wait: 1100 * ms, booked: now.Add(1100 * ms)}},
+		{"booked: far too early, reschedule still booked", c, step{stage: stageBooked, booked: now.Add(1900 * ms)},
+			action{verb: reschedule, wait: 1900 * ms, booked: now.Add(1900 * ms)}},
 		{"booked: deadline before the slot", c, step{stage: stageBooked, booked: now.Add(300 * ms), left: 300 * ms},
 			action{verb: reschedule, wait: 300 * ms, booked: now.Add(300 * ms)}},
 

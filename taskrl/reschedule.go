@@ -31,6 +31,11 @@ const (
 	// changed since (a reloaded policy, an override) gives up its slot and
 	// decides again.
 	HeaderLimits = "taskrl-limits"
+	// HeaderDue holds the server time, in Unix microseconds, a copy
+	// rescheduled without a booking (to decide again, or after an upstream
+	// block) is due: the pacer moves it to pending a little before, and
+	// the worker that picks it up waits until then.
+	HeaderDue = "taskrl-due"
 )
 
 // reschedule enqueues a copy of the task to run after delay and lets the
@@ -41,7 +46,8 @@ const (
 // retries it had left. Its ID is derived from the original's and the round,
 // so a redelivered original cannot make two copies. booked, if set, is the
 // slot already charged for it (receipt: the charge's quotas receipt, for a
-// refund): the pacer moves the copy to pending then.
+// refund). Either way the pacer moves the copy to pending a lead before its
+// slot or due time, and asynq itself paceSlack after it if no pacer does.
 func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) error {
 	t, m := j.t, j.m
 	round := 0
@@ -58,16 +64,20 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 	delete(headers, HeaderBooked)
 	delete(headers, HeaderCharge)
 	delete(headers, HeaderLimits)
+	delete(headers, HeaderDue)
 	headers[HeaderWaited] = strconv.FormatInt((waited(t) + max(delay, 0)).Microseconds(), 10)
-	in := delay
-	if !booked.IsZero() {
+	slot := booked
+	if booked.IsZero() {
+		slot = m.serverNow().Add(max(delay, 0))
+		headers[HeaderDue] = strconv.FormatInt(slot.UnixMicro(), 10)
+	} else {
 		headers[HeaderBooked] = strconv.FormatInt(booked.UnixMicro(), 10)
 		if receipt != "" {
 			headers[HeaderCharge] = receipt
 		}
 		headers[HeaderLimits] = j.sp.digest
-		in += paceSlack // the pacer runs it at its slot
 	}
+	in := delay + paceSlack // the pacer runs it in time
 	maxRetry, _ := asynq.GetMaxRetry(j.ctx)
 	copyID := formatID(org, round+1)
 	at := time.Now().Add(in) // asynq's own clock, once: retries of the enqueue keep it
@@ -112,10 +122,8 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 			return fmt.Errorf("taskrl: rescheduling: %w (then %w)", err, herr)
 		}
 	}
-	if !booked.IsZero() {
-		if err := m.pace.add(wctx, j.queue, copyID, booked); err != nil {
-			m.cfg.Logger.Warn("taskrl: pacing a rescheduled task failed; it runs a little late", "task", copyID, "err", err)
-		}
+	if err := m.pace.add(wctx, j.queue, copyID, slot); err != nil {
+		m.cfg.Logger.Warn("taskrl: pacing a rescheduled task failed; it runs a little late", "task", copyID, "err", err)
 	}
 	m.cfg.Logger.Debug("taskrl: rescheduled", "task", j.id, "copy", copyID, "in", delay, "booked", !booked.IsZero())
 	return nil
@@ -145,8 +153,15 @@ func waited(t *asynq.Task) time.Duration {
 	return time.Duration(us) * time.Microsecond
 }
 
-func bookedAt(t *asynq.Task) (time.Time, bool) {
-	v, ok := t.Headers()[HeaderBooked]
+// bookedAt returns the booked slot of a copy (HeaderBooked).
+func bookedAt(t *asynq.Task) (time.Time, bool) { return timeHeader(t, HeaderBooked) }
+
+// dueAt returns the due time of an unbooked copy (HeaderDue).
+func dueAt(t *asynq.Task) (time.Time, bool) { return timeHeader(t, HeaderDue) }
+
+// timeHeader reads a header holding Unix microseconds.
+func timeHeader(t *asynq.Task, name string) (time.Time, bool) {
+	v, ok := t.Headers()[name]
 	if !ok {
 		return time.Time{}, false
 	}

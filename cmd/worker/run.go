@@ -69,6 +69,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 	var redisErr atomic.Pointer[error] // last health check's failure, nil when fine
 	srvCfg := mw.ServerConfig(asynq.Config{
 		Concurrency:         cfg.concurrency,
+		TaskCheckInterval:   cfg.taskCheck,
 		Queues:              cfg.queues,
 		StrictPriority:      cfg.strictPriority,
 		ShutdownTimeout:     cfg.shutdownTimeout,

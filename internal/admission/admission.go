@@ -7,12 +7,32 @@ package admission
 
 import "time"
 
+// TaskCheckInterval is asynq's default Config.TaskCheckInterval: an idle
+// worker looks for pending tasks after sleeping between half and one and a
+// half of it.
+const TaskCheckInterval = time.Second
+
+// PaceLead is how long before its slot the pacer moves a booked copy to
+// pending for workers whose asynq TaskCheckInterval is check (0: asynq's
+// default): longer than an idle worker sleeps between two looks, 1.5
+// check, plus 100ms, so that some worker has picked the copy up by its
+// slot and waits for it in the worker. A shorter check costs idle polling
+// and gives a shorter lead (a copy holds a worker slot for less time).
+func PaceLead(check time.Duration) time.Duration {
+	if check <= 0 {
+		check = TaskCheckInterval
+	}
+	return check*3/2 + 100*time.Millisecond
+}
+
+// EarlyBooking is how far before its slot a booked copy may arrive and
+// wait for it in the worker: the pace lead and a margin, or twice the
+// longest hold if that is longer. An earlier copy is rescheduled again.
+func EarlyBooking(lead, maxHold time.Duration) time.Duration {
+	return max(lead+250*time.Millisecond, 2*maxHold)
+}
+
 const (
-	// PaceLead is how long before its slot the pacer moves a booked copy
-	// to pending: enough for an idle worker to pick it up (ServerConfig's
-	// 50ms TaskCheckInterval) so that it waits for its slot in the worker,
-	// briefly, instead of starting a varying time after it.
-	PaceLead = 150 * time.Millisecond
 	// LateBooking is how far past its slot a booked copy may start; a
 	// later one gives its booking back and decides again.
 	LateBooking = 25 * time.Millisecond

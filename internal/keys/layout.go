@@ -8,7 +8,8 @@ package keys
 //	gcra.Limiter    PREFIX "gcra:{" Encode(key) "}"
 //	quotas.Limiter  PREFIX "q:{" Tag(key) "}:" RULE ":" KIND...
 //	block markers   PREFIX "block:{" Tag(key) "}:" RULE
-//	pacer           PREFIX "pace:{" Encode(queue) "}" and that + ":leader"
+//	pacer           PREFIX "pace:{" Encode(queue) "}"
+//	copy started    PREFIX "ran:{" Encode(queue) "}:" Encode(copy ID) (one minute)
 //	live overrides  PREFIX "overrides:{o}" and that + ":version" (no TTL:
 //	                configuration, kept until removed)
 
@@ -38,9 +39,14 @@ func Block(prefix, rule, entity string) string {
 	return prefix + "block:{" + Tag(entity) + "}:" + rule
 }
 
-// Pace returns the pacer's sorted set of booked copies in queue; its
-// leader lease is Pace(...) + ":leader".
+// Pace returns the pacer's sorted set of booked copies in queue.
 func Pace(prefix, queue string) string { return prefix + "pace:{" + Encode(queue) + "}" }
+
+// Ran returns the mark that the rescheduled copy with asynq task ID id in
+// queue started its first attempt.
+func Ran(prefix, queue, id string) string {
+	return prefix + "ran:{" + Encode(queue) + "}:" + Encode(id)
+}
 
 // Overrides returns the hash of the live per-key overrides (worker limits)
 // and the counter every change increments, in one slot.

@@ -330,10 +330,10 @@ func TestBinaries(t *testing.T) {
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(tasks, 2*time.Minute)
-
+	begin = firstCall(t, begin, st)
 	best := bestTime(begin, tasks, businesses, policyRules)
 	took := st.LastOK.Sub(begin)
-	t.Logf("API: %d calls, %d answered 2xx, %d distinct keys, %d duplicates, %d 429s; busiest second %d; took %v from the enqueue, the limits allow %v: ratio %.3f",
+	t.Logf("API: %d calls, %d answered 2xx, %d distinct keys, %d duplicates, %d 429s; busiest second %d; took %v from the first call, the limits allow %v: ratio %.3f",
 		st.Calls, st.OK, st.DistinctKeys, st.Duplicates, st.Throttled, st.BusiestSecond().OK,
 		took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best))
 	checkExact(t, st, tasks, took, best)
@@ -382,6 +382,18 @@ var (
 	policyRules = []ideal.Rule{{GCRA: peak}, {Limit: 140, Every: 10 * time.Second}, {GCRA: perBusiness, Keyed: true}}
 )
 
+// firstCall returns the arrival of the first call answered 2xx, from
+// which the tests measure the time the limits allow: before it the idle
+// workers were finding the first tasks (asynq looks at its queues every
+// 0.5-1.5 s when idle, at its default TaskCheckInterval, which the
+// binaries keep), asynq's latency and not the limits'. It logs how long
+// that took.
+func firstCall(t *testing.T, begin time.Time, st fakeapi.Stats) time.Time {
+	t.Helper()
+	t.Logf("the first call arrived %v after the enqueue began; the time the limits allow is counted from it", st.FirstOK.Sub(begin).Round(time.Millisecond))
+	return st.FirstOK
+}
+
 // bestTime is how long after begin rules alone (package ideal) allow n
 // calls over businesses b1..bK, enqueued at begin in turn, to finish.
 func bestTime(begin time.Time, n, businesses int, rules []ideal.Rule) time.Duration {
@@ -404,9 +416,10 @@ func TestCampaign(t *testing.T) {
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(tasks, time.Minute)
+	begin = firstCall(t, begin, st)
 	best := bestTime(begin, tasks, businesses, noisyRules)
 	took := st.LastOK.Sub(begin)
-	t.Logf("%d calls answered 2xx, %d 429s; took %v from the enqueue, the limits allow %v: ratio %.3f; busiest second %d",
+	t.Logf("%d calls answered 2xx, %d 429s; took %v from the first call, the limits allow %v: ratio %.3f; busiest second %d",
 		st.OK, st.Throttled, took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best), st.BusiestSecond().OK)
 	checkExact(t, st, tasks, took, best)
 	r.stop()
@@ -732,6 +745,7 @@ func onTopology(t *testing.T, topo topology, started string, within float64) {
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(n), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(n, 3*time.Minute)
+	begin = firstCall(t, begin, st)
 	best := bestTime(begin, n, businesses, policyRules)
 	took := st.LastOK.Sub(begin)
 	t.Logf("%d calls, %d distinct keys answered 2xx, %d 429, in %v (the limits allow %v: ratio %.3f)", st.Calls, st.DistinctKeys, st.Throttled,

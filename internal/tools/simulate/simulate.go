@@ -10,8 +10,8 @@
 // every attempt decides the task's rate and window rules with Reserve
 // (horizon MaxReserve, at most 1 s for a task with an adaptive rule);
 // a turn within MaxHold is waited for in the worker slot, a later one is
-// booked and the copy comes back 150 ms before its slot (the pacer's lead)
-// and waits for it; a copy more than 25 ms late decides again; before a
+// booked and the copy comes back 1.6 s before its slot (the pacer's lead
+// at asynq's default TaskCheckInterval) and waits for it; a copy more than 25 ms late decides again; before a
 // call that waited, Held (fair and adaptive rules) and the block markers
 // are checked; a 429 refunds the call's charge, blocks the throttle scope
 // (cutting adaptive rules) until Retry-After and reschedules the task
@@ -109,9 +109,11 @@ func (r Report) ThrottledShare() float64 {
 	return float64(r.Throttled) / float64(r.Calls)
 }
 
-// The middleware's timing, which the simulation follows.
+// The middleware's timing, which the simulation follows (the pace lead of
+// workers at asynq's default TaskCheckInterval).
+var paceLead = admission.PaceLead(0)
+
 const (
-	paceLead        = admission.PaceLead
 	lateBooking     = admission.LateBooking
 	slotRetry       = admission.SlotRetry
 	adaptiveReserve = admission.AdaptiveReserve
@@ -372,7 +374,7 @@ func (s *sim) start(t *task) {
 	case w < -lateBooking:
 		s.refund(t)
 		s.decide(t)
-	case w > 2*s.spec.MaxHold:
+	case w > admission.EarlyBooking(paceLead, s.spec.MaxHold):
 		s.reschedule(t, time.Time{}, t.booked)
 	default:
 		t.booked = time.Time{}

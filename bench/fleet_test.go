@@ -1,0 +1,270 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+)
+
+// commandStats returns Redis's count of commands processed by name (INFO
+// commandstats: calls, which include the commands scripts run) and their
+// total.
+func commandStats(t *testing.T, c *redis.Client) (map[string]int64, int64) {
+	t.Helper()
+	s, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, total := map[string]int64{}, int64(0)
+	for _, l := range strings.Split(s, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(l), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(f, "calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				out[strings.TrimPrefix(name, "cmdstat_")] = n
+				total += n
+			}
+		}
+	}
+	return out, total
+}
+
+// commandsDuring counts the commands Redis processes in window, after a
+// warm-up, while run's processes are up; it returns them per second and
+// the busiest commands.
+func commandsDuring(t *testing.T, warm, window time.Duration, start func() (stop func())) (float64, string) {
+	t.Helper()
+	stop := start()
+	defer stop()
+	time.Sleep(warm)
+	before, b := commandStats(t, env.Client)
+	time.Sleep(window)
+	after, a := commandStats(t, env.Client)
+	type nc struct {
+		name string
+		n    int64
+	}
+	var top []nc
+	for name, n := range after {
+		if d := n - before[name]; d > 0 && name != "info" {
+			top = append(top, nc{name, d})
+		}
+	}
+	sort.Slice(top, func(i, j int) bool { return top[i].n > top[j].n })
+	var parts []string
+	for _, x := range top[:min(len(top), 8)] {
+		parts = append(parts, fmt.Sprintf("%s %.1f/s", x.name, float64(x.n)/window.Seconds()))
+	}
+	return float64(a-b-1) / window.Seconds(), strings.Join(parts, ", ")
+}
+
+// buildWorker builds the main module's cmd/worker into a temporary directory.
+func buildWorker(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "worker")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/worker")
+	cmd.Dir = ".." // the main module
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// fivePolicy is issue 15's five rules that never bind.
+const fivePolicy = `rules:
+  - name: peak
+    match: {type: "http:call"}
+    gcra: {rate: 100000, per: 1s, burst: 1000}
+  - name: window
+    match: {type: "http:call"}
+    quota: {limit: 10000000, every: 10s}
+  - name: daily
+    match: {type: "http:call"}
+    quota: {limit: 100000000, cron: "0 0 * * *", tz: UTC}
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    gcra: {rate: 100000, per: 1s, burst: 1000}
+  - name: business-concurrency
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    concurrency: {max: 1000, lease: 30s}
+`
+
+// startWorkers starts n worker processes of bin on the bench's Redis with
+// policy and extra flags; stop interrupts them and waits for them to exit.
+func startWorkers(t *testing.T, bin string, n int, policy string, flags ...string) (stop func(), logs *strings.Builder) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(file, []byte(policy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs = &strings.Builder{} // written by one stderr copier per process
+	var mu sync.Mutex
+	var cmds []*exec.Cmd
+	for i := 0; i < n; i++ {
+		cmd := exec.Command(bin, append([]string{"--redis", env.Client.Options().Addr, "--policy", file}, flags...)...)
+		cmd.Stderr = lockedWriter{&mu, logs}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	return func() {
+		for _, c := range cmds {
+			_ = c.Process.Signal(os.Interrupt)
+		}
+		for _, c := range cmds {
+			_ = c.Wait()
+		}
+	}, logs
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *strings.Builder
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// TestPacedStart: 3 idle worker processes (asynq's default
+// TaskCheckInterval) and a global rule of 10/s, burst 1; 100 calls
+// enqueued at once are booked 100 ms apart, all but the first few far
+// enough ahead to be rescheduled and moved back to pending by the pacer
+// 1.6 s before their slot. The API sees call k at the first call's
+// arrival plus k intervals (the schedule the limit alone gives); the
+// p99 of the difference must be at most 20 ms.
+func TestPacedStart(t *testing.T) {
+	if os.Getenv("TASKRL_FLEET") == "" {
+		t.Skip("set TASKRL_FLEET=1 (make fleet)")
+	}
+	const n, workers = 100, 3
+	em := 100 * time.Millisecond
+	// The API allows one call of slack over the policy: a call a millisecond
+	// early is not an error of the limit.
+	api, err := fakeapi.New(fakeapi.Limits{Global: gcra.Limit{Rate: 10, Period: time.Second, Burst: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, err := api.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer api.Close()
+	queue := fmt.Sprintf("paced-%d", time.Now().UnixNano())
+	stop, logs := startWorkers(t, buildWorker(t), workers, `rules:
+  - name: peak
+    match: {type: "http:call"}
+    gcra: {rate: 10, per: 1s, burst: 1}
+`, "--concurrency", "16", "--queues", queue+"=1", "--prefix", queue+":")
+	defer stop()
+	time.Sleep(2 * time.Second) // the workers are up and idle
+	client := asynq.NewClientFromRedisClient(env.Client)
+	for i := 0; i < n; i++ {
+		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b1"}`, url+"/v1/charge")
+		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(queue), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(time.Duration(n)*em + 20*time.Second)
+	for api.Stats().OK < n && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	st := api.Stats()
+	if st.OK < n || st.Throttled > 0 {
+		t.Fatalf("%d calls answered 2xx, %d 429, want %d and 0; workers:\n%s", st.OK, st.Throttled, n, logs.String())
+	}
+	var ats []time.Time
+	for _, c := range api.Calls() {
+		if c.Status == 200 {
+			ats = append(ats, c.At)
+		}
+	}
+	sort.Slice(ats, func(i, j int) bool { return ats[i].Before(ats[j]) })
+	var errs []time.Duration
+	for k, at := range ats {
+		d := at.Sub(ats[0].Add(time.Duration(k) * em))
+		errs = append(errs, max(d, -d))
+	}
+	sort.Slice(errs, func(i, j int) bool { return errs[i] < errs[j] })
+	p99 := errs[len(errs)*99/100-1]
+	t.Logf("%d calls at 10/s from %d idle workers: start error against the schedule the limit gives: p50 %v, p99 %v, max %v",
+		n, workers, errs[len(errs)/2], p99, errs[len(errs)-1])
+	if p99 > 20*time.Millisecond {
+		t.Errorf("p99 start error %v, over 20ms", p99)
+	}
+}
+
+// TestIdleFleet compares the Redis commands per second (INFO
+// commandstats, which counts the commands scripts run) of 4 idle worker
+// processes under issue 15's five rules with those of 4 idle plain asynq
+// servers of the same concurrency and one queue, one after the other
+// against the same redis-server, 20 s each after 3 s of warm-up: at most
+// 1.5x. TASKRL_WORKER_BASE names another worker binary (say, built from
+// an earlier commit) to measure in the same run.
+func TestIdleFleet(t *testing.T) {
+	if os.Getenv("TASKRL_FLEET") == "" {
+		t.Skip("set TASKRL_FLEET=1 (make fleet)")
+	}
+	const workers, concurrency = 4, 16
+	window := 20 * time.Second
+	bin := buildWorker(t)
+	addr := env.Client.Options().Addr
+	plain, plainTop := commandsDuring(t, 3*time.Second, window, func() func() {
+		var srvs []*asynq.Server
+		for i := 0; i < workers; i++ {
+			s := asynq.NewServer(asynq.RedisClientOpt{Addr: addr}, asynq.Config{Concurrency: concurrency, Queues: map[string]int{"idle-plain": 1}, LogLevel: asynq.WarnLevel})
+			if err := s.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })); err != nil {
+				t.Fatal(err)
+			}
+			srvs = append(srvs, s)
+		}
+		return func() {
+			for _, s := range srvs {
+				s.Shutdown()
+			}
+		}
+	})
+	var logs *strings.Builder
+	ours, oursTop := commandsDuring(t, 3*time.Second, window, func() (stop func()) {
+		stop, logs = startWorkers(t, bin, workers, fivePolicy, "--concurrency", strconv.Itoa(concurrency), "--queues", "idle-taskrl=1")
+		return stop
+	})
+	if ours == 0 {
+		t.Fatalf("the workers made no Redis call:\n%s", logs.String())
+	}
+	t.Logf("%d idle processes, concurrency %d, over %v: plain asynq %.1f commands/s per process (%s)", workers, concurrency, window, plain/workers, plainTop)
+	if base := os.Getenv("TASKRL_WORKER_BASE"); base != "" {
+		// Another build of the worker (an earlier commit), for the record.
+		was, wasTop := commandsDuring(t, 3*time.Second, window, func() (stop func()) {
+			stop, _ = startWorkers(t, base, workers, fivePolicy, "--concurrency", strconv.Itoa(concurrency), "--queues", "idle-base=1")
+			return stop
+		})
+		t.Logf("%s: %.1f commands/s per process (%s): %.2fx", base, was/workers, wasTop, was/plain)
+	}
+	t.Logf("taskrl worker %.1f commands/s per process (%s): %.2fx", ours/workers, oursTop, ours/plain)
+	if ours > 1.5*plain {
+		t.Errorf("idle taskrl workers make %.2fx the Redis commands of idle plain asynq servers, over 1.5x", ours/plain)
+	}
+}
