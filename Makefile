@@ -56,10 +56,12 @@ bench: redis-server
 
 # Fleet cost with the built worker (bench/fleet_test.go): idle workers'
 # Redis commands per second against idle plain asynq servers in the same
-# run (bar 1.5x), and the start error of paced copies (bar p99 20 ms).
-# About 80 s, not part of make test; figures in BENCHMARKS.md.
+# run (bar 1.5x), the start error of paced copies (bar p99 20 ms), and
+# Redis commands per task and throughput with 0, 1 and 5 rules and under a
+# backlog. About 2.5 minutes, not part of make test; figures in
+# BENCHMARKS.md.
 fleet: redis-server
-	cd bench && TASKRL_FLEET=1 $(GO) test -count=1 -run 'TestIdleFleet|TestPacedStart' -v .
+	cd bench && TASKRL_FLEET=1 $(GO) test -count=1 -run 'TestIdleFleet|TestPacedStart|TestFleetCost' -v .
 
 # The adaptive-rule end-to-end scenarios at full length (phases of 60 s;
 # also 6 workers, an API at 3/s and one at 300/s): about 8 minutes, not

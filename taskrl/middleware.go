@@ -330,6 +330,9 @@ func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 	})
 }
 
+// onceTimeout is how long once waits for Redis to mark a copy.
+const onceTimeout = 100 * time.Millisecond
+
 // once wraps next so that a rescheduled copy's first attempt runs once:
 // asynq may deliver one copy twice (a Redis failover loses the pacer's
 // move to pending, and the copy is moved again on the new primary), and
@@ -339,8 +342,6 @@ func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 // If Redis cannot say within onceTimeout, or failed a moment ago, the
 // attempt runs. Retries and original tasks are not marked: asynq gives
 // those to one worker at a time.
-const onceTimeout = 100 * time.Millisecond
-
 func (m *Middleware) once(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		// Real time: whether Redis failed a moment ago (guard).

@@ -60,6 +60,9 @@ type paceQueue struct {
 // no pacer moved.
 const paceSlack = 2 * time.Second
 
+// paceUnbooked is how far ahead at most an unbooked copy is paced.
+const paceUnbooked = time.Minute
+
 // paceIdle is how often a pacer looks for due copies it did not book.
 const paceIdle = 2 * time.Second
 

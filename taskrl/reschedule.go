@@ -46,8 +46,9 @@ const (
 // retries it had left. Its ID is derived from the original's and the round,
 // so a redelivered original cannot make two copies. booked, if set, is the
 // slot already charged for it (receipt: the charge's quotas receipt, for a
-// refund). Either way the pacer moves the copy to pending a lead before its
-// slot or due time, and asynq itself paceSlack after it if no pacer does.
+// refund). The pacer moves the copy to pending a lead before its slot or
+// due time, and asynq itself paceSlack after it if no pacer does; a copy
+// not booked and due more than paceUnbooked ahead is left to asynq.
 func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) error {
 	t, m := j.t, j.m
 	round := 0
@@ -66,10 +67,14 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 	delete(headers, HeaderLimits)
 	delete(headers, HeaderDue)
 	headers[HeaderWaited] = strconv.FormatInt((waited(t) + max(delay, 0)).Microseconds(), 10)
-	slot := booked
+	slot, paced := booked, true
 	if booked.IsZero() {
 		slot = m.serverNow().Add(max(delay, 0))
 		headers[HeaderDue] = strconv.FormatInt(slot.UnixMicro(), 10)
+		// Far off, asynq's own forwarder is punctual enough (it looks
+		// every 5 s), and a backlog pushed past MaxReserve saves a call
+		// per task.
+		paced = delay <= paceUnbooked
 	} else {
 		headers[HeaderBooked] = strconv.FormatInt(booked.UnixMicro(), 10)
 		if receipt != "" {
@@ -77,7 +82,10 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 		}
 		headers[HeaderLimits] = j.sp.digest
 	}
-	in := delay + paceSlack // the pacer runs it in time
+	in := delay
+	if paced {
+		in += paceSlack // the pacer runs it in time
+	}
 	maxRetry, _ := asynq.GetMaxRetry(j.ctx)
 	copyID := formatID(org, round+1)
 	at := time.Now().Add(in) // asynq's own clock, once: retries of the enqueue keep it
@@ -122,8 +130,10 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 			return fmt.Errorf("taskrl: rescheduling: %w (then %w)", err, herr)
 		}
 	}
-	if err := m.pace.add(wctx, j.queue, copyID, slot); err != nil {
-		m.cfg.Logger.Warn("taskrl: pacing a rescheduled task failed; it runs a little late", "task", copyID, "err", err)
+	if paced {
+		if err := m.pace.add(wctx, j.queue, copyID, slot); err != nil {
+			m.cfg.Logger.Warn("taskrl: pacing a rescheduled task failed; it runs a little late", "task", copyID, "err", err)
+		}
 	}
 	m.cfg.Logger.Debug("taskrl: rescheduled", "task", j.id, "copy", copyID, "in", delay, "booked", !booked.IsZero())
 	return nil
