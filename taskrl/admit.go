@@ -25,6 +25,7 @@ type job struct {
 	queue  string
 	id     string
 	lim    limits          // the middleware's, with the job's policy's mode
+	policy *Policy         // the policy the job was decided under
 	sp     *split          // nil when no rule matches the task
 	keys   []string        // the binding's keys, one per rule
 	rates  quotas.Request  // the request to the rate and window rules
@@ -202,7 +203,11 @@ func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, 
 // now than those it was decided under (a reload or an override since),
 // which a copy's HeaderLimits would tell the same way.
 func (j *job) limitsChanged() bool {
-	b := j.m.policy.Load().Bind(j.t.Type(), j.queue)
+	cur := j.m.policy.Load()
+	if cur == j.policy {
+		return false // policies are replaced whole, never changed
+	}
+	b := cur.Bind(j.t.Type(), j.queue)
 	if b == nil {
 		return true
 	}

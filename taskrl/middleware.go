@@ -363,7 +363,7 @@ func (m *Middleware) once(next asynq.Handler) asynq.Handler {
 // newJob returns the job of a delivery of t from queue under policy p; its
 // context carries it, for Pause.
 func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p *Policy) *job {
-	j := &job{m: m, t: t, queue: queue, lim: m.limits}
+	j := &job{m: m, t: t, queue: queue, lim: m.limits, policy: p}
 	j.lim.mode = p.FailureMode()
 	j.lim.early = admission.EarlyBooking(m.pace.leadTime(), j.lim.maxHold)
 	j.ctx = context.WithValue(ctx, jobKey{}, j)
