@@ -19,8 +19,9 @@ import (
 // load (60 tasks of 200 ms on 16 workers). Bulk tasks never hold more than
 // 3 slots at once; the 4th is used, by critical tasks; and each critical
 // task, one every 250 ms, starts within 600 ms of its enqueue (the workers
-// may all be holding bulk tasks that wait for a slot, for up to MaxHold),
-// not after a bulk task's slot comes free.
+// may all be holding bulk tasks that wait for a slot, for up to MaxHold,
+// and asynq looks for new tasks every 50 ms here), not after a bulk task's
+// slot comes free.
 func TestCriticalUsesReservedSlots(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
@@ -67,7 +68,10 @@ rules:
 		return nil
 	}
 	for i := 0; i < 2; i++ {
-		s := asynq.NewServerFromRedisClient(c, m.ServerConfig(asynq.Config{Concurrency: 8,
+		// asynq looks for pending tasks every 50 ms when idle (its
+		// default is 1 s, which alone would make a critical task wait
+		// up to 1.5 s whatever the limits do).
+		s := asynq.NewServerFromRedisClient(c, m.ServerConfig(asynq.Config{Concurrency: 8, TaskCheckInterval: 50 * time.Millisecond,
 			Queues: map[string]int{"bulk": 1, "critical": 1}, LogLevel: asynq.ErrorLevel}))
 		mux := asynq.NewServeMux()
 		mux.Use(m.Handler)

@@ -298,7 +298,9 @@ func TestConcurrencySlots(t *testing.T) {
 
 // TestInteractiveBesideBulk: a minute's backlog of throttled tasks (600 at
 // 10/s) shares a queue and its workers with tasks no rule matches. Those
-// start within about a second, and the backlog still runs at its limit.
+// start within 1.7 s, what plain asynq gives a task enqueued while its
+// servers sleep between looks (up to 1.5 times its default 1 s
+// TaskCheckInterval), and the backlog still runs at its limit.
 func TestInteractiveBesideBulk(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
@@ -358,7 +360,7 @@ func TestInteractiveBesideBulk(t *testing.T) {
 		}
 	}
 	t.Logf("%d pings, slowest started after %v; bulk ran %d times in 3 s (limit %v)", len(pingLatency), worst, inWindow, limit)
-	if len(pingLatency) != 8 || worst > 1200*time.Millisecond {
+	if len(pingLatency) != 8 || worst > 1700*time.Millisecond {
 		t.Fatalf("pings: %d started, slowest after %v", len(pingLatency), worst)
 	}
 	if inWindow < 3*10-2 || inWindow > 3*10+limit.Burst {

@@ -131,7 +131,18 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 		}
 	}
 	if paced {
-		if err := m.pace.add(wctx, j.queue, copyID, slot); err != nil {
+		// A booked copy is moved to pending a lead before its slot and
+		// waits for it in the worker that picks it up: the slot is a
+		// charge the limits hold for it. An unbooked copy only decides
+		// again, so it is moved at its due time and holds no worker slot
+		// meanwhile: a fleet of copies waiting for a concurrency slot or
+		// beyond an adaptive rule's horizon would otherwise fill the
+		// workers with copies waiting for their moment.
+		at := slot
+		if booked.IsZero() {
+			at = slot.Add(m.pace.leadTime())
+		}
+		if err := m.pace.add(wctx, j.queue, copyID, at); err != nil {
 			m.cfg.Logger.Warn("taskrl: pacing a rescheduled task failed; it runs a little late", "task", copyID, "err", err)
 		}
 	}

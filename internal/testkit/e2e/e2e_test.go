@@ -646,20 +646,26 @@ func TestFairShare(t *testing.T) {
 // queue, on three worker processes. Each of the first business's tasks
 // costs one decision and leaves the queue, booked for its slot or, beyond
 // the hour a booking may reach, rescheduled to decide again then: the
-// backlog leaves the queue within 5 s, and the workers report one
-// rescheduling per task. The other businesses' calls, one every 300 ms for
-// 12 s, each of a business of its own, start within 1 s of their enqueue
-// at p99 once the backlog has left the queue; those enqueued behind it
-// wait for it (asynq hands tasks out in order), and no longer.
+// workers report one rescheduling per task, and the backlog leaves the
+// queue (within 40 s; how fast is the machine's, logged here and measured
+// against plain asynq in bench/, TestBacklogDrain). The other businesses'
+// calls, one every 300 ms, each of a business of its own, until 25 were
+// enqueued after the backlog left, start within 1 s of their enqueue at
+// p99 once the backlog has left the queue; those enqueued behind it wait
+// for it (asynq hands tasks out in order), and no more than a second
+// longer.
 func TestNoHeadOfLineBlocking(t *testing.T) {
-	const noisy, quiet = 10000, 40
+	const noisy, afterDrain = 10000, 25
 	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness}, noisyPolicy, 3)
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(noisy), "--businesses", "1")
 	client := asynq.NewClientFromRedisClient(redistest.Client(t))
 	sent := map[string]time.Time{}
 	var drained time.Time
-	for i := 0; i < quiet; i++ {
+	for i, n := 0, 0; n < afterDrain; i++ {
+		if time.Since(begin) > 40*time.Second {
+			t.Fatalf("the backlog did not leave the queue in 40 s (%d calls enqueued after it did)", n)
+		}
 		biz := fmt.Sprintf("q%d", i)
 		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": %q}`, r.url+"/v1/charge", biz)
 		sent[biz] = time.Now()
@@ -670,6 +676,8 @@ func TestNoHeadOfLineBlocking(t *testing.T) {
 			if info, err := r.insp.GetQueueInfo(r.queue); err == nil && info.Pending <= 1 {
 				drained = time.Now()
 			}
+		} else {
+			n++
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
@@ -677,7 +685,7 @@ func TestNoHeadOfLineBlocking(t *testing.T) {
 	var behind, after []time.Duration
 	for _, c := range r.api.Calls() {
 		if at, ok := sent[c.Business]; ok && c.Status == 200 {
-			if drained.IsZero() || at.Before(drained) {
+			if at.Before(drained) {
 				behind = append(behind, c.At.Sub(at))
 			} else {
 				after = append(after, c.At.Sub(at))
@@ -689,19 +697,13 @@ func TestNoHeadOfLineBlocking(t *testing.T) {
 	st := r.api.Stats()
 	checkCalls(t, st)
 	rescheduled := r.counter("taskrl_decisions_total", `outcome="rescheduled"`)
-	if drained.IsZero() || len(after) < quiet/2 {
-		t.Fatalf("the backlog did not leave the queue in 6 s (%d calls after it did)", len(after))
-	}
-	if n := len(behind) + len(after); n != quiet {
-		t.Fatalf("%d of %d other businesses' calls ran", n, quiet)
+	if n := len(behind) + len(after); n != len(sent) {
+		t.Fatalf("%d of %d other businesses' calls ran", n, len(sent))
 	}
 	p99 := after[len(after)*99/100-1]
 	drain := drained.Sub(begin)
 	t.Logf("the first business's %d tasks left the queue in %v (%.0f/s), %.0f reschedulings (%.3f per task); the others' calls behind them (%d) started after %v at most; after them (%d): p50 %v p99 %v max %v",
 		noisy, drain.Round(time.Millisecond), noisy/drain.Seconds(), rescheduled, rescheduled/noisy, len(behind), behind[len(behind)-1], len(after), after[len(after)/2], p99, after[len(after)-1])
-	if drain > 5*time.Second {
-		t.Errorf("the backlog took %v to leave the queue", drain)
-	}
 	if rescheduled > 1.02*noisy {
 		t.Errorf("%.0f reschedulings for %d tasks: not one decision each", rescheduled, noisy)
 	}
