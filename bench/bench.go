@@ -54,6 +54,10 @@ var (
 
 // Contenders and modes, in table order.
 //
+// taskrl is gcra.Limiter.AllowN, where concurrent decisions share script
+// calls (the default, Config.MaxBatch 32); taskrl-single the same with
+// MaxBatch 1, every decision its own call, as redis_rate's.
+//
 // The quotas contenders decide rule sets with quotas.Limiter.Allow:
 //
 //   - quotas-1rule: one GCRA rule with TaskrlLimit; its key is the global
@@ -76,7 +80,7 @@ var (
 //
 // fair.go adds the cases of fair rules.
 var (
-	Contenders = []string{"taskrl", "redis_rate", "incr", "quotas-1rule", "quotas-4rule", "quotas-5rule", "quotas-5rule-single", "quotas-reserve"}
+	Contenders = []string{"taskrl", "taskrl-single", "redis_rate", "incr", "quotas-1rule", "quotas-4rule", "quotas-5rule", "quotas-5rule-single", "quotas-reserve"}
 	Modes      = []string{"random-keys", "hot-key"}
 	// moreOps holds the operations of contenders added by other files.
 	moreOps = map[string]func(e *Env) op{}
@@ -159,8 +163,11 @@ func StartServer() (*Server, error) {
 type Env struct {
 	Client *redis.Client
 	Taskrl *gcra.Limiter
-	Rate   *redis_rate.Limiter
-	Quotas *quotas.Limiter
+	// TaskrlSingle sends every decision in its own script call
+	// (Config.MaxBatch 1), for the taskrl-single case.
+	TaskrlSingle *gcra.Limiter
+	Rate         *redis_rate.Limiter
+	Quotas       *quotas.Limiter
 	// QuotasSingle sends every decision in its own script call
 	// (Config.MaxBatch 1), for the quotas-5rule-single case.
 	QuotasSingle *quotas.Limiter
@@ -180,6 +187,11 @@ func NewEnv(addr string) (*Env, error) {
 		_ = c.Close()
 		return nil, err
 	}
+	l1, err := gcra.New(gcra.Config{Client: c, Prefix: TaskrlPrefix, MaxBatch: 1})
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
 	q, err := quotas.New(quotas.Config{Client: c, Prefix: QuotasPrefix})
 	if err != nil {
 		_ = c.Close()
@@ -190,7 +202,7 @@ func NewEnv(addr string) (*Env, error) {
 		_ = c.Close()
 		return nil, err
 	}
-	return &Env{Client: c, Taskrl: l, Rate: redis_rate.NewLimiter(c), Quotas: q, QuotasSingle: q1}, nil
+	return &Env{Client: c, Taskrl: l, TaskrlSingle: l1, Rate: redis_rate.NewLimiter(c), Quotas: q, QuotasSingle: q1}, nil
 }
 
 // Allow5 makes one quotas-5rule decision for business biz, one Allow: the
@@ -247,6 +259,10 @@ func (e *Env) Cases() []Case {
 			r, err := e.Taskrl.AllowN(ctx, key, TaskrlLimit, 1)
 			return r.Allowed, err
 		},
+		"taskrl-single": func(ctx context.Context, key string) (bool, error) {
+			r, err := e.TaskrlSingle.AllowN(ctx, key, TaskrlLimit, 1)
+			return r.Allowed, err
+		},
 		"redis_rate": func(ctx context.Context, key string) (bool, error) {
 			r, err := e.Rate.AllowN(ctx, key, RateLimit, 1)
 			if err != nil {
@@ -279,7 +295,7 @@ func (e *Env) Cases() []Case {
 	}
 	// Key names as each contender is called with them; the contender adds
 	// its own prefix (taskrl) or not (redis_rate always adds "rate:").
-	base := map[string]string{"taskrl": "", "redis_rate": RateKeyBase, "incr": IncrPrefix}
+	base := map[string]string{"taskrl": "", "taskrl-single": "", "redis_rate": RateKeyBase, "incr": IncrPrefix}
 	var cs []Case
 	for _, mode := range Modes {
 		for _, name := range Contenders {

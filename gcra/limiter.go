@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/internal/batch"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/script"
 )
@@ -16,7 +17,10 @@ import (
 //go:embed gcra.lua
 var gcraLua string
 
-var gcraScript = script.New(gcraLua, "gcra")
+var (
+	gcraText   = script.Text(gcraLua, "gcra")
+	gcraScript = redis.NewScript(gcraText)
+)
 
 // DefaultPrefix is the key prefix used when Config.Prefix is empty.
 const DefaultPrefix = "taskrl:"
@@ -40,12 +44,22 @@ type Config struct {
 	// in production so that worker clocks never enter a decision. Keys
 	// written under an explicit clock live at least an hour of server time.
 	Now func() time.Time
+	// MaxBatch is how many concurrent requests one script call may carry
+	// on a single Redis (a *redis.Client): while a few calls are in
+	// flight, requests wait and go together in the next call, one round
+	// trip for all of them, each still decided atomically on its own key,
+	// in arrival order. A lone request never waits. A Redis error (such as
+	// a timeout) fails every request of the call. 0 means 32; 1 sends
+	// every request in its own call. On Redis Cluster and Ring every
+	// request has its own call.
+	MaxBatch int
 }
 
 // Limiter is a GCRA rate limiter whose state lives in Redis, so every process
-// sharing the Redis shares the limit. Each call is one EVALSHA of one script
-// on one key (falling back to EVAL once after a script flush), so decisions
-// are atomic across any number of processes, and each key lives only until it
+// sharing the Redis shares the limit. Each decision is one run of one script
+// on one key (EVALSHA, loading the script again after a script flush;
+// concurrent decisions may share a call, Config.MaxBatch), so decisions are
+// atomic across any number of processes, and each key lives only until it
 // is back at its full burst.
 //
 // A Limiter is safe for concurrent use.
@@ -53,6 +67,7 @@ type Limiter struct {
 	client redis.UniversalClient
 	prefix string
 	now    func() time.Time
+	batch  *batch.Batcher // nil on Cluster and Ring
 }
 
 // New validates cfg and returns a Limiter.
@@ -66,7 +81,27 @@ func New(cfg Config) (*Limiter, error) {
 	if err := keys.ValidatePrefix(cfg.Prefix); err != nil {
 		return nil, fmt.Errorf("gcra: Config.Prefix: %w", err)
 	}
-	return &Limiter{client: cfg.Client, prefix: cfg.Prefix, now: cfg.Now}, nil
+	switch {
+	case cfg.MaxBatch < 0:
+		return nil, fmt.Errorf("gcra: Config.MaxBatch must not be negative, got %d", cfg.MaxBatch)
+	case cfg.MaxBatch == 0:
+		cfg.MaxBatch = 32
+	}
+	l := &Limiter{client: cfg.Client, prefix: cfg.Prefix, now: cfg.Now}
+	if _, single := cfg.Client.(*redis.Client); single {
+		l.batch = batch.New(cfg.Client, gcraText, joinRequests, "gcra", cfg.MaxBatch)
+	}
+	return l, nil
+}
+
+// joinRequests is the batch.Join of the script: the number of requests,
+// then each request's 7 arguments.
+func joinRequests(cmd []any, jobs []*batch.Job) []any {
+	cmd = append(cmd, len(jobs))
+	for _, j := range jobs {
+		cmd = append(cmd, j.Args...)
+	}
+	return cmd
 }
 
 // Key returns the Redis key holding the state of key. The key is built with
@@ -121,26 +156,57 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 }
 
 func (l *Limiter) run(ctx context.Context, key string, limit Limit, n int, o op, maxWait time.Duration) (Result, error) {
-	r, err := newRequest(limit, n, o, maxWait)
+	args, err := l.args(limit, n, o, maxWait)
 	if err != nil {
 		return Result{}, err
 	}
-	args := []any{r.em, r.burst, r.n}
-	if l.now != nil {
-		now, err := checkTime(l.now())
+	var reply []any
+	k := []string{l.Key(key)}
+	if l.batch != nil {
+		reply, err = l.batch.Do(ctx, k, args, 0)
+	} else {
+		var all []any
+		all, err = gcraScript.Run(ctx, l.client, k, append([]any{1}, args...)...).Slice()
 		if err != nil {
-			return Result{}, err
+			err = fmt.Errorf("gcra: %w", err)
+		} else if len(all) == 1 {
+			reply, _ = all[0].([]any)
 		}
-		args = append(args, int(o), r.maxWait, now, explicitTTLFloor.Milliseconds())
-	} else if o != opAllow {
-		args = append(args, int(o), r.maxWait)
 	}
-	v, err := gcraScript.Run(ctx, l.client, []string{l.Key(key)}, args...).Int64Slice()
 	if err != nil {
-		return Result{}, fmt.Errorf("gcra: %w", err)
+		return Result{}, err
 	}
-	if len(v) != 6 {
-		return Result{}, fmt.Errorf("gcra: unexpected script reply %v", v)
+	return parseReply(reply, limit)
+}
+
+// args returns the script arguments of one request (gcra.lua).
+func (l *Limiter) args(limit Limit, n int, o op, maxWait time.Duration) ([]any, error) {
+	r, err := newRequest(limit, n, o, maxWait)
+	if err != nil {
+		return nil, err
+	}
+	now, ttlFloor := int64(-1), int64(0)
+	if l.now != nil {
+		if now, err = checkTime(l.now()); err != nil {
+			return nil, err
+		}
+		ttlFloor = explicitTTLFloor.Milliseconds()
+	}
+	return []any{r.em, r.burst, r.n, int(o), r.maxWait, now, ttlFloor}, nil
+}
+
+// parseReply reads one request's script reply.
+func parseReply(reply []any, limit Limit) (Result, error) {
+	if len(reply) != 6 {
+		return Result{}, fmt.Errorf("gcra: unexpected script reply %v", reply)
+	}
+	var v [6]int64
+	for i, x := range reply {
+		n, ok := x.(int64)
+		if !ok {
+			return Result{}, fmt.Errorf("gcra: unexpected script reply %v", reply)
+		}
+		v[i] = n
 	}
 	d := decision{allowed: v[0] == 1, remaining: v[1], retryAfter: v[2], resetAfter: v[3], delay: v[4]}
 	return d.result(limit, v[5]), nil

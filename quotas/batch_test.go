@@ -13,11 +13,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/internal/batch"
+
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 // batchJob builds the script call of one request, as run does.
-func batchJob(t *testing.T, l *Limiter, s *Set, req Request, p params) (*job, []call) {
+func batchJob(t *testing.T, l *Limiter, s *Set, req Request, p params) (*batch.Job, []call) {
 	t.Helper()
 	calls, err := l.bind(s, req, p.op == opAllow)
 	if err != nil {
@@ -29,7 +31,7 @@ func batchJob(t *testing.T, l *Limiter, s *Set, req Request, p params) (*job, []
 		t.Fatal(err)
 	}
 	ks, argv, end := l.args(calls, p, tm)
-	return &job{ctx: context.Background(), ks: ks, argv: argv, end: end}, calls
+	return &batch.Job{Ctx: context.Background(), Keys: ks, Args: argv, End: end}, calls
 }
 
 // sameDecision compares two decisions made under different key prefixes.
@@ -78,7 +80,7 @@ func TestBatchMatchesOneByOne(t *testing.T) {
 				req  Request
 				p    params
 				one  Decision // the single-call side's decision
-				job  *job
+				job  *batch.Job
 				call []call
 			}
 			var items []item
@@ -126,22 +128,22 @@ func TestBatchMatchesOneByOne(t *testing.T) {
 				it.job, it.call = batchJob(t, batched.Limiter, it.s, it.req, it.p)
 				items = append(items, it)
 			}
-			jobs := make([]*job, len(items))
+			jobs := make([]*batch.Job, len(items))
 			for i := range items {
 				jobs[i] = items[i].job
 			}
-			batched.batch.call(jobs)
+			batched.batch.Call(jobs)
 			for i, it := range items {
-				if it.job.err != nil {
-					t.Fatalf("seed %d round %d: %v", seed, round, it.job.err)
+				if it.job.Err != nil {
+					t.Fatalf("seed %d round %d: %v", seed, round, it.job.Err)
 				}
-				r, err := parseReply(it.job.v, len(it.call))
+				r, err := parseReply(it.job.Reply, len(it.call))
 				if err != nil {
 					t.Fatal(err)
 				}
 				if it.p.op == opRefund {
 					if r.status != 1 {
-						t.Fatalf("seed %d round %d: refund replied %v", seed, round, it.job.v)
+						t.Fatalf("seed %d round %d: refund replied %v", seed, round, it.job.Reply)
 					}
 					continue
 				}
@@ -225,14 +227,12 @@ func TestBatchSharesCalls(t *testing.T) {
 			}
 			// Once every request is in flight or queued, let calls through
 			// one at a time until all are done.
-			for queued := 0; queued < n-maxInFlight; {
+			for queued := 0; queued < n-batch.MaxInFlight; {
 				time.Sleep(time.Millisecond)
 				if maxBatch == 1 {
-					queued = int(h.calls.Load()) - maxInFlight
+					queued = int(h.calls.Load()) - batch.MaxInFlight
 				} else {
-					l.batch.mu.Lock()
-					queued = len(l.batch.queue)
-					l.batch.mu.Unlock()
+					queued = l.batch.Queued()
 				}
 			}
 			done := make(chan struct{})
@@ -271,14 +271,14 @@ func TestBatchCancelledWhileQueued(t *testing.T) {
 	s := mustSet(Rule{Name: "daily", Limit: FixedWindow{Limit: 100, Every: 24 * time.Hour}})
 	req := Request{Keys: []string{"k"}}
 	var wg sync.WaitGroup
-	for range maxInFlight {
+	for range batch.MaxInFlight {
 		wg.Go(func() {
 			if _, err := l.Allow(context.Background(), s, req); err != nil {
 				t.Error(err)
 			}
 		})
 	}
-	for h.calls.Load() < maxInFlight {
+	for h.calls.Load() < batch.MaxInFlight {
 		time.Sleep(time.Millisecond)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -286,7 +286,7 @@ func TestBatchCancelledWhileQueued(t *testing.T) {
 	if _, err := l.Allow(ctx, s, req); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("queued request: err %v, want the context's", err)
 	}
-	for range maxInFlight {
+	for range batch.MaxInFlight {
 		h.gate <- struct{}{}
 	}
 	wg.Wait()
@@ -295,8 +295,8 @@ func TestBatchCancelledWhileQueued(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if used := d.Rules[0].Used; used != maxInFlight {
-		t.Fatalf("window used %d, want %d: the cancelled request was charged", used, maxInFlight)
+	if used := d.Rules[0].Used; used != batch.MaxInFlight {
+		t.Fatalf("window used %d, want %d: the cancelled request was charged", used, batch.MaxInFlight)
 	}
 }
 

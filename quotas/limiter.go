@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/batch"
 	"github.com/taskrl/taskrl/internal/clock"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/script"
@@ -81,7 +82,7 @@ type Limiter struct {
 	// skew centres the calendar ticks sent with a request on the server's
 	// clock.
 	skew  clock.Skew
-	batch *batcher
+	batch *batch.Batcher
 }
 
 // New validates cfg and returns a Limiter.
@@ -103,7 +104,7 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	_, single := cfg.Client.(*redis.Client)
 	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + keys.Rules, now: cfg.Now, sharded: !single,
-		batch: &batcher{client: cfg.Client, max: cfg.MaxBatch}}, nil
+		batch: batch.New(cfg.Client, setText, joinRequests, "quotas", cfg.MaxBatch)}, nil
 }
 
 // Request says whom a decision is for.
@@ -536,7 +537,7 @@ func (l *Limiter) run(ctx context.Context, gs [][]call, p params) ([]reply, erro
 		vs := make([][]any, len(gs))
 		if !l.sharded {
 			ks, argv, end := l.args(gs[0], p, tm)
-			if vs[0], err = l.batch.do(ctx, ks, argv, end); err != nil {
+			if vs[0], err = l.batch.Do(ctx, ks, argv, end); err != nil {
 				return nil, err
 			}
 		} else if vs, err = l.pipelined(ctx, gs, p, tm); err != nil {

@@ -50,7 +50,9 @@ func TestEnvWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env.API.ThrottleFor(time.Second)
+	// Longer than idle workers sleep between looks at their queues (up to
+	// 1.5 s at asynq's default TaskCheckInterval): the first calls meet it.
+	env.API.ThrottleFor(2500 * time.Millisecond)
 	client := asynq.NewClientFromRedisClient(env.Client)
 	var ids []string
 	for i := 1; i <= 10; i++ {
