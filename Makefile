@@ -66,7 +66,7 @@ fleet: redis-server
 # The long versions of two tests: the adaptive-rule end-to-end scenarios
 # at full length (phases of 60 s; also 6 workers, an API at 3/s and one
 # at 300/s) and the 3-process fleet under a backlog of 100 times its rate
-# (30 times in make test): about 10 minutes, not part of make test;
+# (20 times in make test): about 10 minutes, not part of make test;
 # figures in BENCHMARKS.md.
 e2e-long: redis-server
 	TASKRL_LONG=1 $(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -count=1 -timeout 30m -run 'TestAdaptive|TestFleetBacklog' -v ./internal/testkit/e2e ./taskrl

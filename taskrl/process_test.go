@@ -36,11 +36,11 @@ func TestFleet(t *testing.T) {
 	runFleet(t, "TestFleet", fleetEnv{Rate: 100, Burst: 10, Tasks: 1000})
 }
 
-// TestFleetBacklog is TestFleet with a backlog of 30 times the rate (300
+// TestFleetBacklog is TestFleet with a backlog of 20 times the rate (200
 // tasks under 10/s; 100 times, 1,000 tasks, with TASKRL_LONG=1): each task
 // is still decided about once, not retried while it waits.
 func TestFleetBacklog(t *testing.T) {
-	tasks := 300
+	tasks := 200
 	if os.Getenv("TASKRL_LONG") != "" {
 		tasks = 1000
 	}

@@ -36,12 +36,12 @@ rules:
 // measured in each phase after 10 s of settling: with TASKRL_LONG=1
 // (phases of 60 s, and also 6 workers, an API at 3/s and one at 300/s)
 // the issue's, at most 2 % of calls answered 429 and at least 90 % of the
-// API's rate used; in CI (phases of 30 s, so 20 s measured, in which a
+// API's rate used; in CI (phases of 25 s, so 15 s measured, in which a
 // raised limit is found late) at most 4 % and 50 % (a fixed GCRA rule
 // above the limit: about 50 % of calls 429 and 5 % of the rate used).
 func TestAdaptive(t *testing.T) {
 	if os.Getenv("TASKRL_LONG") == "" {
-		runAdaptive(t, 3, 40, []float64{20, 5, 20}, 30*time.Second, 0.5, 0.04)
+		runAdaptive(t, 3, 40, []float64{20, 5, 20}, 25*time.Second, 0.5, 0.04)
 		return
 	}
 	for _, c := range []struct {

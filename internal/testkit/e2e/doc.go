@@ -3,5 +3,11 @@
 // real redis-server and a strict stand-in for a third-party API
 // (internal/examples/fakeapi). It has no code of its own.
 //
+// The tests whose load is light (tens of calls a second, bars on the
+// limits rather than on the machine's speed) call t.Parallel and run two
+// at a time (go test's -parallel, GOMAXPROCS by default) once the others,
+// which measure throughput, the simulator's agreement or failover timing,
+// have run alone.
+//
 // Test support: only tests, imported by nothing.
 package e2e

@@ -324,6 +324,7 @@ func checkExact(t *testing.T, st fakeapi.Stats, n int, took, best time.Duration)
 // package ideal); asynq must have archived and failed none; each worker
 // must stop cleanly on SIGTERM.
 func TestBinaries(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	const tasks, businesses = 400, 20
 	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness,
 		Quota: fakeapi.Quota{Limit: 150, Every: 10 * time.Second}}, policy, 3)
@@ -411,6 +412,7 @@ func bestTime(begin time.Time, n, businesses int, rules []ideal.Rule) time.Durat
 // at its business's slot and moved its state there, as bookings did before,
 // wasted the global capacity between: 24.0 s, 1.09x.)
 func TestCampaign(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	const tasks, businesses = 400, 20
 	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness}, noisyPolicy, 3)
 	begin := time.Now()
@@ -488,6 +490,7 @@ func TestScopedThrottle(t *testing.T) {
 // business keeps at least 90% of its own rate, with zero 429s and no call
 // made twice.
 func TestNoisyBusiness(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	const noisy, quiet, each = 300, 19, 10
 	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness}, noisyPolicy, 3)
 	begin := time.Now()
@@ -573,6 +576,7 @@ rules:
 // second), although the first business had booked the next 16 s. Zero 429s,
 // no call made twice.
 func TestFairShare(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	const noisy, quiet, each = 300, 19, 10
 	r := start(t, fakeapi.Limits{Global: apiGlobal}, fairPolicy, 3)
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(noisy), "--businesses", "1")

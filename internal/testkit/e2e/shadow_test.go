@@ -17,6 +17,7 @@ import (
 // more would-be admissions per business than the shadow limit allows in
 // that time (its burst plus its rate times the time), the rest would wait.
 func TestShadowRule(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	const tasks, businesses = 60, 3
 	vendor := gcra.Limit{Rate: 10, Period: time.Second, Burst: 1}
 	r := start(t, fakeapi.Limits{Global: apiGlobal}, `rules:
@@ -52,6 +53,7 @@ func TestShadowRule(t *testing.T) {
 // load's pace, and the workers count a would-wait for every call but the
 // few the rule would have admitted (its burst plus its rate over the run).
 func TestShadowOnLoad(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	r := start(t, fakeapi.Limits{}, `rules:
   - name: vendor-trial
     match: {type: "http:call"}
