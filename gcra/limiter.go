@@ -17,10 +17,8 @@ import (
 //go:embed gcra.lua
 var gcraLua string
 
-var (
-	gcraText   = script.Text(gcraLua, "gcra")
-	gcraScript = redis.NewScript(gcraText)
-)
+// gcraProgram runs as a script: its library is small.
+var gcraProgram = script.NewScriptProgram(gcraLua, "gcra")
 
 // DefaultPrefix is the key prefix used when Config.Prefix is empty.
 const DefaultPrefix = "taskrl:"
@@ -89,7 +87,7 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{client: cfg.Client, prefix: cfg.Prefix, now: cfg.Now}
 	if _, single := cfg.Client.(*redis.Client); single {
-		l.batch = batch.New(cfg.Client, gcraText, joinRequests, "gcra", cfg.MaxBatch)
+		l.batch = batch.New(cfg.Client, gcraProgram, joinRequests, "gcra", cfg.MaxBatch)
 	}
 	return l, nil
 }
@@ -165,8 +163,9 @@ func (l *Limiter) run(ctx context.Context, key string, limit Limit, n int, o op,
 	if l.batch != nil {
 		reply, err = l.batch.Do(ctx, k, args, 0)
 	} else {
+		cmd := append(gcraProgram.Head(1), k[0], 1)
 		var all []any
-		all, err = gcraScript.Run(ctx, l.client, k, append([]any{1}, args...)...).Slice()
+		all, err = gcraProgram.Run(ctx, l.client, append(cmd, args...)).Slice()
 		if err != nil {
 			err = fmt.Errorf("gcra: %w", err)
 		} else if len(all) == 1 {

@@ -177,7 +177,7 @@ func (h *counting) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 func (h *counting) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" || name == "fcall" {
 			h.calls.Add(1)
 			if h.gate != nil {
 				<-h.gate

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
@@ -39,10 +37,8 @@ func TestClusterRoundTrips(t *testing.T) {
 	if got := len(l.groups(calls)); got != 2 {
 		t.Fatalf("%d slot groups, want 2", got)
 	}
-	// Load the script on every master first, so no NOSCRIPT round trip.
-	if err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-		return setScript.Load(ctx, m).Err()
-	}); err != nil {
+	// Load the program on every master first, so no round trip loads it.
+	if err := setProgram.Load(ctx, c); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Allow(ctx, spanSet, req); err != nil {

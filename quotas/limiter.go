@@ -27,9 +27,10 @@ import (
 
 var (
 	//go:embed quotas.lua
-	setLua    string
-	setText   = script.Text(setLua, "gcra", "booked", "rules", "learn")
-	setScript = redis.NewScript(setText)
+	setLua string
+	// setProgram decides rule sets; Redis runs it as a function where it
+	// can (script.Program): its library is large.
+	setProgram = script.NewProgram(setLua, "gcra", "booked", "rules", "learn")
 	//go:embed lease.lua
 	leaseLua    string
 	leaseScript = script.New(leaseLua, "gcra", "rules")
@@ -104,7 +105,7 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	_, single := cfg.Client.(*redis.Client)
 	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + keys.Rules, now: cfg.Now, sharded: !single,
-		batch: batch.New(cfg.Client, setText, joinRequests, "quotas", cfg.MaxBatch)}, nil
+		batch: batch.New(cfg.Client, setProgram, joinRequests, "quotas", cfg.MaxBatch)}, nil
 }
 
 // Request says whom a decision is for.
@@ -568,19 +569,22 @@ func (l *Limiter) run(ctx context.Context, gs [][]call, p params) ([]reply, erro
 func (l *Limiter) pipelined(ctx context.Context, gs [][]call, p params, tm timing) ([][]any, error) {
 	cmds := make([]*redis.Cmd, len(gs))
 	kss, argvs := make([][]string, len(gs)), make([][]any, len(gs))
+	full := make([][]any, len(gs))
 	_, _ = l.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		for i, g := range gs {
 			kss[i], argvs[i], _ = l.args(g, p, tm)
-			cmds[i] = setScript.EvalSha(ctx, pipe, kss[i], argvs[i]...)
+			full[i] = setProgram.Head(len(kss[i]))
+			for _, k := range kss[i] {
+				full[i] = append(full[i], k)
+			}
+			full[i] = append(full[i], argvs[i]...)
+			cmds[i] = pipe.Do(ctx, full[i]...)
 		}
 		return nil
 	})
 	vs := make([][]any, len(gs))
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmd = setScript.Run(ctx, l.client, kss[i], argvs[i]...)
-		}
-		v, err := cmd.Slice()
+		v, err := setProgram.Retry(ctx, l.client, full[i], cmd).Slice()
 		if err != nil {
 			return nil, fmt.Errorf("quotas: %w", err)
 		}

@@ -74,7 +74,7 @@
 -- global ones) and is charged its own. A refund of a booking taken over
 -- gives back only the owner's own rules.
 
-local last_rules = {}
+local last_rules
 
 local function flush()
   gc_flush()
@@ -463,9 +463,19 @@ local function decide(k0, a0)
   return reply(rules, nrules, now, 1, t - now, 0, t, undo), k, a - 1
 end
 
-local out, k, a = {}, 1, 1
-for i = 1, tonumber(ARGV[1]) do
-  out[i], k, a = decide(k, a)
+-- run_call decides the call's requests in order. Everything above only
+-- defines; run as a Redis function (internal/script.Program) the
+-- definitions run once and each call runs this alone.
+local function run_call()
+  gc_reset()
+  win_reset()
+  last_rules = {}
+  local out, k, a = {}, 1, 1
+  for i = 1, tonumber(ARGV[1]) do
+    out[i], k, a = decide(k, a)
+  end
+  flush()
+  return out
 end
-flush()
-return out
+
+return run_call()

@@ -154,7 +154,7 @@ func TestCalendarOnServerClock(t *testing.T) {
 	l, _ := New(Config{Client: c, Prefix: redistest.Prefix(t)})
 	ctx := context.Background()
 	set := mustSet(Rule{Name: "daily", Limit: CalendarWindow{Limit: 3, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}})
-	if err := setScript.Load(ctx, c).Err(); err != nil {
+	if err := setProgram.Load(ctx, c); err != nil {
 		t.Fatal(err)
 	}
 	// Worker clock 10 days behind. The ticks sent reach at most about three

@@ -14,6 +14,8 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/internal/script"
 )
 
 // MaxInFlight is how many script calls a Batcher keeps in flight before
@@ -50,8 +52,7 @@ type Join func(argv []any, batch []*Job) []any
 // safe for concurrent use.
 type Batcher struct {
 	client   redis.UniversalClient
-	script   *redis.Script
-	text     string
+	prog     *script.Program
 	join     Join
 	name     string // starts error messages
 	max      int
@@ -60,11 +61,10 @@ type Batcher struct {
 	queue    []*Job
 }
 
-// New returns a Batcher of the script whose source is text on client that
-// puts at most max requests (1 or more) in one call; name starts its error
-// messages.
-func New(client redis.UniversalClient, text string, join Join, name string, max int) *Batcher {
-	return &Batcher{client: client, script: redis.NewScript(text), text: text, join: join, name: name, max: max}
+// New returns a Batcher of prog on client that puts at most max requests
+// (1 or more) in one call; name starts its error messages.
+func New(client redis.UniversalClient, prog *script.Program, join Join, name string, max int) *Batcher {
+	return &Batcher{client: client, prog: prog, join: join, name: name, max: max}
 }
 
 // Do sends one request and returns its reply.
@@ -157,10 +157,9 @@ func (b *Batcher) send(batch []*Job) {
 	b.promote()
 }
 
-// Call runs one script call for batch, whatever is in flight, and gives
-// every job its reply. It builds the EVALSHA command itself, in one slice,
-// and falls back to EVAL when Redis does not know the script (which loads
-// it for the next calls).
+// Call runs one call of the program for batch, whatever is in flight, and
+// gives every job its reply (script.Program.Run: FCALL or EVALSHA, loading
+// the program where the server lacks it).
 func (b *Batcher) Call(batch []*Job) {
 	ctx := batch[0].Ctx
 	if len(batch) > 1 {
@@ -172,19 +171,14 @@ func (b *Batcher) Call(batch []*Job) {
 		nk += len(j.Keys)
 		na += len(j.Args)
 	}
-	cmd := make([]any, 3, 3+nk+na)
-	cmd[0], cmd[1], cmd[2] = "evalsha", b.script.Hash(), nk
+	cmd := append(make([]any, 0, 3+nk+na), b.prog.Head(nk)...)
 	for _, j := range batch {
 		for _, k := range j.Keys {
 			cmd = append(cmd, k)
 		}
 	}
 	cmd = b.join(cmd, batch)
-	v, err := b.client.Do(ctx, cmd...).Slice()
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd[0], cmd[1] = "eval", b.text
-		v, err = b.client.Do(ctx, cmd...).Slice()
-	}
+	v, err := b.prog.Run(ctx, b.client, cmd).Slice()
 	if err == nil && len(v) != len(batch) {
 		err = fmt.Errorf("%d script replies for %d requests", len(v), len(batch))
 	}

@@ -277,7 +277,7 @@ func median(s []sample, f func(sample) float64) float64 {
 }
 
 func serverMicros(ctx context.Context, c *redis.Client, contender string) (usec, calls float64, err error) {
-	cmds := []string{"evalsha", "eval"}
+	cmds := []string{"evalsha", "eval", "fcall"}
 	if contender == "incr" {
 		cmds = []string{"incr"}
 	}

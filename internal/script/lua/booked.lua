@@ -65,7 +65,13 @@
 -- written at once.
 
 local min = math.min
-local tats, lasts, blocks, tat_now, tat_floor, tat_changed = {}, {}, {}, {}, {}, {}
+local tats, lasts, blocks, tat_now, tat_floor, tat_changed
+
+-- gc_reset empties the caches above; a script call starts with it (run as
+-- a Redis function, the library's locals outlive a call).
+local function gc_reset()
+  tats, lasts, blocks, tat_now, tat_floor, tat_changed = {}, {}, {}, {}, {}, {}
+end
 
 -- freeze is how far ahead a booking must start to be taken over: its owner
 -- checks it at most a few milliseconds before its moment. keep is how long

@@ -22,7 +22,10 @@
 -- win_flush writes the changes back at the end of the call, with the same
 -- result as if each request had written its own.
 
-local win_cache, win_changed = {}, {}  -- key -> cache; caches with changes
+local win_cache, win_changed  -- key -> cache; caches with changes
+
+-- win_reset empties the window caches; a script call starts with it.
+local function win_reset() win_cache, win_changed = {}, {} end
 
 -- win_at returns the window [start, stop) containing t, or -2 when a
 -- calendar window's ticks do not cover t. r needs only kind and p.

@@ -54,12 +54,12 @@ func (c *Counter) count(k string) {
 }
 
 // kind names a command by its name and, for scripts, the shape of its first
-// key (the key up to its hash tag), e.g. "evalsha asynq:{", "get taskrl:block:{".
+// key (the key up to its hash tag), e.g. "evalsha asynq:{", "fcall taskrl:q:{", "get taskrl:block:{".
 func kind(cmd redis.Cmder) string {
 	args := cmd.Args()
 	name := strings.ToLower(cmd.Name())
 	key := 1
-	if name == "evalsha" || name == "eval" {
+	if name == "evalsha" || name == "eval" || name == "fcall" {
 		key = 3
 	}
 	if len(args) > key {

@@ -52,7 +52,7 @@
 //	    skipped because the policy cannot take them ("skipped").
 //	taskrl_redis_roundtrip_seconds{call}         histogram
 //	    Round trips of the worker's Redis client, the limiter's and asynq's
-//	    alike, by call: "script" (EVALSHA, EVAL), "pipeline", "command".
+//	    alike, by call: "script" (EVALSHA, EVAL, FCALL), "pipeline", "command".
 //	taskrl_http_calls_total{code}                counter
 //	    Requests sent by the http:call handler by result class: 2xx, 429,
 //	    4xx (other than 429), 5xx, other (an unfollowed 1xx/3xx or a status
@@ -255,7 +255,7 @@ func (r roundTripHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		call := "command"
 		switch cmd.Name() {
-		case "evalsha", "eval", "evalsha_ro", "eval_ro":
+		case "evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro":
 			call = "script"
 		}
 		r.h.WithLabelValues(call).Observe(time.Since(start).Seconds())
