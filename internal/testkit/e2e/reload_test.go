@@ -79,6 +79,7 @@ func peakPolicy(rate string) string {
 // go on at that rate. The change is written as deploy tools do, by
 // renaming a new file over the old.
 func TestReload(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	r := start(t, fakeapi.Limits{Global: apiGlobal}, peakPolicy("12"), 3)
 	write := func(policy string) time.Time {
 		t.Helper()
@@ -157,6 +158,7 @@ func TestReload(t *testing.T) {
 // decide again when their slot comes, so no second ever holds more than
 // the limit in force allows.
 func TestLiveOverride(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	r := start(t, fakeapi.Limits{Global: apiGlobal}, `rules:
   - name: per-business
     match: {type: "http:call"}
@@ -194,8 +196,11 @@ func TestLiveOverride(t *testing.T) {
 		if busiest > int(rate)+burst {
 			t.Errorf("%s: %d calls in one second, over %v/s burst %d", name, busiest, rate, burst)
 		}
-		if got < 0.8*rate {
-			t.Errorf("%s: %.2f calls/s, under 80%% of %v/s", name, got, rate)
+		// At least 80 % of the rate, or all but one call: at 1/s a
+		// window of a few seconds holds a handful of calls, and one slot
+		// decided again across the change may fall just outside it.
+		if secs := to.Sub(from).Seconds(); float64(len(in)) < min(0.8*rate*secs, rate*secs-1) {
+			t.Errorf("%s: %.2f calls/s, under 80%% of %v/s and more than one call short", name, got, rate)
 		}
 	}
 	phase("b7 under the policy", "b7", begin.Add(time.Second), set, 1, 1)
