@@ -269,13 +269,11 @@ func TestIdleFleet(t *testing.T) {
 	}
 }
 
-// fleetRun enqueues n http:call tasks (businesses b1..b1000 in turn) to a
-// fresh queue while no worker runs, then starts workers processes of bin
-// (16 slots each) under policy and waits until the API has answered all
-// n. It returns the Redis commands per task while the workers ran (the
-// enqueue excluded) and the tasks per second from the first call to the
-// last.
-func fleetRun(t *testing.T, bin, name, policy string, n, workers int) (perTask, perSec float64) {
+// backlog starts a fake API answering at once (closed with the test) and
+// enqueues n http:call tasks to it, with MaxRetry(0), into a fresh queue
+// named after name, task i of business b(i mod businesses + 1), while no
+// worker runs. It returns the API and the queue.
+func backlog(t *testing.T, name string, n, businesses int) (*fakeapi.API, string) {
 	t.Helper()
 	api, err := fakeapi.New(fakeapi.Limits{})
 	if err != nil {
@@ -285,15 +283,27 @@ func fleetRun(t *testing.T, bin, name, policy string, n, workers int) (perTask, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer api.Close()
-	queue := fmt.Sprintf("cost-%s-%d", name, time.Now().UnixNano())
+	t.Cleanup(func() { api.Close() })
+	queue := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
 	client := asynq.NewClientFromRedisClient(env.Client)
 	for i := 0; i < n; i++ {
-		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b%d"}`, url+"/v1/charge", i%1000+1)
+		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b%d"}`, url+"/v1/charge", i%businesses+1)
 		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(queue), asynq.MaxRetry(0)); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return api, queue
+}
+
+// fleetRun enqueues n http:call tasks over 1,000 businesses (backlog),
+// then starts workers processes of bin
+// (16 slots each) under policy and waits until the API has answered all
+// n. It returns the Redis commands per task while the workers ran (the
+// enqueue excluded) and the tasks per second from the first call to the
+// last.
+func fleetRun(t *testing.T, bin, name, policy string, n, workers int) (perTask, perSec float64) {
+	t.Helper()
+	api, queue := backlog(t, "cost-"+name, n, 1000)
 	_, before := commandStats(t, env.Client)
 	stop, logs := startWorkers(t, bin, workers, policy, "--concurrency", "16", "--queues", queue+"=1", "--prefix", queue+":")
 	deadline := time.Now().Add(5 * time.Minute)
@@ -349,29 +359,13 @@ func TestFleetCost(t *testing.T) {
 	}
 }
 
-// drainRun enqueues n http:call tasks of one business to a fresh queue,
-// starts workers processes of bin (10 slots each) under policy, and
+// drainRun enqueues n http:call tasks of one business (backlog), starts
+// workers processes of bin (10 slots each) under policy, and
 // returns how long the backlog took to leave the queue (pending down to
 // one) from the workers' start, and the Redis commands per task meanwhile.
 func drainRun(t *testing.T, bin, name, policy string, n, workers int) (time.Duration, float64) {
 	t.Helper()
-	api, err := fakeapi.New(fakeapi.Limits{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	url, err := api.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer api.Close()
-	queue := fmt.Sprintf("drain-%s-%d", name, time.Now().UnixNano())
-	client := asynq.NewClientFromRedisClient(env.Client)
-	for i := 0; i < n; i++ {
-		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b1"}`, url+"/v1/charge")
-		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(queue), asynq.MaxRetry(0)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	_, queue := backlog(t, "drain-"+name, n, 1)
 	insp := asynq.NewInspectorFromRedisClient(env.Client)
 	_, before := commandStats(t, env.Client)
 	begin := time.Now()
