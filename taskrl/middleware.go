@@ -59,6 +59,16 @@ type Config struct {
 	// task is decided and reported but never held back. For trying a
 	// policy on live traffic before enforcing it. Default false.
 	Shadow bool
+	// KeepOrder, if set, leaves asynq's queues in their order. By default
+	// a task rescheduled a minute or more ahead has the tasks of the same
+	// backlog (same rate and window rules, same keys) that are pending
+	// behind it, and whose slot is estimated a minute or more away, moved
+	// to asynq's scheduled set, each due 6 s before that slot, so that one
+	// business's 10,000 queued tasks do not stand between the tasks behind
+	// them and the workers (docs/design.md, "Setting a backlog aside").
+	// Nothing is charged for them: they decide when they come back.
+	// Default false.
+	KeepOrder bool
 	// Clock is where the middleware reads the time. Default: the wall
 	// clock. Waits in the worker still pass in real time.
 	Clock Clock
@@ -75,6 +85,7 @@ type Middleware struct {
 	down    atomic.Int64  // until when (Unix ns) Redis counts as unreachable
 	prefix  string
 	pace    *pacer
+	sweep   *sweeper // nil: Config.KeepOrder
 	limiter *quotas.Limiter
 	client  *asynq.Client
 	inspect *asynq.Inspector
@@ -119,6 +130,9 @@ func New(cfg Config) (*Middleware, error) {
 	m := &Middleware{cfg: cfg, local: quotas.NewModel(), limits: limits{maxHold: cfg.MaxHold, budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}
 	m.policy.Store(cfg.Policy)
 	m.pace = newPacer(pacerDeps{client: cfg.Client, inspect: m.inspect, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
+	if !cfg.KeepOrder {
+		m.sweep = newSweeper(m)
+	}
 	return m, nil
 }
 
@@ -142,10 +156,14 @@ func (m *Middleware) SetPolicy(p *Policy) error {
 // last one given to SetPolicy. Safe for concurrent use.
 func (m *Middleware) Policy() *Policy { return m.policy.Load() }
 
-// Close stops the middleware's pacer. Call it after the asynq server has
-// shut down; rescheduled tasks then still run, up to a few seconds late.
+// Close stops the middleware's pacer and sweeper. Call it after the asynq
+// server has shut down; rescheduled tasks then still run, up to a few
+// seconds late.
 func (m *Middleware) Close() error {
 	m.pace.close()
+	if m.sweep != nil {
+		m.sweep.close()
+	}
 	return nil
 }
 
@@ -165,6 +183,7 @@ type split struct {
 	shadow           *quotas.Set    // the shadow rules, decided but not enforced
 	shadowIdx        []int          // their positions in the binding's set
 	digest           string         // of the rate rules' limits (HeaderLimits)
+	spacing          time.Duration  // between two tasks at the tightest rate rule; 0: not swept
 }
 
 // adaptiveReserve: see admission.AdaptiveReserve.
@@ -200,6 +219,9 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 	}
 	if len(adaptive) > 0 {
 		sp.adaptive, sp.horizon = true, min(sp.horizon, adaptiveReserve)
+	}
+	if !sp.critical {
+		sp.spacing = spacing(rates)
 	}
 	switch {
 	case len(scoped) > 0:

@@ -146,6 +146,9 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 			m.cfg.Logger.Warn("taskrl: pacing a rescheduled task failed; it runs a little late", "task", copyID, "err", err)
 		}
 	}
+	if m.sweep != nil && j.sp != nil && j.sp.spacing > 0 && delay >= sweepAhead {
+		m.sweep.note(j.queue, j.sp.signature(j.keys), j.sp.spacing, slot)
+	}
 	m.cfg.Logger.Debug("taskrl: rescheduled", "task", j.id, "copy", copyID, "in", delay, "booked", !booked.IsZero())
 	return nil
 }

@@ -98,6 +98,11 @@ Flags (--name and -name are the same; values as --name=V or --name V):
                            (taskrl_decisions_total outcome would_admit / would_wait,
                            taskrl_shadow_wait_seconds) but no task waits for it; for trying a policy
                            on live traffic. A rule alone can be in shadow mode with "mode: shadow".
+  --keep-order             leave asynq's queues in their order. By default, when a task is
+                           rescheduled a minute or more ahead, the tasks of the same backlog
+                           pending behind it whose turn is a minute or more away are moved to the
+                           scheduled set until shortly before it, so that they do not hold back
+                           other tasks.
   --max-hold D             longest a task waits for its turn inside the worker; longer waits
                            reschedule the task. Default 500ms.
   --task-check-interval D  how long an idle worker sleeps between looks at its queues (asynq's
@@ -147,6 +152,7 @@ type config struct {
 	logLevel        slog.Level
 	check           bool   // --check: validate the policy file and exit
 	shadow          bool   // --shadow: decide every rule, enforce none
+	keepOrder       bool   // --keep-order: no sweep
 	policyData      []byte // the policy file as read at start
 }
 
@@ -276,6 +282,7 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		logFormat:       *f.logFormat,
 		check:           *f.check,
 		shadow:          *f.shadow,
+		keepOrder:       *f.keepOrder,
 	}
 	if cfg.check {
 		if cfg.policyPath == "" {
@@ -401,7 +408,7 @@ type flagValues struct {
 	redis                                                    redisFlags
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
 	concurrency, localShare                                  *int
-	strict, check, shadow, version                           *bool
+	strict, check, shadow, version, keepOrder                *bool
 	shutdown, maxHold, taskCheck, budget, httpTimeout        *time.Duration
 }
 
@@ -419,6 +426,7 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 		strict:      fs.Bool("strict-priority", false, ""),
 		check:       fs.Bool("check", false, ""),
 		shadow:      fs.Bool("shadow", false, ""),
+		keepOrder:   fs.Bool("keep-order", false, ""),
 		version:     fs.Bool("version", false, ""),
 		metricsAddr: fs.String("metrics-addr", "", ""),
 		shutdown:    fs.Duration("shutdown-timeout", 30*time.Second, ""),

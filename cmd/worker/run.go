@@ -60,6 +60,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		Logger:         logger,
 		Observer:       m,
 		Shadow:         cfg.shadow,
+		KeepOrder:      cfg.keepOrder,
 	})
 	if err != nil {
 		return err

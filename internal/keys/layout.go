@@ -9,6 +9,9 @@ package keys
 //	quotas.Limiter  PREFIX "q:{" Tag(key) "}:" RULE ":" KIND...
 //	block markers   PREFIX "block:{" Tag(key) "}:" RULE
 //	pacer           PREFIX "pace:{" Encode(queue) "}"
+//	sweep           PREFIX "sweep:{" queue "}" (asynq's own tag for the
+//	                queue's keys, the slot its scripts share with them; a
+//	                minute past its last estimated slot)
 //	copy started    PREFIX "ran:{" Encode(queue) "}:" Encode(copy ID) (one minute)
 //	live overrides  PREFIX "overrides:{o}" and that + ":version" (no TTL:
 //	                configuration, kept until removed)
@@ -41,6 +44,13 @@ func Block(prefix, rule, entity string) string {
 
 // Pace returns the pacer's sorted set of booked copies in queue.
 func Pace(prefix, queue string) string { return prefix + "pace:{" + Encode(queue) + "}" }
+
+// Sweep returns the hash of the sweep's lock and cursors for queue. Its
+// hash tag is asynq's for the queue's keys ("asynq:{" queue "}:..."), raw
+// as asynq writes it, because the sweep's scripts touch both: a prefix
+// holds no brace (ValidatePrefix), so the tag is the same whatever the
+// queue's name.
+func Sweep(prefix, queue string) string { return prefix + "sweep:{" + queue + "}" }
 
 // Ran returns the mark that the rescheduled copy with asynq task ID id in
 // queue started its first attempt.

@@ -11,6 +11,8 @@ func TestLayout(t *testing.T) {
 		{Block("p:", "peak", ""), "p:block:{~g}:peak"},
 		{Block("p:", "per-business", "b:7"), "p:block:{b%3A7}:per-business"},
 		{Pace("p:", "critical"), "p:pace:{critical}"},
+		{Sweep("p:", "critical"), "p:sweep:{critical}"},
+		{Sweep("p:", "a}b{c"), "p:sweep:{a}b{c}"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)

@@ -108,8 +108,8 @@ type worker struct {
 
 // start builds the binaries, starts the API with limits, writes the policy
 // file and starts n worker processes with it, on the test's Redis server.
-func start(t *testing.T, limits fakeapi.Limits, policy string, n int) *run {
-	return startOn(t, limits, policy, n, single)
+func start(t *testing.T, limits fakeapi.Limits, policy string, n int, args ...string) *run {
+	return startOn(t, limits, policy, n, single, args...)
 }
 
 // topology is the kind of Redis a run uses.
@@ -122,8 +122,8 @@ const (
 	replicated                 // the same with a replica and three sentinels, for a failover
 )
 
-// startOn is start, on the given kind of Redis.
-func startOn(t *testing.T, limits fakeapi.Limits, policy string, n int, topo topology) *run {
+// startOn is start, on the given kind of Redis; args go to every worker.
+func startOn(t *testing.T, limits fakeapi.Limits, policy string, n int, topo topology, args ...string) *run {
 	r := &run{t: t, bin: binaries(t)}
 	api, err := fakeapi.New(limits)
 	if err != nil {
@@ -163,7 +163,7 @@ func startOn(t *testing.T, limits fakeapi.Limits, policy string, n int, topo top
 	r.insp = asynq.NewInspectorFromRedisClient(c)
 	for i := 0; i < n; i++ {
 		cmd := exec.Command(filepath.Join(r.bin, "worker"), append([]string{"--policy", policyFile, "--concurrency", "10",
-			"--queues", r.queue + "=1", "--prefix", prefix, "--metrics-addr", "127.0.0.1:0"}, r.redis...)...)
+			"--queues", r.queue + "=1", "--prefix", prefix, "--metrics-addr", "127.0.0.1:0"}, append(r.redis, args...)...)...)
 		w := &worker{cmd: cmd, logs: &logBuffer{}, done: make(chan error, 1)}
 		stderr, err := cmd.StderrPipe()
 		if err != nil {
@@ -647,75 +647,69 @@ func TestFairShare(t *testing.T) {
 
 // TestNoHeadOfLineBlocking: 10,000 calls of one business, held to 1.8/s by
 // its own limit, are enqueued ahead of other businesses' calls in the same
-// queue, on three worker processes. Each of the first business's tasks
-// costs one decision and leaves the queue, booked for its slot or, beyond
-// the hour a booking may reach, rescheduled to decide again then: the
-// workers report one rescheduling per task, and the backlog leaves the
-// queue (within 40 s; how fast is the machine's, logged here and measured
-// against plain asynq in bench/, TestBacklogDrain). The other businesses'
-// calls, one every 300 ms, each of a business of its own, until 25 were
-// enqueued after the backlog left, start within 1 s of their enqueue at
-// p99 once the backlog has left the queue; those enqueued behind it wait
-// for it (asynq hands tasks out in order), and no more than a second
-// longer.
+// queue, on three worker processes. The workers set the backlog aside
+// (docs/design.md, "Setting a backlog aside"): the other businesses'
+// calls, one every 100 ms from when the 10,000 are in the queue, 50 of
+// them, each of a business of its own, start within 1 s of their enqueue
+// at p99 (with --keep-order, which leaves asynq's order alone, the fleet
+// first dequeues and reschedules the backlog: 11 of the 50 had not started
+// 2 s after the last was enqueued). The workers look at their queue every
+// 100 ms when idle: at asynq's default, 0.5-1.5 s, an idle fleet alone
+// makes the p99 about 1 s, backlog or not. The first
+// business's tasks cost at most one rescheduling each; every call is made
+// once, none is archived, and every one of the 10,000 not yet made waits
+// in asynq.
 func TestNoHeadOfLineBlocking(t *testing.T) {
-	const noisy, afterDrain = 10000, 25
-	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness}, noisyPolicy, 3)
+	const noisy, quiet = 10000, 50
+	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness}, noisyPolicy, 3, "--task-check-interval", "100ms")
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(noisy), "--businesses", "1")
+	enqueued := time.Since(begin)
 	client := asynq.NewClientFromRedisClient(redistest.Client(t))
 	sent := map[string]time.Time{}
-	var drained time.Time
-	for i, n := 0, 0; n < afterDrain; i++ {
-		if time.Since(begin) > 40*time.Second {
-			t.Fatalf("the backlog did not leave the queue in 40 s (%d calls enqueued after it did)", n)
-		}
+	for i := 0; i < quiet; i++ {
 		biz := fmt.Sprintf("q%d", i)
 		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": %q}`, r.url+"/v1/charge", biz)
 		sent[biz] = time.Now()
 		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(r.queue), asynq.MaxRetry(0)); err != nil {
 			t.Fatal(err)
 		}
-		if drained.IsZero() {
-			if info, err := r.insp.GetQueueInfo(r.queue); err == nil && info.Pending <= 1 {
-				drained = time.Now()
-			}
-		} else {
-			n++
-		}
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
 	time.Sleep(2 * time.Second)
-	var behind, after []time.Duration
+	var lat []time.Duration
+	made := 0
 	for _, c := range r.api.Calls() {
 		if at, ok := sent[c.Business]; ok && c.Status == 200 {
-			if at.Before(drained) {
-				behind = append(behind, c.At.Sub(at))
-			} else {
-				after = append(after, c.At.Sub(at))
-			}
+			lat = append(lat, c.At.Sub(at))
+		} else if c.Business == "b1" && c.Status == 200 {
+			made++
 		}
 	}
-	slices.Sort(behind)
-	slices.Sort(after)
-	st := r.api.Stats()
-	checkCalls(t, st)
-	rescheduled := r.counter("taskrl_decisions_total", `outcome="rescheduled"`)
-	if n := len(behind) + len(after); n != len(sent) {
-		t.Fatalf("%d of %d other businesses' calls ran", n, len(sent))
+	slices.Sort(lat)
+	checkCalls(t, r.api.Stats())
+	if len(lat) != quiet {
+		t.Fatalf("%d of %d other businesses' calls ran", len(lat), quiet)
 	}
-	p99 := after[len(after)*99/100-1]
-	drain := drained.Sub(begin)
-	t.Logf("the first business's %d tasks left the queue in %v (%.0f/s), %.0f reschedulings (%.3f per task); the others' calls behind them (%d) started after %v at most; after them (%d): p50 %v p99 %v max %v",
-		noisy, drain.Round(time.Millisecond), noisy/drain.Seconds(), rescheduled, rescheduled/noisy, len(behind), behind[len(behind)-1], len(after), after[len(after)/2], p99, after[len(after)-1])
+	rescheduled := r.counter("taskrl_decisions_total", `outcome="rescheduled"`)
+	info, err := r.insp.GetQueueInfo(r.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p99 := lat[len(lat)*99/100-1]
+	t.Logf("the first business's %d tasks enqueued in %v; %.0f reschedulings; pending %d, scheduled %d; the others' calls started after p50 %v p99 %v max %v",
+		noisy, enqueued.Round(time.Millisecond), rescheduled, info.Pending, info.Scheduled, lat[len(lat)/2], p99, lat[len(lat)-1])
 	if rescheduled > 1.02*noisy {
 		t.Errorf("%.0f reschedulings for %d tasks: not one decision each", rescheduled, noisy)
 	}
-	if len(behind) > 0 && behind[len(behind)-1] > drain+time.Second {
-		t.Errorf("a call enqueued behind the backlog started %v after its enqueue, more than a second after the backlog left", behind[len(behind)-1])
-	}
 	if p99 > time.Second {
 		t.Errorf("p99 start latency %v, over 1 s", p99)
+	}
+	if info.Archived != 0 || info.Retry != 0 {
+		t.Errorf("archived %d, retry %d", info.Archived, info.Retry)
+	}
+	if waiting := info.Pending + info.Scheduled + info.Active; made+waiting != noisy {
+		t.Errorf("the first business made %d calls and %d tasks wait (pending %d, scheduled %d, active %d): want %d in all", made, waiting, info.Pending, info.Scheduled, info.Active, noisy)
 	}
 	r.stop()
 }
