@@ -5,13 +5,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/batch"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
@@ -106,7 +103,7 @@ func TestBatchSharesCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 		const n = 200
-		before := evalshaCalls(t, c)
+		before := redistest.CommandCalls(t, c)["evalsha"]
 		var allowed atomic.Int64
 		var wg sync.WaitGroup
 		for range n {
@@ -121,7 +118,7 @@ func TestBatchSharesCalls(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		calls := evalshaCalls(t, c) - before
+		calls := redistest.CommandCalls(t, c)["evalsha"] - before
 		t.Logf("MaxBatch %d: %d requests in %d script calls, %d allowed", maxBatch, n, calls, allowed.Load())
 		if allowed.Load() != 50 {
 			t.Errorf("MaxBatch %d: %d allowed under a burst of 50", maxBatch, allowed.Load())
@@ -136,20 +133,4 @@ func TestBatchSharesCalls(t *testing.T) {
 	if _, err := New(Config{Client: c, MaxBatch: -1}); err == nil {
 		t.Error("MaxBatch -1 accepted")
 	}
-}
-
-// evalshaCalls is the server's count of EVALSHA calls so far.
-func evalshaCalls(t *testing.T, c *redis.Client) int {
-	t.Helper()
-	stats, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(stats, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
-			n, _ := strconv.Atoi(strings.SplitN(v, ",", 2)[0])
-			return n
-		}
-	}
-	return 0
 }

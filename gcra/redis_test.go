@@ -258,21 +258,12 @@ func TestOneEvalshaPerCall(t *testing.T) {
 	if r, err := l.Allow(ctx, "k", PerSecond(1000)); err != nil || !r.Allowed {
 		t.Fatalf("after SCRIPT FLUSH: %+v %v", r, err)
 	}
-	stats := c.Info(ctx, "commandstats").Val()
-	calls_ := func(cmd string) int {
-		for _, line := range strings.Split(stats, "\r\n") {
-			if strings.HasPrefix(line, "cmdstat_"+cmd+":calls=") {
-				n, _ := strconv.Atoi(strings.SplitN(strings.TrimPrefix(line, "cmdstat_"+cmd+":calls="), ",", 2)[0])
-				return n
-			}
-		}
-		return 0
-	}
+	stats := redistest.CommandCalls(t, c)
 	// EVALSHA: every call, plus the one that met NOSCRIPT; EVAL: once.
-	if got := calls_("evalsha"); got != calls+1 {
+	if got := stats["evalsha"]; got != calls+1 {
 		t.Errorf("evalsha calls = %d, want %d", got, calls+1)
 	}
-	if got := calls_("eval"); got != 1 {
+	if got := stats["eval"]; got != 1 {
 		t.Errorf("eval calls = %d, want 1", got)
 	}
 }

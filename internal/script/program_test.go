@@ -41,26 +41,6 @@ func run(t *testing.T, p *Program, c redis.UniversalClient, keys []string, arg i
 	return v
 }
 
-func commands(t *testing.T, c *redis.Client) map[string]int {
-	t.Helper()
-	out := map[string]int{}
-	info := c.Info(context.Background(), "commandstats").Val()
-	for _, l := range strings.Split(info, "\r\n") {
-		name, rest, ok := strings.Cut(strings.TrimPrefix(l, "cmdstat_"), ":calls=")
-		if ok {
-			n := 0
-			for _, ch := range rest {
-				if ch < '0' || ch > '9' {
-					break
-				}
-				n = n*10 + int(ch-'0')
-			}
-			out[name] = n
-		}
-	}
-	return out
-}
-
 // TestProgramAsFunction: on Redis 7 a program runs as a function, loaded by
 // its first call and again after FUNCTION FLUSH; its caches start empty on
 // every call; a second version of the library loads beside the first.
@@ -73,7 +53,7 @@ func TestProgramAsFunction(t *testing.T) {
 			t.Fatalf("call %d: %v", i, v)
 		}
 	}
-	st := commands(t, c)
+	st := redistest.CommandCalls(t, c)
 	if st["fcall"] != 4 || st["function|load"] != 1 || st["evalsha"]+st["eval"] != 0 {
 		t.Fatalf("commands %v: want 4 FCALL (one refused before the load), 1 FUNCTION LOAD, no script", st)
 	}
@@ -116,7 +96,7 @@ func TestProgramWithoutFunctions(t *testing.T) {
 	if h := p.Head(1); h[0] != "evalsha" {
 		t.Fatalf("head %v after FCALL was refused", h)
 	}
-	st := commands(t, c)
+	st := redistest.CommandCalls(t, c)
 	if st["evalsha"] != 4 || st["eval"] != 2 {
 		t.Fatalf("commands %v: want 4 EVALSHA (2 met NOSCRIPT) and 2 EVAL", st)
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -95,5 +97,26 @@ func (c *Counter) Kinds() []string {
 		fmt.Sscan(out[j][strings.LastIndexByte(out[j], '=')+1:], &b)
 		return a > b
 	})
+	return out
+}
+
+// CommandCalls returns the server's count of calls of each command since
+// its last CONFIG RESETSTAT (INFO commandstats), by lower-case name
+// ("evalsha", "fcall", ...).
+func CommandCalls(t testing.TB, c *redis.Client) map[string]int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, line := range strings.Split(info, "\r\n") {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+		out[name] = n
+	}
 	return out
 }
