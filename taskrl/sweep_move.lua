@@ -65,7 +65,7 @@ for k = #tail, 1, -1 do -- oldest first
     if slot - now >= soon and (t[2] == 0 or t[2] * 1000000 >= slot) then
       moving[k] = true
       redis.call('ZADD', KEYS[2], math.floor((due + skew) / 1000000), id)
-      redis.call('HSET', ARGV[3] .. id, 'state', 'scheduled')
+      redis.call('HSET', ARGV[3] .. id, 'state', 'scheduled', 'taskrl_swept', '1')
       redis.call('HDEL', ARGV[3] .. id, 'pending_since')
       moved = moved + 1
     end

@@ -19,7 +19,8 @@
 -- given up or fewer than ARGV[7] tasks are pending; else 1 if the window
 -- was full (ARGV[6] tasks, or ARGV[8] bytes: the tasks that fit) or 0 if
 -- it was the last, then ID, message, ID, message, ... oldest first
--- (message false for a task whose hash is gone).
+-- (message false for a task whose hash is gone, or that a sweep set aside
+-- once already: it decides when it comes back, and is not moved again).
 local now = gcra_now(ARGV[1])
 local lock = redis.call('HGET', KEYS[2], 'lock')
 local mine = true
@@ -48,7 +49,10 @@ local ids = redis.call('LRANGE', KEYS[1], -(off + win), -(off + 1))
 local out = {#ids == win and 1 or 0}
 local bytes, most = 0, tonumber(ARGV[8])
 for i = #ids, 1, -1 do
-  local msg = redis.call('HGET', ARGV[4] .. ids[i], 'msg')
+  local msg, swept = unpack(redis.call('HMGET', ARGV[4] .. ids[i], 'msg', 'taskrl_swept'))
+  if swept then
+    msg = false
+  end
   if msg then
     bytes = bytes + #msg
     if bytes > most and #out > 1 then

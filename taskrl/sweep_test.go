@@ -145,6 +145,29 @@ func testSweep(t *testing.T, c redis.UniversalClient, q string) {
 	if n, _ := c.LLen(ctx, asynqmsg.Pending(q)).Result(); int(n) != len(others) {
 		t.Fatalf("a second sweep left %d pending, want %d", n, len(others))
 	}
+	// A task set aside comes back (as asynq's forwarder moves it) behind
+	// more of the backlog: the sweep moves the others, not it again.
+	if err := insp.RunTask(q, noisy[0]); err != nil {
+		t.Fatal(err)
+	}
+	var more []string
+	for i := 0; i < 250; i++ {
+		more = append(more, enqueue(call("noisy")))
+	}
+	if err := m.sweep.sweep(q); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range more {
+		if _, err := c.ZScore(ctx, asynqmsg.Scheduled(q), id).Result(); err != nil {
+			t.Fatalf("a later task of the backlog was not set aside: %v", err)
+		}
+	}
+	if info, err := insp.GetTaskInfo(q, noisy[0]); err != nil || info.State != asynq.TaskStatePending {
+		t.Fatalf("a task set aside once was moved again: %+v %v", info, err)
+	}
+	if err := insp.DeleteTask(q, noisy[0]); err != nil {
+		t.Fatal(err)
+	}
 	// Another sweeper holds the lock: more of the backlog stays pending.
 	for i := 0; i < 300; i++ {
 		enqueue(call("noisy"))
