@@ -2,6 +2,7 @@ package taskrl
 
 import (
 	"fmt"
+	"math"
 	"path"
 	"slices"
 	"strconv"
@@ -47,11 +48,44 @@ type Rule struct {
 	// charged to any other rule. false (the default) enforces the rule.
 	// Policy file: mode: shadow (or enforce).
 	Shadow bool
+	// Soft lets the rule exceed its limit by this share, soft throttling:
+	// 0.1 makes a GCRA rate of 10/s 11/s (the burst unchanged) and a fixed
+	// or sliding window of 100 a minute 110 (whole units, rounded down);
+	// overrides of the rule's keys are raised alike. The excess is never
+	// used by a task that would not otherwise wait: below the limit nothing
+	// waits, above it the rule admits up to the raised limit and no more.
+	// For limits that are guidelines rather than walls. 0 (the default):
+	// none; at most 10. Only GCRA, fixed and sliding window rules can be
+	// soft. Policy file: soft: 10% (or 0.1).
+	Soft float64
 	// Limit is the rule's limit, exactly one of quotas.GCRA,
 	// quotas.Adaptive, quotas.FixedWindow, quotas.CalendarWindow,
 	// quotas.SlidingWindow or quotas.Concurrency (a pointer to one is
 	// accepted and copied). Required.
 	Limit quotas.Limit
+}
+
+// Raised returns l raised by the rule's Soft share: the limit the rule
+// enforces where its limit, or a key's override, is l. Without Soft, and
+// for kinds that cannot be soft, it returns l.
+func (r Rule) Raised(l quotas.Limit) quotas.Limit {
+	if r.Soft <= 0 {
+		return l
+	}
+	k := 1 + r.Soft
+	units := func(n int) int { return int(math.Floor(float64(n)*k + 1e-9)) }
+	switch l := l.(type) {
+	case quotas.GCRA:
+		l.Rate *= k
+		return l
+	case quotas.FixedWindow:
+		l.Limit = units(l.Limit)
+		return l
+	case quotas.SlidingWindow:
+		l.Limit = units(l.Limit)
+		return l
+	}
+	return l
 }
 
 // Match selects tasks by type and queue. A task matches when both set
@@ -349,10 +383,10 @@ func newBinding(all []*crule, idx []int, throttle []string, overrides []Override
 				if b.over[j] == nil {
 					b.over[j] = map[string]quotas.Limit{}
 				}
-				b.over[j][o.Key] = o.Limit
+				b.over[j][o.Key] = r.Raised(o.Limit)
 			}
 		}
-		qs[j] = quotas.Rule{Name: r.Name, Limit: r.Limit, Fair: r.ftmpl != nil}
+		qs[j] = quotas.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil}
 		b.payload = b.payload || (r.tmpl != nil && r.tmpl.fields)
 	}
 	s, err := quotas.NewSet(qs...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"reflect"
 	"slices"
@@ -32,6 +33,7 @@ import (
 //	    match: {type: "http:*"}          # type (path.Match glob) and/or queue (exact)
 //	    fair: "{{.business_id}}"         # optional, gcra only; see Rule.Fair
 //	    mode: enforce                    # optional: enforce (default) | shadow; see Rule.Shadow
+//	    soft: 10%                        # optional: see Rule.Soft (also 0.1)
 //	    gcra: {rate: 18, per: 1s, burst: 3}
 //	  - name: vendor-window
 //	    match: {type: "http:call"}
@@ -669,7 +671,7 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.Name = s
 		}
 	}
-	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "mode", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
+	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "mode", "soft", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
 		return r, ls, fe
 	}
 	var limitKey string
@@ -685,6 +687,8 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.DefaultKey, _, fe = d.str(e.val, "default_key")
 		case "fair":
 			r.Fair, _, fe = d.str(e.val, "fair")
+		case "soft":
+			r.Soft, fe = d.share(e.val, "soft")
 		case "mode":
 			var mode string
 			if mode, _, fe = d.str(e.val, "mode"); fe == nil {
@@ -708,6 +712,21 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 		}
 	}
 	return r, ls, nil
+}
+
+// share reads a share: a number (0.1) or a percentage ("10%").
+func (d *yamlDoc) share(n ast.Node, field string) (float64, *ferr) {
+	if v, fe := d.resolve(n, field); fe == nil {
+		if sn, ok := v.(*ast.StringNode); ok && strings.HasSuffix(sn.Value, "%") {
+			f, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(sn.Value, "%")), 64)
+			if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+				return 0, fail(n, field, "must be a share like 10%% or 0.1, got %q", sn.Value)
+			}
+			return f / 100, nil
+		}
+	}
+	f, _, fe := d.number(n, field)
+	return f, fe
 }
 
 // match reads a matcher at field ("match", or "critical[1]") into m.

@@ -79,6 +79,19 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		return nil, field, msg
 	}
 	c.Limit = lim
+	if r.Soft != 0 {
+		switch lim.(type) {
+		case quotas.GCRA, quotas.FixedWindow, quotas.SlidingWindow:
+		default:
+			return nil, "soft", "only a gcra rate, a fixed quota window or a sliding window can be soft; this rule's limit is " + lim.String()
+		}
+		if !(r.Soft > 0 && r.Soft <= 10) {
+			return nil, "soft", fmt.Sprintf("must be a share between 0 and 1000%% (10), got %v", r.Soft)
+		}
+		if err := (quotas.Rule{Name: r.Name, Limit: r.Raised(lim)}).Validate(); err != nil {
+			return nil, "soft", "raises the limit past its bounds: " + err.Error()
+		}
+	}
 	if r.Fair != "" {
 		t, err := parseKeyTemplate(r.Fair)
 		if err != nil {

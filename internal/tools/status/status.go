@@ -80,6 +80,14 @@ type KeyState struct {
 	Rate float64 `json:"rate,omitempty"`
 }
 
+// limitText describes limit l of rule r, with what a soft rule enforces.
+func limitText(r taskrl.Rule, l quotas.Limit) string {
+	if r.Soft <= 0 {
+		return l.String()
+	}
+	return fmt.Sprintf("%s, soft %s%% (%s)", l, strconv.FormatFloat(100*r.Soft, 'g', -1, 64), r.Raised(l))
+}
+
 // Collect reads the state of every rule of p. key, if not "", is the key
 // to report for every keyed rule; otherwise keyed rules report their
 // busiest keys, found by scanning Redis (every master of a Cluster).
@@ -96,15 +104,15 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *tas
 	}
 	var rep Report
 	for _, r := range p.Rules() {
-		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: r.Limit.String(), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Overrides: count[r.Name]}
+		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: limitText(r, r.Limit), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Overrides: count[r.Name]}
 		state := func(k string) (KeyState, error) {
 			lim, own := over[[2]string{r.Name, k}]
 			if !own || !out.Keyed {
 				lim = r.Limit
 			}
-			ks, at, err := keyState(ctx, c, l, prefix, r, lim, k)
+			ks, at, err := keyState(ctx, c, l, prefix, r, r.Raised(lim), k)
 			if own && out.Keyed {
-				ks.Override = lim.String()
+				ks.Override = limitText(r, lim)
 			}
 			if rep.At.IsZero() {
 				rep.At = at

@@ -115,3 +115,33 @@ func TestCollect(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectSoft: a soft rule's state is read at the limit it enforces
+// (a GCRA key names its interval, so at the written one it would read as
+// unused), and the report shows both limits.
+func TestCollectSoft(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	p, err := taskrl.ParsePolicy([]byte("rules:\n  - name: peak\n    match: {type: job}\n    soft: 10%\n    gcra: {rate: 10, per: 1s, burst: 10}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		if d, err := l.Allow(ctx, p.Bind("job", "q").Set(), quotas.Request{}); err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+	}
+	rep, err := Collect(ctx, c, prefix, p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rep.Rules[0]
+	if r.Used != 4 || r.Limit != "10/1s burst 10 (GCRA), soft 10% (11/1s burst 10 (GCRA))" {
+		t.Errorf("soft rule: %q with %d used, want 4 used", r.Limit, r.Used)
+	}
+}
