@@ -431,8 +431,10 @@ func TestCampaign(t *testing.T) {
 // limit is stricter than the policy knows (1/s against the policy's
 // 1.8/s), so it draws 429s. Under throttle: [per-business] they hold back
 // that business alone: the other 20 businesses' 100 calls, to the usual
-// API, finish within 1.3x of the time the limits allow, with zero 429s.
-// Without the scope each 429 blocks the shared vendor rule for everyone,
+// API, finish within 1.3x of the time the limits allow from their first
+// call (before it, the idle workers' polling, up to 1.5 s, is asynq's:
+// counted from the enqueue it made the ratio 1.22-1.36 here), with zero
+// 429s. Without the scope each 429 blocks the shared vendor rule for everyone,
 // and the same calls take longer: the test measures both, so it fails if
 // the scope makes no difference.
 func TestScopedThrottle(t *testing.T) {
@@ -459,6 +461,7 @@ func TestScopedThrottle(t *testing.T) {
 		begin := time.Now()
 		r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(quiet), "--businesses", fmt.Sprint(businesses))
 		st := r.waitKeys(quiet, time.Minute)
+		begin = firstCall(t, begin, st)
 		took[i] = st.LastOK.Sub(begin)
 		best = bestTime(begin, quiet, businesses, noisyRules)
 		ns := strict.Stats()
