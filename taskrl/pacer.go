@@ -42,10 +42,7 @@ type pacer struct {
 	lead atomic.Int64 // admission.PaceLead, ns
 	mu   sync.Mutex
 	qs   map[string]*paceQueue
-	wake chan struct{}
-	stop chan struct{}
-	once sync.Once
-	done sync.WaitGroup
+	loop *loop
 }
 
 // paceQueue is the pacer's state for one queue.
@@ -85,7 +82,8 @@ type pacerDeps struct {
 func (p *pacer) serverNow() time.Time { return p.skew.Server(p.clock.Now()) }
 
 func newPacer(deps pacerDeps) *pacer {
-	p := &pacer{pacerDeps: deps, qs: map[string]*paceQueue{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	p := &pacer{pacerDeps: deps, qs: map[string]*paceQueue{}}
+	p.loop = newLoop(func() time.Duration { return max(p.pass(), 2*time.Millisecond) })
 	p.setLead(admission.PaceLead(0))
 	return p
 }
@@ -102,10 +100,7 @@ func (p *pacer) queue(name string) *paceQueue {
 	if !ok {
 		q = &paceQueue{key: keys.Pace(p.prefix, name)}
 		p.qs[name] = q
-		p.once.Do(func() {
-			p.done.Add(1)
-			go p.run()
-		})
+		p.loop.start()
 	}
 	return q
 }
@@ -137,26 +132,8 @@ func (p *pacer) add(ctx context.Context, queue, id string, booked time.Time) err
 		heap.Push(&q.own, booked.UnixMicro())
 		p.mu.Unlock()
 	}
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
+	p.loop.poke()
 	return err
-}
-
-func (p *pacer) run() {
-	defer p.done.Done()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-p.wake:
-		case <-timer.C:
-		}
-		timer.Reset(max(p.pass(), 2*time.Millisecond))
-	}
 }
 
 // pass claims the copies due in every queue where this process booked
@@ -255,11 +232,4 @@ func (s *slots) Pop() any {
 }
 
 // close stops the pacer and waits for it.
-func (p *pacer) close() {
-	select {
-	case <-p.stop:
-	default:
-		close(p.stop)
-	}
-	p.done.Wait()
-}
+func (p *pacer) close() { p.loop.close() }

@@ -88,10 +88,7 @@ type sweeper struct {
 	token string
 	mu    sync.Mutex
 	qs    map[string]*sweepQueue
-	wake  chan struct{}
-	stop  chan struct{}
-	once  sync.Once
-	done  sync.WaitGroup
+	loop  *loop
 }
 
 // sweepQueue is the sweeper's state for one queue.
@@ -109,21 +106,16 @@ type sweepNote struct {
 func newSweeper(m *Middleware) *sweeper {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	return &sweeper{m: m, token: hex.EncodeToString(b), qs: map[string]*sweepQueue{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	s := &sweeper{m: m, token: hex.EncodeToString(b), qs: map[string]*sweepQueue{}}
+	s.loop = newLoop(s.sweepDue)
+	return s
 }
 
 // note records that a task of backlog sig in queue was rescheduled to
 // slot, and wakes the sweeper.
 func (s *sweeper) note(queue, sig string, spacing time.Duration, slot time.Time) {
 	s.remember(queue, sig, spacing, slot)
-	s.once.Do(func() {
-		s.done.Add(1)
-		go s.run()
-	})
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.loop.poke()
 }
 
 // remember records a backlog's slot.
@@ -139,23 +131,6 @@ func (s *sweeper) remember(queue, sig string, spacing time.Duration, slot time.T
 		q.notes[sig] = sweepNote{slot: max(n.slot, slot.UnixMicro()), spacing: spacing.Microseconds()}
 	}
 	s.mu.Unlock()
-}
-
-func (s *sweeper) run() {
-	defer s.done.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-s.wake:
-		case <-timer.C:
-		}
-		if wait := s.sweepDue(); wait > 0 {
-			timer.Reset(wait)
-		}
-	}
 }
 
 // sweepDue sweeps every queue with a live backlog whose turn has come and
@@ -338,11 +313,4 @@ func spacing(rules []quotas.Rule) time.Duration {
 }
 
 // close stops the sweeper and waits for it.
-func (s *sweeper) close() {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	s.done.Wait()
-}
+func (s *sweeper) close() { s.loop.close() }
