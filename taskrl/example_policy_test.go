@@ -147,3 +147,15 @@ rules:
 	// [per-business]
 	// policy: throttle[1]: no rule is named "per-customer"
 }
+
+// A soft rule may exceed its limit by a share; Raised gives the limit it
+// enforces, for its own limit or an override's.
+func ExampleRule_Raised() {
+	r := taskrl.Rule{Name: "internal-api", Match: taskrl.Match{Queue: "bulk"}, Soft: 0.1,
+		Limit: quotas.SlidingWindow{Limit: 100, Every: time.Minute}}
+	fmt.Println(r.Raised(r.Limit))
+	fmt.Println(r.Raised(quotas.FixedWindow{Limit: 7, Every: time.Second}))
+	// Output:
+	// 110 per 1m0s (sliding window)
+	// 7 per 1s (fixed window)
+}
