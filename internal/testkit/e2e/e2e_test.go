@@ -96,6 +96,7 @@ type run struct {
 	prefix   string              // of the workers' limiter keys
 	queue    string
 	insp     *asynq.Inspector
+	client   redis.UniversalClient // to the run's Redis
 	workers  []*worker
 }
 
@@ -120,6 +121,7 @@ const (
 	cluster                    // the test's Redis Cluster (--redis-cluster)
 	sentinel                   // a primary of its own behind two sentinels (--redis-sentinel)
 	replicated                 // the same with a replica and three sentinels, for a failover
+	own                        // a redis-server of the run's own (nothing to clean up)
 )
 
 // startOn is start, on the given kind of Redis; args go to every worker.
@@ -147,6 +149,10 @@ func startOn(t *testing.T, limits fakeapi.Limits, policy string, n int, topo top
 	case cluster:
 		c = redistest.Cluster(t)
 		r.redis = []string{"--redis-cluster", strings.Join(redistest.ClusterAddrs(t), ",")}
+	case own:
+		srv := redistest.StartServer(t)
+		c = srv.Client(t)
+		r.redis = []string{"--redis", "redis://" + srv.Addr()}
 	case sentinel, replicated:
 		s := redistest.StartSentinel(t, 2, 0)
 		if topo == replicated {
@@ -156,11 +162,11 @@ func startOn(t *testing.T, limits fakeapi.Limits, policy string, n int, topo top
 		r.redis = []string{"--redis-sentinel", redistest.SentinelMaster + "@" + strings.Join(s.Addrs, ",")}
 		r.sentinel = s
 	}
-	r.queue = "e2e" // a Redis of the test's own (sentinel): nothing to clean up
-	if r.sentinel == nil {
+	r.queue = "e2e" // a Redis of the test's own (sentinel, own): nothing to clean up
+	if r.sentinel == nil && topo != own {
 		r.queue = redistest.Queue(t, c, "e2e")
 	}
-	r.insp = asynq.NewInspectorFromRedisClient(c)
+	r.insp, r.client = asynq.NewInspectorFromRedisClient(c), c
 	for i := 0; i < n; i++ {
 		cmd := exec.Command(filepath.Join(r.bin, "worker"), append([]string{"--policy", policyFile, "--concurrency", "10",
 			"--queues", r.queue + "=1", "--prefix", prefix, "--metrics-addr", "127.0.0.1:0"}, append(r.redis, args...)...)...)
