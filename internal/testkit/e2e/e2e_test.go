@@ -295,6 +295,40 @@ func (r *run) stop() {
 	}
 }
 
+// behind enqueues n calls of businesses q0..q(n-1) with MaxRetry(0), one
+// every 100 ms, waits 2 s, and requires every one answered 2xx, no 429 and
+// no key twice. It returns their start latencies after their enqueue,
+// sorted, and how many calls of business b1 were answered 2xx.
+func (r *run) behind(n int) (lat []time.Duration, made int) {
+	t := r.t
+	t.Helper()
+	client := asynq.NewClientFromRedisClient(r.client)
+	sent := map[string]time.Time{}
+	for i := 0; i < n; i++ {
+		biz := fmt.Sprintf("q%d", i)
+		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": %q}`, r.url+"/v1/charge", biz)
+		sent[biz] = time.Now()
+		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(r.queue), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	for _, c := range r.api.Calls() {
+		if at, ok := sent[c.Business]; ok && c.Status == 200 {
+			lat = append(lat, c.At.Sub(at))
+		} else if c.Business == "b1" && c.Status == 200 {
+			made++
+		}
+	}
+	slices.Sort(lat)
+	checkCalls(t, r.api.Stats())
+	if len(lat) != n {
+		t.Fatalf("%d of %d other businesses' calls ran", len(lat), n)
+	}
+	return lat, made
+}
+
 // checkCalls requires no 429 and no key answered 2xx twice.
 func checkCalls(t *testing.T, st fakeapi.Stats) {
 	t.Helper()
@@ -675,32 +709,7 @@ func TestNoHeadOfLineBlocking(t *testing.T) {
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(noisy), "--businesses", "1")
 	enqueued := time.Since(begin)
-	client := asynq.NewClientFromRedisClient(redistest.Client(t))
-	sent := map[string]time.Time{}
-	for i := 0; i < quiet; i++ {
-		biz := fmt.Sprintf("q%d", i)
-		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": %q}`, r.url+"/v1/charge", biz)
-		sent[biz] = time.Now()
-		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(r.queue), asynq.MaxRetry(0)); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	time.Sleep(2 * time.Second)
-	var lat []time.Duration
-	made := 0
-	for _, c := range r.api.Calls() {
-		if at, ok := sent[c.Business]; ok && c.Status == 200 {
-			lat = append(lat, c.At.Sub(at))
-		} else if c.Business == "b1" && c.Status == 200 {
-			made++
-		}
-	}
-	slices.Sort(lat)
-	checkCalls(t, r.api.Stats())
-	if len(lat) != quiet {
-		t.Fatalf("%d of %d other businesses' calls ran", len(lat), quiet)
-	}
+	lat, made := r.behind(quiet)
 	rescheduled := r.counter("taskrl_decisions_total", `outcome="rescheduled"`)
 	info, err := r.insp.GetQueueInfo(r.queue)
 	if err != nil {

@@ -2,11 +2,8 @@ package e2e
 
 import (
 	"fmt"
-	"slices"
 	"testing"
 	"time"
-
-	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/internal/examples/fakeapi"
 )
@@ -33,32 +30,7 @@ func TestSweepWorkersKilled(t *testing.T) {
 		<-w.done
 	}
 	r.workers = r.workers[killed:]
-	client := asynq.NewClientFromRedisClient(r.client)
-	sent := map[string]time.Time{}
-	for i := 0; i < quiet; i++ {
-		biz := fmt.Sprintf("q%d", i)
-		sent[biz] = time.Now()
-		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": %q}`, r.url+"/v1/charge", biz)
-		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(r.queue), asynq.MaxRetry(0)); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	time.Sleep(2 * time.Second)
-	var lat []time.Duration
-	made := 0
-	for _, c := range r.api.Calls() {
-		if at, ok := sent[c.Business]; ok && c.Status == 200 {
-			lat = append(lat, c.At.Sub(at))
-		} else if c.Business == "b1" && c.Status == 200 {
-			made++
-		}
-	}
-	checkCalls(t, r.api.Stats())
-	if len(lat) != quiet {
-		t.Fatalf("%d of %d other businesses' calls ran", len(lat), quiet)
-	}
-	slices.Sort(lat)
+	lat, made := r.behind(quiet)
 	info, err := r.insp.GetQueueInfo(r.queue)
 	if err != nil {
 		t.Fatal(err)
