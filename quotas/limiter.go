@@ -84,6 +84,9 @@ type Limiter struct {
 	// clock.
 	skew  clock.Skew
 	batch *batch.Batcher
+	// started and pools: units taken ahead (Rule.Prefetch).
+	started time.Time
+	pools   pools
 }
 
 // New validates cfg and returns a Limiter.
@@ -105,7 +108,7 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	_, single := cfg.Client.(*redis.Client)
 	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + keys.Rules, now: cfg.Now, sharded: !single,
-		batch: batch.New(cfg.Client, setProgram, joinRequests, "quotas", cfg.MaxBatch)}, nil
+		batch: batch.New(cfg.Client, setProgram, joinRequests, "quotas", cfg.MaxBatch), started: time.Now()}, nil
 }
 
 // Request says whom a decision is for.
@@ -191,11 +194,13 @@ type Decision struct {
 	// Redis Cluster, rules in other slots are decided by their own node's
 	// clock in the same round trip; Now is the time of the first rule.
 	Now time.Time
-	// Rules holds each rule's state after the decision, in set order.
+	// Rules holds each rule's state after the decision, in set order;
+	// read only (decisions admitted from one prefetched batch share it).
 	Rules []RuleStatus
 	// Leases are the concurrency slots an Allow took.
 	Leases []Lease
 
+	pf    *prefetch  // admitted from units taken ahead (Rule.Prefetch)
 	nonce string     // names this request's GCRA bookings and sliding-window entries
 	cost  int        // units charged
 	ats   []int64    // per rule, µs its group charged at
@@ -621,7 +626,11 @@ func newNonce() string {
 // rules whose keys live in different slots are decided by one script per
 // slot, sent in one parallel round trip; if some slots admit and another
 // denies, the admitted charges are undone in a second round trip, so the set
-// never over-admits (a concurrent request may be denied meanwhile).
+// never over-admits (a concurrent request may be denied meanwhile). When
+// every rule of the set has Rule.Prefetch, Allow and Reserve admit from
+// units this Limiter took ahead in a batch while it has some, without a
+// call; the Decision is then as of the batch (its Rules are the batch's
+// state), and Refund puts the units back while they are usable.
 func (l *Limiter) Allow(ctx context.Context, s *Set, req Request) (Decision, error) {
 	return l.decide(ctx, s, req, opAllow, 0)
 }
@@ -658,6 +667,22 @@ func (l *Limiter) Status(ctx context.Context, s *Set, req Request) (Decision, er
 }
 
 func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horizon time.Duration) (Decision, error) {
+	if s == nil || s.prefetch == 0 {
+		return l.decideNow(ctx, s, req, op, horizon)
+	}
+	d, p, err := l.prefetched(ctx, s, req)
+	if p == nil || err != nil {
+		return d, err
+	}
+	d, err = l.decideNow(ctx, s, req, op, horizon)
+	if err == nil {
+		l.resume(p, d)
+	}
+	return d, err
+}
+
+// decideNow is decide without prefetched units.
+func (l *Limiter) decideNow(ctx context.Context, s *Set, req Request, op int, horizon time.Duration) (Decision, error) {
 	calls, err := l.bind(s, req, op == opAllow)
 	if err != nil {
 		return Decision{}, err
@@ -916,6 +941,10 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 	if !d.Allowed {
 		return nil
 	}
+	if d.pf != nil {
+		l.unfetch(poolKey(s, req), d)
+		return nil
+	}
 	calls, err := l.bind(s, req, true)
 	if err != nil {
 		return err
@@ -976,6 +1005,7 @@ func (l *Limiter) Held(ctx context.Context, s *Set, req Request, d Decision) (bo
 // are left as they are. A block is never shortened by a later, shorter
 // one. until is compared with the server's clock (or Config.Now).
 func (l *Limiter) Block(ctx context.Context, s *Set, req Request, until time.Time) (Decision, error) {
+	l.dropPools()
 	calls, err := l.bind(s, req, false)
 	if err != nil {
 		return Decision{}, err

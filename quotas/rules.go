@@ -116,6 +116,18 @@ type Rule struct {
 	// every request is a booking of its own: about 10 µs more Redis time
 	// per decision than a plain rule (BENCHMARKS.md).
 	Fair bool
+	// Prefetch, for a GCRA rule that is not fair, lets a Limiter take the
+	// rule's units ahead in batches (token leasing) and hand them out in
+	// its process, each within Prefetch of the moment the batch was
+	// taken, so that a busy process needs a script call for a batch, not
+	// for every request (see Limiter.Allow). A unit handed out up to
+	// Prefetch after its moment could push a span of real time over the
+	// limit by Prefetch's worth of units, so the rule decides every
+	// request with Burst lowered by ceil(Prefetch/T) (RuleStatus reports
+	// that burst): what is handed out never exceeds Burst plus one per T
+	// elapsed in any span. 0 (the default) takes nothing ahead; at most
+	// 100ms, and Burst must exceed ceil(Prefetch/T).
+	Prefetch time.Duration
 }
 
 const (
@@ -145,9 +157,11 @@ type compiled struct {
 	// the holders set and the tokens hash; then, for every kind but GCRA
 	// (whose block moves its TAT), ":" NAME ":block", the end of a Block.
 	tails []string
-	ticks *tickCache   // calendar
-	fair  bool         // GCRA shared fairly among flows
-	learn *learnParams // an Adaptive rule: a GCRA whose em is learned
+	ticks *tickCache // calendar
+	fair  bool       // GCRA shared fairly among flows
+	// prefetch is a GCRA rule's Rule.Prefetch, µs (burst is lowered by it).
+	prefetch int64
+	learn    *learnParams // an Adaptive rule: a GCRA whose em is learned
 }
 
 // withArgs fills c.args from its parameters.
@@ -183,8 +197,9 @@ type RuleError struct {
 	// a FixedWindow or SlidingWindow; "Limit", "Cron" or "TZ" of a
 	// CalendarWindow; "Max", "Lease" or "Reserved" of a Concurrency. For a
 	// field of the Rule itself: "Rule.Name" (invalid, or a duplicate in a
-	// set), "Rule.Limit" (missing) or "Rule.Fair" (on a limit that cannot
-	// be fair). "" when no one field is at fault: a GCRA whose fields are
+	// set), "Rule.Limit" (missing), "Rule.Fair" (on a limit that cannot
+	// be fair) or "Rule.Prefetch" (out of range, or on a limit that cannot
+	// prefetch). "" when no one field is at fault: a GCRA whose fields are
 	// each valid but not together (Period/Rate below a microsecond, or
 	// Burst intervals longer than 35 years).
 	Field string
@@ -358,6 +373,12 @@ type Set struct {
 	named    bool // GCRA and sliding rules name their charges with a nonce per request
 	fair     bool // a rule is fair
 	adaptive bool // a rule is Adaptive
+	// prefetch is, when every rule of the set has Rule.Prefetch, the
+	// shortest, µs; otherwise 0.
+	prefetch int64
+	// batchMax is the most units one prefetch may take: the smallest
+	// burst of the set's rules.
+	batchMax int64
 }
 
 // NewSet validates rules and returns a Set. The error, a *RuleError unless
@@ -396,6 +417,12 @@ func NewSet(rules ...Rule) (*Set, error) {
 		s.named = s.named || c.kind == kindSliding || c.kind == kindGCRA
 		s.fair = s.fair || c.fair
 		s.adaptive = s.adaptive || c.learn != nil
+		if i == 0 || c.prefetch < s.prefetch {
+			s.prefetch = c.prefetch
+		}
+		if i == 0 || c.burst < s.batchMax {
+			s.batchMax = c.burst
+		}
 	}
 	return s, nil
 }
@@ -438,8 +465,29 @@ func (r Rule) compile(seen map[string]bool) (compiled, *RuleError) {
 		return fail(&RuleError{Field: "Rule.Fair", Reason: msg, msg: msg})
 	}
 	c.fair = r.Fair
+	if r.Prefetch != 0 {
+		bad := func(format string, args ...any) (compiled, *RuleError) {
+			msg := fmt.Sprintf(format, args...)
+			return fail(&RuleError{Field: "Rule.Prefetch", Reason: msg, msg: "prefetch " + msg})
+		}
+		ahead := (r.Prefetch.Microseconds() + c.em - 1) / max(c.em, 1)
+		switch {
+		case c.kind != kindGCRA || c.learn != nil || c.fair:
+			return bad("is only for a GCRA rule that is not fair, not %s", r.Limit)
+		case r.Prefetch < time.Microsecond || r.Prefetch > maxPrefetch:
+			return bad("must be between 1µs and %v, got %v", maxPrefetch, r.Prefetch)
+		case ahead >= c.burst:
+			return bad("%v takes %d units of %s ahead: the burst must be above that", r.Prefetch, ahead, r.Limit)
+		}
+		c.burst -= ahead
+		c.prefetch = r.Prefetch.Microseconds()
+		c.suffix += ":p" + strconv.FormatInt(c.prefetch, 10)
+	}
 	return c, nil
 }
+
+// maxPrefetch bounds Rule.Prefetch.
+const maxPrefetch = 100 * time.Millisecond
 
 func checkName(name string) *RuleError {
 	bad := func(format string, args ...any) *RuleError {
