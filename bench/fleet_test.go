@@ -109,8 +109,9 @@ const fivePolicy = `rules:
 `
 
 // startWorkers starts n worker processes of bin on the bench's Redis with
-// policy and extra flags; stop interrupts them and waits for them to exit.
-func startWorkers(t *testing.T, bin string, n int, policy string, flags ...string) (stop func(), logs *strings.Builder) {
+// policy and extra flags; stop interrupts them, waits for them to exit and
+// returns the CPU time (user and system) they used.
+func startWorkers(t *testing.T, bin string, n int, policy string, flags ...string) (stop func() time.Duration, logs *strings.Builder) {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(file, []byte(policy), 0o600); err != nil {
@@ -127,13 +128,17 @@ func startWorkers(t *testing.T, bin string, n int, policy string, flags ...strin
 		}
 		cmds = append(cmds, cmd)
 	}
-	return func() {
+	return func() (cpu time.Duration) {
 		for _, c := range cmds {
 			_ = c.Process.Signal(os.Interrupt)
 		}
 		for _, c := range cmds {
 			_ = c.Wait()
+			if ps := c.ProcessState; ps != nil {
+				cpu += ps.UserTime() + ps.SystemTime()
+			}
 		}
+		return cpu
 	}, logs
 }
 
@@ -248,8 +253,9 @@ func TestIdleFleet(t *testing.T) {
 	})
 	var logs *strings.Builder
 	ours, oursTop := commandsDuring(t, 3*time.Second, window, func() (stop func()) {
-		stop, logs = startWorkers(t, bin, workers, fivePolicy, "--concurrency", strconv.Itoa(concurrency), "--queues", "idle-taskrl=1")
-		return stop
+		var stopWorkers func() time.Duration
+		stopWorkers, logs = startWorkers(t, bin, workers, fivePolicy, "--concurrency", strconv.Itoa(concurrency), "--queues", "idle-taskrl=1")
+		return func() { stopWorkers() }
 	})
 	if ours == 0 {
 		t.Fatalf("the workers made no Redis call:\n%s", logs.String())
@@ -258,8 +264,8 @@ func TestIdleFleet(t *testing.T) {
 	if base := os.Getenv("TASKRL_WORKER_BASE"); base != "" {
 		// Another build of the worker (an earlier commit), for the record.
 		was, wasTop := commandsDuring(t, 3*time.Second, window, func() (stop func()) {
-			stop, _ = startWorkers(t, base, workers, fivePolicy, "--concurrency", strconv.Itoa(concurrency), "--queues", "idle-base=1")
-			return stop
+			stopWorkers, _ := startWorkers(t, base, workers, fivePolicy, "--concurrency", strconv.Itoa(concurrency), "--queues", "idle-base=1")
+			return func() { stopWorkers() }
 		})
 		t.Logf("%s: %.1f commands/s per process (%s): %.2fx", base, was/workers, wasTop, was/plain)
 	}
@@ -295,34 +301,70 @@ func backlog(t *testing.T, name string, n, businesses int) (*fakeapi.API, string
 	return api, queue
 }
 
+// fleetCost is what one fleetRun measured, per task: Redis commands
+// (INFO commandstats, which counts the commands scripts run), Redis's own
+// CPU and the workers' CPU; and the tasks per second.
+type fleetCost struct {
+	commands            float64
+	redisCPU, workerCPU time.Duration
+	perSec              float64
+}
+
 // fleetRun enqueues n http:call tasks over 1,000 businesses (backlog),
-// then starts workers processes of bin
-// (16 slots each) under policy and waits until the API has answered all
-// n. It returns the Redis commands per task while the workers ran (the
-// enqueue excluded) and the tasks per second from the first call to the
-// last.
-func fleetRun(t *testing.T, bin, name, policy string, n, workers int) (perTask, perSec float64) {
+// then starts workers processes of bin (16 slots each) under policy and
+// waits until the API has answered all n. It measures while the workers
+// run (the enqueue excluded; the workers' CPU includes their start and
+// stop) and the tasks per second from the first call to the last.
+func fleetRun(t *testing.T, bin, name, policy string, n, workers int) fleetCost {
 	t.Helper()
 	api, queue := backlog(t, "cost-"+name, n, 1000)
 	_, before := commandStats(t, env.Client)
+	cpu0 := redisCPU(t)
 	stop, logs := startWorkers(t, bin, workers, policy, "--concurrency", "16", "--queues", queue+"=1", "--prefix", queue+":")
 	deadline := time.Now().Add(5 * time.Minute)
 	for api.Stats().OK < n && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	_, after := commandStats(t, env.Client)
-	stop()
+	cpu1 := redisCPU(t)
+	workerCPU := stop()
 	st := api.Stats()
 	if st.OK != n || st.DistinctKeys != n || st.Throttled != 0 {
 		t.Fatalf("%s: %d calls answered 2xx, %d distinct, %d 429; want %d, %d, 0; workers:\n%s", name, st.OK, st.DistinctKeys, st.Throttled, n, n, logs.String())
 	}
-	return float64(after-before-1) / float64(n), float64(n-1) / st.LastOK.Sub(st.FirstOK).Seconds()
+	return fleetCost{
+		commands:  float64(after-before-1) / float64(n),
+		redisCPU:  (cpu1 - cpu0) / time.Duration(n),
+		workerCPU: workerCPU / time.Duration(n),
+		perSec:    float64(n-1) / st.LastOK.Sub(st.FirstOK).Seconds(),
+	}
+}
+
+// redisCPU returns the CPU time (user and system) the bench's redis-server
+// has used so far (INFO cpu).
+func redisCPU(t *testing.T) time.Duration {
+	t.Helper()
+	info, err := env.Client.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\r\n") {
+		for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, f); ok {
+				x, _ := strconv.ParseFloat(v, 64)
+				total += x
+			}
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // TestFleetCost measures issue 15's per-task figures with the built
 // worker, 3 processes of 16 slots, in one run against one redis-server:
 // Redis commands per task and throughput for 15,000 tasks under no rule,
-// one GCRA rule and five rules that never bind; and commands per
+// one GCRA rule (plain, and with prefetch: 9ms) and five rules that never
+// bind; and commands per
 // delivered task for a backlog 10x and 30x a 50/s rule. It fails only if
 // a call is lost, doubled or throttled; the figures are logged for
 // BENCHMARKS.md (issue 15's bars on them are not met yet).
@@ -342,11 +384,14 @@ func TestFleetCost(t *testing.T) {
     match: {type: "http:call"}
     gcra: {rate: 100000, per: 1s, burst: 1000}
 `
-	basePer, baseRate := fleetRun(t, bin, "none", none, n, workers)
-	t.Logf("no rule: %.1f commands per task, %.0f tasks/s", basePer, baseRate)
-	for _, c := range []struct{ name, policy string }{{"one", one}, {"five", fivePolicy}} {
-		per, rate := fleetRun(t, bin, c.name, c.policy, n, workers)
-		t.Logf("%s: %.1f commands per task (%.2fx no rule), %.0f tasks/s (%.2fx)", c.name, per, per/basePer, rate, rate/baseRate)
+	prefetch := strings.Replace(one, "    gcra:", "    prefetch: 9ms\n    gcra:", 1)
+	base := fleetRun(t, bin, "none", none, n, workers)
+	t.Logf("no rule: %.1f commands per task, Redis CPU %v and workers' CPU %v per task, %.0f tasks/s", base.commands, base.redisCPU, base.workerCPU, base.perSec)
+	for _, c := range []struct{ name, policy string }{{"one", one}, {"one-prefetch", prefetch}, {"five", fivePolicy}} {
+		f := fleetRun(t, bin, c.name, c.policy, n, workers)
+		t.Logf("%s: %.1f commands per task (%.2fx no rule), Redis CPU %v (%.2fx) and workers' CPU %v (%.2fx) per task, %.0f tasks/s (%.2fx)", c.name,
+			f.commands, f.commands/base.commands, f.redisCPU, float64(f.redisCPU)/float64(base.redisCPU),
+			f.workerCPU, float64(f.workerCPU)/float64(base.workerCPU), f.perSec, f.perSec/base.perSec)
 	}
 	backlog := `rules:
   - name: peak
@@ -354,8 +399,8 @@ func TestFleetCost(t *testing.T) {
     gcra: {rate: 50, per: 1s, burst: 1}
 `
 	for _, x := range []int{10, 30} {
-		per, rate := fleetRun(t, bin, fmt.Sprintf("backlog%d", x), backlog, 50*x, workers)
-		t.Logf("backlog %dx a 50/s rule: %.1f commands per delivered task (%.2fx no rule), %.1f tasks/s", x, per, per/basePer, rate)
+		f := fleetRun(t, bin, fmt.Sprintf("backlog%d", x), backlog, 50*x, workers)
+		t.Logf("backlog %dx a 50/s rule: %.1f commands per delivered task (%.2fx no rule), %.1f tasks/s", x, f.commands, f.commands/base.commands, f.perSec)
 	}
 }
 

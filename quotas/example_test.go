@@ -320,3 +320,39 @@ func ExampleAdaptive() {
 	// after a 429: 28.0/s
 	// probing: 35.0/s
 }
+
+// A rule of 10,000 calls a second is worth less than a Redis call per
+// request: with Prefetch, a Limiter takes its units in batches and hands
+// them out for 5 ms, without a call. The rule decides with its burst
+// lowered by 5 ms of its rate (50 units: 450), so that units handed out
+// late never let more than 500 pass at once.
+func ExampleRule_Prefetch() {
+	now := monday9
+	limiter := exampleLimiter(&now)
+	hot, err := quotas.NewSet(quotas.Rule{
+		Name:     "hot",
+		Limit:    quotas.GCRA(gcra.Limit{Rate: 10000, Period: time.Second, Burst: 500}),
+		Prefetch: 5 * time.Millisecond,
+	})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for i := range 7 {
+		d, err := limiter.Allow(ctx, hot, quotas.Request{})
+		if err != nil || !d.Allowed {
+			panic(fmt.Sprint(d, err))
+		}
+		// Every decision here is at the same moment: the batches double.
+		// Rules is the state after the batch the unit came from.
+		fmt.Printf("request %d: %d of %d left after its batch\n", i+1, d.Rules[0].Remaining, d.Rules[0].Remaining+d.Rules[0].Used)
+	}
+	// Output:
+	// request 1: 449 of 450 left after its batch
+	// request 2: 447 of 450 left after its batch
+	// request 3: 447 of 450 left after its batch
+	// request 4: 443 of 450 left after its batch
+	// request 5: 443 of 450 left after its batch
+	// request 6: 443 of 450 left after its batch
+	// request 7: 443 of 450 left after its batch
+}

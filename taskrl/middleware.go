@@ -281,8 +281,10 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 }
 
 // atShare returns r with its limit divided among share processes, each at
-// least 1: what one process enforces alone in the FailLocal mode.
+// least 1: what one process enforces alone in the FailLocal mode, where
+// nothing is prefetched.
 func atShare(r quotas.Rule, share int) quotas.Rule {
+	r.Prefetch = 0
 	part := func(n int) int { return max(1, n/share) }
 	switch l := r.Limit.(type) {
 	case quotas.GCRA:

@@ -298,7 +298,8 @@ func (b *Binding) forKeys(keys []string) *Binding {
 		if l, ok := m[keys[j]]; ok {
 			r := *b.rules[j]
 			r.Limit = l
-			v.rules[j], qs[j].Limit = &r, l
+			// An override's limit may have too small a burst to prefetch.
+			v.rules[j], qs[j].Limit, qs[j].Prefetch = &r, l, 0
 		}
 	}
 	s, err := quotas.NewSet(qs...)

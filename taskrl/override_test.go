@@ -200,3 +200,31 @@ func TestOverrideLimits(t *testing.T) {
 	enqueue("b9")
 	check(map[string]int{"b7": 4, "b8": 1, "b9": 4})
 }
+
+// TestOverridePrefetch: a key's override of a prefetching rule is decided
+// without prefetch (its burst may be too small for it); the other keys
+// keep it.
+func TestOverridePrefetch(t *testing.T) {
+	p, err := ParsePolicy([]byte(`rules:
+  - name: per-business
+    match: {type: job}
+    key: "{{.business_id}}"
+    prefetch: 10ms
+    gcra: {rate: 1000, per: 1s, burst: 100}
+overrides:
+  - {rule: per-business, key: small, gcra: {rate: 5, per: 1s}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.Bind("job", "q")
+	for biz, want := range map[string]time.Duration{"small": 0, "other": 10 * time.Millisecond} {
+		rq, err := b.Request([]byte(`{"business_id": "` + biz + `"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := b.forKeys(rq.Keys).Set().Rules()[0].Prefetch; got != want {
+			t.Errorf("business %s: prefetch %v, want %v", biz, got, want)
+		}
+	}
+}

@@ -34,6 +34,7 @@ import (
 //	    fair: "{{.business_id}}"         # optional, gcra only; see Rule.Fair
 //	    mode: enforce                    # optional: enforce (default) | shadow; see Rule.Shadow
 //	    soft: 10%                        # optional: see Rule.Soft (also 0.1)
+//	    prefetch: 5ms                    # optional, gcra only: see Rule.Prefetch
 //	    gcra: {rate: 18, per: 1s, burst: 3}
 //	  - name: vendor-window
 //	    match: {type: "http:call"}
@@ -671,7 +672,7 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.Name = s
 		}
 	}
-	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "mode", "soft", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
+	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "mode", "soft", "prefetch", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
 		return r, ls, fe
 	}
 	var limitKey string
@@ -689,6 +690,8 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.Fair, _, fe = d.str(e.val, "fair")
 		case "soft":
 			r.Soft, fe = d.share(e.val, "soft")
+		case "prefetch":
+			r.Prefetch, _, fe = d.duration(e.val, "prefetch")
 		case "mode":
 			var mode string
 			if mode, _, fe = d.str(e.val, "mode"); fe == nil {

@@ -102,6 +102,15 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		}
 		c.ftmpl = t
 	}
+	if r.Prefetch != 0 {
+		if err := (quotas.Rule{Name: r.Name, Limit: r.Raised(lim), Fair: r.Fair != "", Prefetch: r.Prefetch}).Validate(); err != nil {
+			var re *quotas.RuleError
+			if errors.As(err, &re) && re.Field == "Rule.Prefetch" {
+				return nil, "prefetch", re.Reason
+			}
+			return nil, "prefetch", err.Error()
+		}
+	}
 	return c, "", ""
 }
 

@@ -80,12 +80,17 @@ type KeyState struct {
 	Rate float64 `json:"rate,omitempty"`
 }
 
-// limitText describes limit l of rule r, with what a soft rule enforces.
-func limitText(r taskrl.Rule, l quotas.Limit) string {
-	if r.Soft <= 0 {
-		return l.String()
+// limitText describes limit l of rule r, with what a soft rule enforces
+// and a prefetch (own: l is an override of a key, decided without).
+func limitText(r taskrl.Rule, l quotas.Limit, own bool) string {
+	s := l.String()
+	if r.Soft > 0 {
+		s = fmt.Sprintf("%s, soft %s%% (%s)", l, strconv.FormatFloat(100*r.Soft, 'g', -1, 64), r.Raised(l))
 	}
-	return fmt.Sprintf("%s, soft %s%% (%s)", l, strconv.FormatFloat(100*r.Soft, 'g', -1, 64), r.Raised(l))
+	if r.Prefetch > 0 && !own {
+		s += ", prefetch " + r.Prefetch.String()
+	}
+	return s
 }
 
 // Collect reads the state of every rule of p. key, if not "", is the key
@@ -104,15 +109,16 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *tas
 	}
 	var rep Report
 	for _, r := range p.Rules() {
-		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: limitText(r, r.Limit), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Overrides: count[r.Name]}
+		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: limitText(r, r.Limit, false), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Overrides: count[r.Name]}
 		state := func(k string) (KeyState, error) {
 			lim, own := over[[2]string{r.Name, k}]
 			if !own || !out.Keyed {
 				lim = r.Limit
 			}
-			ks, at, err := keyState(ctx, c, l, prefix, r, r.Raised(lim), k)
-			if own && out.Keyed {
-				ks.Override = limitText(r, lim)
+			own = own && out.Keyed
+			ks, at, err := keyState(ctx, c, l, prefix, r, r.Raised(lim), k, own)
+			if own {
+				ks.Override = limitText(r, lim, true)
 			}
 			if rep.At.IsZero() {
 				rep.At = at
@@ -164,9 +170,14 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *tas
 	return rep, nil
 }
 
-// keyState reads one key of rule r under limit lim, and the server's time.
-func keyState(ctx context.Context, c redis.UniversalClient, l *quotas.Limiter, prefix string, r taskrl.Rule, lim quotas.Limit, key string) (KeyState, time.Time, error) {
-	set, err := quotas.NewSet(quotas.Rule{Name: r.Name, Limit: lim, Fair: r.Fair != ""})
+// keyState reads one key of rule r under limit lim (own: the key's
+// override, decided without prefetch), and the server's time.
+func keyState(ctx context.Context, c redis.UniversalClient, l *quotas.Limiter, prefix string, r taskrl.Rule, lim quotas.Limit, key string, own bool) (KeyState, time.Time, error) {
+	q := quotas.Rule{Name: r.Name, Limit: lim, Fair: r.Fair != "", Prefetch: r.Prefetch}
+	if own {
+		q.Prefetch = 0 // overrides are decided without
+	}
+	set, err := quotas.NewSet(q)
 	if err != nil {
 		return KeyState{}, time.Time{}, err
 	}

@@ -145,3 +145,32 @@ func TestCollectSoft(t *testing.T) {
 		t.Errorf("soft rule: %q with %d used, want 4 used", r.Limit, r.Used)
 	}
 }
+
+// TestCollectPrefetch: a prefetching rule's state is read from its own
+// key (whose name holds the prefetch), and its limit says so.
+func TestCollectPrefetch(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	p, err := taskrl.ParsePolicy([]byte("rules:\n  - name: peak\n    match: {type: job}\n    prefetch: 10ms\n    gcra: {rate: 1000, per: 1s, burst: 100}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A fresh Limiter's first decision is a batch of one.
+	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Allow(ctx, p.Bind("job", "q").Set(), quotas.Request{})
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v %v", d, err)
+	}
+	rep, err := Collect(ctx, c, prefix, p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rep.Rules[0]
+	if r.Used < 1 || r.Limit != "1000/1s burst 100 (GCRA), prefetch 10ms" {
+		t.Errorf("prefetching rule: %q with %d used, want at least 1 used", r.Limit, r.Used)
+	}
+}

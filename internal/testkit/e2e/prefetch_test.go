@@ -1,0 +1,52 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/examples/ideal"
+)
+
+// TestPrefetch: three worker binaries take a hot rule's units ahead
+// (prefetch: 20ms on 400/s burst 40, so that decisions see a burst of
+// 32 and a unit may be handed out up to 20 ms late) and call an API that
+// answers 429 above 440/s burst 44. 1,200 tasks enqueued at once must
+// each reach it exactly once, with no 429, and within 1.1x of the time the
+// rule alone allows (package ideal, at its burst of 40): the rule binds
+// from the first second, so batches are taken only while it has room and
+// never push a span of time past the limit.
+func TestPrefetch(t *testing.T) {
+	const tasks = 1200
+	rule := gcra.Limit{Rate: 400, Period: time.Second, Burst: 40}
+	policy := fmt.Sprintf(`
+rules:
+  - name: hot
+    match: {type: "http:call"}
+    prefetch: 20ms
+    gcra: {rate: %v, per: 1s, burst: %d}
+`, rule.Rate, rule.Burst)
+	r := start(t, fakeapi.Limits{Global: gcra.Limit{Rate: 440, Period: time.Second, Burst: 44}}, policy, 3)
+	begin := time.Now()
+	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", "100")
+	st := r.waitKeys(tasks, 2*time.Minute)
+	begin = firstCall(t, begin, st)
+	calls := make([]ideal.Call, tasks)
+	for i := range calls {
+		calls[i] = ideal.Call{At: begin}
+	}
+	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: rule}}, calls)).Sub(begin)
+	took := st.LastOK.Sub(begin)
+	t.Logf("API: %d calls, %d 429s, %d duplicates; busiest second %d; took %v, the rule allows %v: ratio %.3f",
+		st.Calls, st.Throttled, st.Duplicates, st.BusiestSecond().OK, took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best))
+	if st.DistinctKeys != tasks || st.Calls != tasks {
+		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", tasks, st.Calls, st.DistinctKeys)
+	}
+	checkCalls(t, st)
+	if float64(took) > 1.1*float64(best) {
+		t.Errorf("took %v, more than 1.1x the %v the rule allows", took, best)
+	}
+	r.stop()
+}
