@@ -50,6 +50,10 @@ fuzz: redis-server
 	$(GO) test ./quotas -run '^$$' -fuzz FuzzKeys -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/calendar -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
 	$(GO) test ./taskrl -run '^$$' -fuzz FuzzParsePolicy -fuzztime $(FUZZTIME)
+	$(GO) test ./taskrl -run '^$$' -fuzz FuzzRequest -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzNewRequest -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzRetryAfter -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzQuotaSpent -fuzztime $(FUZZTIME)
 
 # Peer comparison benchmarks (separate module; see BENCHMARKS.md).
 bench: redis-server

@@ -721,3 +721,47 @@ rules:
 		t.Error("a critical task's request is not critical")
 	}
 }
+
+// FuzzRequest renders key and fair templates over hostile payloads (deep
+// nesting, huge numbers, invalid UTF-8, long strings): never a panic, and a
+// payload that renders gives keys a Limiter accepts.
+func FuzzRequest(f *testing.F) {
+	p, err := ParsePolicy([]byte(`rules:
+  - name: per-business
+    match: {type: job}
+    key: "{{.business_id}}:{{.region}}"
+    default_key: none
+    gcra: {rate: 10, per: 1s}
+  - name: fair-peak
+    match: {type: job}
+    fair: "{{.account.id}}"
+    gcra: {rate: 100, per: 1s, burst: 10}
+`))
+	if err != nil {
+		f.Fatal(err)
+	}
+	b := p.Bind("job", "q")
+	for _, s := range []string{
+		`{"business_id": "b1", "region": "eu", "account": {"id": 7}}`,
+		`{"business_id": 1e400}`, `{"business_id": 123456789012345678901234567890}`, `{"business_id": -0.0}`,
+		"{\"business_id\": \"\xff\xfe\", \"region\": \"\\ud800\"}",
+		`{"business_id": {"a": [1, 2, {"b": null}]}}`,
+		`{"account": ` + strings.Repeat(`{"id":`, 1000) + `1` + strings.Repeat(`}`, 1001),
+		`{"business_id": "` + strings.Repeat("x", 1<<16) + `"}`,
+		`[]`, `null`, `"s"`, ``, `{"business_id": "a", "business_id": "b"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		rq, err := b.Request(payload)
+		if err != nil {
+			return
+		}
+		if len(rq.Keys) != 2 || len(rq.Fair) != 2 {
+			t.Fatalf("payload %q: request %+v", payload, rq)
+		}
+		if _, err := quotas.NewModel().Allow(time.Unix(1e9, 0), b.Set(), rq); err != nil {
+			t.Fatalf("payload %q: keys %q: %v", payload, rq.Keys, err)
+		}
+	})
+}

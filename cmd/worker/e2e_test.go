@@ -145,7 +145,7 @@ func TestEndToEnd(t *testing.T) {
 	go func() {
 		defer close(done)
 		code = cli(ctx, []string{"--redis", "redis://:" + password + "@" + addr + "/0", "--policy", policy, "--concurrency", "4",
-			"--queues", queue + "=3,other=1", "--metrics-addr", "127.0.0.1:0", "--prefix", "e2e:"}, noEnv, io.Discard, logs)
+			"--queues", queue + "=3,other=1", "--metrics-addr", "127.0.0.1:0", "--prefix", "e2e:", "--max-payload", "64KiB"}, noEnv, io.Discard, logs)
 	}()
 	metricsAddr := logs.waitFor(t, regexp.MustCompile(`level=INFO msg="metrics listening" addr=(\S+)`), done)[1]
 	started := logs.waitFor(t, regexp.MustCompile(`msg="worker started".*`), done)[0]
@@ -174,6 +174,8 @@ func TestEndToEnd(t *testing.T) {
 			"headers": map[string]string{"X-Test": "yes"}, "body": map[string]any{"n": i}})] = i
 	}
 	missingID := enqueue(map[string]any{"url": a.URL + "/missing", "business_id": "b1"})
+	// Past --max-payload: archived with the reason, never decoded or sent.
+	hugeID := enqueue(map[string]any{"url": a.URL + "/huge", "business_id": "b1", "body": strings.Repeat("x", 65<<10)})
 	throttleID := enqueue(map[string]any{"url": a.URL + "/throttle", "business_id": "b9", "method": "PUT"})
 
 	eventually(t, "all tasks called", func() bool {
@@ -212,12 +214,22 @@ func TestEndToEnd(t *testing.T) {
 	if !strings.Contains(ti.LastErr, "404 Not Found") || !strings.Contains(ti.LastErr, "no such account") {
 		t.Errorf("404 archived with reason %q", ti.LastErr)
 	}
+	eventually(t, "the task past --max-payload archived", func() bool {
+		ti, err := inspector.GetTaskInfo(queue, hugeID)
+		return err == nil && ti.State == asynq.TaskStateArchived
+	})
+	if ti, err := inspector.GetTaskInfo(queue, hugeID); err != nil || !strings.Contains(ti.LastErr, "is larger than --max-payload (65536 bytes); not decoded") {
+		t.Errorf("the task past --max-payload: %v, %+v", err, ti)
+	}
+	if calls := a.byPath("/huge"); len(calls) != 0 {
+		t.Errorf("the task past --max-payload was sent %d times", len(calls))
+	}
 	qi, err := inspector.GetQueueInfo(queue)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if qi.Archived != 1 || qi.Retry != 0 {
-		t.Errorf("queue has %d archived and %d retry tasks, want 1 and 0", qi.Archived, qi.Retry)
+	if qi.Archived != 2 || qi.Retry != 0 {
+		t.Errorf("queue has %d archived and %d retry tasks, want 2 and 0", qi.Archived, qi.Retry)
 	}
 
 	// Metrics: every documented name, with the counts of this run.
@@ -254,6 +266,11 @@ func TestEndToEnd(t *testing.T) {
 	}
 	if code, body := get(t, "http://"+metricsAddr+"/healthz"); code != 200 || body != "ok\n" {
 		t.Errorf("/healthz: %d %q", code, body)
+	}
+	for _, path := range []string{"/debug/pprof/", "/metrics/x", "/limits/x", "/healthz/x", "/status.html"} {
+		if code, _ := get(t, "http://"+metricsAddr+path); code != http.StatusNotFound {
+			t.Errorf("%s: %d, want 404: the metrics server serves /metrics, /healthz, /limits and / only", path, code)
+		}
 	}
 
 	cancel()

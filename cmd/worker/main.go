@@ -119,6 +119,8 @@ Flags (--name and -name are the same; values as --name=V or --name V):
                            same one. Default "taskrl:".
   --http-timeout D         timeout of each http:call request (the task's deadline applies too).
                            Default 30s.
+  --max-payload SIZE       archive, with the reason and without decoding it, a task whose payload
+                           is larger: bytes, or with KiB or MiB (e.g. 64KiB). Default 1MiB.
   --log-format text|json   log format on stderr. Default text.
   --log-level LEVEL        debug, info, warn or error. Default info.
   --version                print the version (module version, commit, Go version) and exit.
@@ -148,6 +150,7 @@ type config struct {
 	localShare      int
 	prefix          string
 	httpTimeout     time.Duration
+	maxPayload      int // bytes
 	logFormat       string
 	logLevel        slog.Level
 	check           bool   // --check: validate the policy file and exit
@@ -321,6 +324,9 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	if cfg.localShare < 1 {
 		return nil, usagef("--local-share must be at least 1, got %d", cfg.localShare)
 	}
+	if cfg.maxPayload, err = parseSize(*f.maxPayload); err != nil {
+		return nil, usagef("--max-payload: %v", err)
+	}
 	if cfg.prefix == "" {
 		return nil, usagef("--prefix must not be empty")
 	}
@@ -407,6 +413,7 @@ func (f redisFlags) target(fs *flag.FlagSet) (redisurl.Target, error) {
 type flagValues struct {
 	redis                                                    redisFlags
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
+	maxPayload                                               *string
 	concurrency, localShare                                  *int
 	strict, check, shadow, version, keepOrder                *bool
 	shutdown, maxHold, taskCheck, budget, httpTimeout        *time.Duration
@@ -436,9 +443,30 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 		localShare:  fs.Int("local-share", 1, ""),
 		prefix:      fs.String("prefix", "taskrl:", ""),
 		httpTimeout: fs.Duration("http-timeout", 30*time.Second, ""),
+		maxPayload:  fs.String("max-payload", "1MiB", ""),
 		logFormat:   fs.String("log-format", "text", ""),
 		logLevel:    fs.String("log-level", "info", ""),
 	}
+}
+
+// parseSize reads a size in bytes: a whole number, optionally followed by
+// KiB or MiB; at least 1 and at most 512MiB (Redis's largest string).
+func parseSize(s string) (int, error) {
+	n, unit := strings.TrimSpace(s), 1
+	for _, u := range []struct {
+		suffix string
+		size   int
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}} {
+		if v, ok := strings.CutSuffix(n, u.suffix); ok {
+			n, unit = strings.TrimSpace(v), u.size
+			break
+		}
+	}
+	v, err := strconv.Atoi(n)
+	if err != nil || v < 1 || v > (512<<20)/unit {
+		return 0, fmt.Errorf("want a size between 1 and 512MiB, such as 1048576, 64KiB or 1MiB; got %q", s)
+	}
+	return v * unit, nil
 }
 
 // parseQueues parses NAME=WEIGHT,... into asynq's queue map and the names

@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -111,7 +112,7 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("REDIS_URL not used: %s", cfg.redis)
 	}
 	if cfg.concurrency != 10 || cfg.queueList() != "default=1" || cfg.shutdownTimeout != 30*time.Second ||
-		cfg.maxHold != 500*time.Millisecond || cfg.prefix != "taskrl:" || cfg.logFormat != "text" || cfg.metricsAddr != "" || cfg.shadow {
+		cfg.maxHold != 500*time.Millisecond || cfg.prefix != "taskrl:" || cfg.logFormat != "text" || cfg.metricsAddr != "" || cfg.shadow || cfg.maxPayload != 1<<20 {
 		t.Errorf("defaults %+v", cfg)
 	}
 	// --redis beats REDIS_URL.
@@ -190,6 +191,9 @@ func TestBadFlags(t *testing.T) {
 		{append(base, "--log-format", "xml"), "", `--log-format must be text or json, got "xml"`},
 		{append(base, "--log-level", "loud"), "", `--log-level must be debug, info, warn or error, got "loud"`},
 		{append(base, "--local-share", "0"), "", "--local-share must be at least 1"},
+		{append(base, "--max-payload", "0"), "", `--max-payload: want a size between 1 and 512MiB, such as 1048576, 64KiB or 1MiB; got "0"`},
+		{append(base, "--max-payload", "1GB"), "", `--max-payload: want a size between 1 and 512MiB`},
+		{append(base, "--max-payload", "513MiB"), "", `--max-payload: want a size between 1 and 512MiB`},
 		{append(base, "--prefix", ""), "", "--prefix must not be empty"},
 		{append(base, "--prefix", "a{b"), "", "--prefix: prefix \"a{b\" contains '{'"},
 		{append(base, "--bogus"), "", "unknown flag: --bogus"},
@@ -380,5 +384,13 @@ func TestMetricsAddrInUse(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "--metrics-addr") || !strings.Contains(stderr.String(), "address already in use") {
 		t.Errorf("stderr does not explain: %s", stderr.String())
+	}
+}
+
+// TestMetricsServerTimeouts: the metrics server cuts off slow clients.
+func TestMetricsServerTimeouts(t *testing.T) {
+	s := metricsServer(http.NotFoundHandler())
+	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout <= 0 || s.MaxHeaderBytes <= 0 || s.MaxHeaderBytes > 1<<20 {
+		t.Errorf("metrics server %+v: every timeout and a header limit must be set", s)
 	}
 }

@@ -107,7 +107,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 			}
 			w.Write([]byte("ok\n"))
 		})
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		metricsSrv = metricsServer(mux)
 		go func() { metricsDone <- metricsSrv.Serve(l) }()
 		logger.Info("metrics listening", "addr", l.Addr().String())
 	}
@@ -121,7 +121,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 
 	srv := asynq.NewServerFromRedisClient(client, srvCfg)
 	mux := asynq.NewServeMux()
-	mux.Use(mw.Handler)
+	mux.Use(maxPayload(cfg.maxPayload), mw.Handler)
 	registerHandlers(mux, client, handlerDeps{
 		httpClient: httpcall.NewClient(cfg.httpTimeout),
 		metrics:    m,
@@ -202,4 +202,25 @@ func errorLogger(logger *slog.Logger) func(ctx context.Context, t *asynq.Task, e
 			logger.Warn("task failed; will retry", "type", t.Type(), "id", id, "queue", queue, "retried", retried, "max_retry", maxRetry, "err", err)
 		}
 	}
+}
+
+// maxPayload archives, with the reason, a task whose payload is larger
+// than limit bytes, before anything decodes it (the policy's key
+// templates, http:call).
+func maxPayload(limit int) asynq.MiddlewareFunc {
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			if n := len(t.Payload()); n > limit {
+				return fmt.Errorf("payload of %d bytes is larger than --max-payload (%d bytes); not decoded: %w", n, limit, asynq.SkipRetry)
+			}
+			return next.ProcessTask(ctx, t)
+		})
+	}
+}
+
+// metricsServer is the --metrics-addr server: a client that is slow to
+// send its request or to read the answer is cut off.
+func metricsServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}
 }
