@@ -166,22 +166,23 @@ func runBookings(t *testing.T, fair, cluster bool) {
 	}
 	t.Logf("%d bookings (%d refunded or taken over); huge business: %d booked up to %v ahead; small: %d, waits p50 %v p99 %v",
 		len(all), refunded, len(huge), p(huge, 1), len(small), p(small, 0.5), p(small, 0.99))
-	// The huge business books far ahead; the small ones share the rest of
-	// the peak (bookings) or take the huge one's over (fair). Were the
-	// peak's capacity before the huge business's bookings lost, they would
-	// wait behind them, up to two minutes ahead (at least 10 s even on a
-	// loaded machine, far more than the bar on their waits below).
-	if p(huge, 1) < 10*time.Second {
-		t.Errorf("the huge business booked only %v ahead: the test needs it far ahead", p(huge, 1))
-	}
-	if fair && refunded == 0 {
-		t.Errorf("no booking was taken over")
-	}
 	// A take-over waits for a booking at least a quarter second ahead, and
 	// one round of the flows waiting beyond its own tag.
 	bar := 2 * time.Second
 	if fair {
 		bar = 3 * time.Second
+	}
+	// The huge business books far ahead; the small ones share the rest of
+	// the peak (bookings) or take the huge one's over (fair). Were the
+	// peak's capacity before the huge business's bookings lost, they would
+	// wait behind them, up to two minutes ahead: the test needs them at
+	// least twice the bar on the small ones' waits ahead (7.5 s in the
+	// slowest run seen, under load), so that such a loss would fail it.
+	if p(huge, 1) < 2*bar {
+		t.Errorf("the huge business booked only %v ahead: the test needs it at least %v ahead", p(huge, 1), 2*bar)
+	}
+	if fair && refunded == 0 {
+		t.Errorf("no booking was taken over")
 	}
 	if p(small, 0.99) > bar {
 		t.Errorf("small businesses wait up to %v (p99): held back by the huge one's bookings", p(small, 0.99))

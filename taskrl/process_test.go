@@ -40,6 +40,9 @@ func TestFleet(t *testing.T) {
 // tasks under 10/s; 100 times, 1,000 tasks, with TASKRL_LONG=1): each task
 // is still decided about once, not retried while it waits.
 func TestFleetBacklog(t *testing.T) {
+	if os.Getenv("TASKRL_FLEET") == "" {
+		t.Parallel() // light (10/s), on a server of its own
+	}
 	tasks := 200
 	if os.Getenv("TASKRL_LONG") != "" {
 		tasks = 1000

@@ -28,9 +28,13 @@ func TestRedisRestartMidRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stops and restarts Redis")
 	}
+	// Light (10 tasks a second), each mode on a server of its own: beside
+	// the package's other light tests.
+	t.Parallel()
 	const tasks, rate, burst = 40, 10, 1
 	for _, mode := range []FailureMode{FailClosed, FailLocal, FailOpen} {
 		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
 			srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
 			c := srv.Client(t)
 			p, err := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: rate, Period: time.Second, Burst: burst})}).WithFailureMode(mode)
