@@ -36,13 +36,31 @@ type pools struct {
 // no usable units (keyed rules have a pool per key).
 const maxPools = 4096
 
-// prune forgets the pools with no usable units and no pause running.
+// prune forgets the pools with no usable units, no batch on its way and
+// no pause running.
 func (ps *pools) prune(now int64) {
 	for k, p := range ps.m {
-		if now >= p.pause && !slices.ContainsFunc(p.grants, func(g grant) bool { return g.until > now }) {
+		if now >= p.pause && p.filling == nil && !slices.ContainsFunc(p.grants, func(g grant) bool { return g.until > now }) {
 			delete(ps.m, k)
 		}
 	}
+}
+
+// get returns the pool of key, made with a first batch of n if there is
+// none; ps.mu is held.
+func (ps *pools) get(key string, n, now int64) *pool {
+	if ps.m == nil {
+		ps.m = map[string]*pool{}
+	}
+	p := ps.m[key]
+	if p == nil {
+		if len(ps.m) >= maxPools {
+			ps.prune(now)
+		}
+		p = &pool{batch: n}
+		ps.m[key] = p
+	}
+	return p
 }
 
 // pool is one set's and keys' prefetched units.
@@ -100,19 +118,11 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 	}
 	key := poolKey(s, req)
 	l.pools.mu.Lock()
-	if l.pools.m == nil {
-		l.pools.m = map[string]*pool{}
-	}
-	p := l.pools.m[key]
-	if p == nil {
-		if len(l.pools.m) >= maxPools {
-			l.pools.prune(l.local())
-		}
-		p = &pool{batch: n}
-		l.pools.m[key] = p
-	}
+	var p *pool
 	for {
+		// Looked up again after a wait: a Block may have dropped the pool.
 		now := l.local()
+		p = l.pools.get(key, n, now)
 		if d, ok := p.take(n, now); ok {
 			l.pools.mu.Unlock()
 			return d, nil, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -292,5 +293,29 @@ func TestPrefetchConcurrent(t *testing.T) {
 	}
 	if 4*counter.n.Load() > requests.Load() {
 		t.Errorf("%d calls for %d requests: want at most 1 in 4", counter.n.Load(), requests.Load())
+	}
+}
+
+// TestPrefetchManyKeys: a keyed prefetching rule keeps a pool per key, but
+// a Limiter forgets those with nothing usable once it holds maxPools.
+func TestPrefetchManyKeys(t *testing.T) {
+	set := mustSet(Rule{Name: "per-key", Limit: GCRA{Rate: 1000, Period: time.Second, Burst: 100}, Prefetch: 10 * time.Millisecond})
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	l, err := New(Config{Client: redistest.Client(t), Prefix: redistest.Prefix(t), Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range maxPools + 10 {
+		if d, err := l.Allow(ctx, set, Request{Keys: []string{strconv.Itoa(i)}}); err != nil || !d.Allowed {
+			t.Fatalf("key %d: %+v, %v", i, d, err)
+		}
+		now = now.Add(10 * time.Microsecond)
+	}
+	l.pools.mu.Lock()
+	n := len(l.pools.m)
+	l.pools.mu.Unlock()
+	if n > maxPools {
+		t.Errorf("%d pools kept for %d keys, at most %d", n, maxPools+10, maxPools)
 	}
 }

@@ -62,8 +62,8 @@ type Rule struct {
 	// Prefetch lets every worker take a gcra rule's units ahead, in
 	// batches, and hand them to its tasks within Prefetch of taking them
 	// (token leasing): a busy worker then needs a Redis call per batch,
-	// not per task. For rules of hundreds or thousands of tasks a second
-	// whose per-task call costs more than the rule is worth. The rule then
+	// not per task: for rules of hundreds or thousands of tasks a second,
+	// not for a rule that binds (it then decides task by task). The rule then
 	// admits at most burst minus Prefetch's worth of its rate at once (a
 	// rate of 10,000/s with prefetch 5ms: 50 units less), so that the
 	// units handed out late never let the remote side see more than its
