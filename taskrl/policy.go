@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -158,6 +159,7 @@ type Policy struct {
 	critical  []Match
 	throttle  []string // rules an upstream throttle blocks; nil: a task's rate rules
 	overrides []Override
+	hosts     []string // http.allow_hosts
 
 	mu      sync.RWMutex
 	bound   map[bindKey]*Binding // nil values: no rule matches
@@ -194,7 +196,7 @@ func (p *Policy) with() *Policy {
 	if p == nil {
 		return &Policy{}
 	}
-	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical, throttle: p.throttle, overrides: p.overrides}
+	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical, throttle: p.throttle, overrides: p.overrides, hosts: p.hosts}
 }
 
 // WithFailureMode returns a copy of p that uses mode when Redis is
@@ -290,6 +292,42 @@ func (p *Policy) Critical() []Match {
 		return nil
 	}
 	return slices.Clone(p.critical)
+}
+
+// WithAllowHosts returns a copy of p that carries the hosts an http:call
+// handler may call (the policy file's http.allow_hosts): exact names or
+// IP addresses, "*.example.com" for any name under example.com, each with
+// an optional ":port". The middleware does not use them; the worker
+// binary's http:call handler refuses every request and redirect to a host
+// not on a non-empty list. The error names the entry
+// (http.allow_hosts[1]) and what is wrong. No hosts (the default) means
+// unrestricted.
+func (p *Policy) WithAllowHosts(hosts ...string) (*Policy, error) {
+	var errs errList
+	out := make([]string, 0, len(hosts))
+	for i, h := range hosts {
+		pt, err := egress.ParsePattern(h)
+		if err != nil {
+			errs.add(&PolicyError{Field: fmt.Sprintf("http.allow_hosts[%d]", i+1), Msg: err.Error()})
+			continue
+		}
+		out = append(out, pt.String())
+	}
+	if err := errs.err(); err != nil {
+		return nil, err
+	}
+	q := p.with()
+	q.hosts = out
+	return q, nil
+}
+
+// AllowHosts returns a copy of the hosts an http:call handler may call
+// (see WithAllowHosts), in canonical form; nil means unrestricted.
+func (p *Policy) AllowHosts() []string {
+	if p == nil || len(p.hosts) == 0 {
+		return nil
+	}
+	return slices.Clone(p.hosts)
 }
 
 // criticalField names field ("match", "match.type", ...) of the i-th

@@ -30,7 +30,14 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"empty document", "# nothing\n", `policy: the document is empty`},
 		{"two documents", "rules: []\n---\nrules: []\n", `policy: line 3: more than one YAML document`},
 		{"top level not a mapping", "- a\n- b\n", `policy: line 1: must be a mapping, got a list`},
-		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules, redis_unavailable, critical, throttle or overrides`},
+		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules, redis_unavailable, critical, throttle, overrides or http`},
+		{"http not a mapping", "http: [a]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: http: must be a mapping, got a list`},
+		{"http unknown field", "http:\n  allow: [a]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 2: http.allow: unknown field; expected allow_hosts`},
+		{"allow_hosts not a list", "http: {allow_hosts: api.example.com}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: http.allow_hosts: must be a list of hosts such as [api.example.com, "*.example.net:443"], got the string "api.example.com"`},
+		{"allow_hosts a URL", "http:\n  allow_hosts:\n    - api.example.com\n    - https://x.example.com\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 4: http.allow_hosts[2]: "https://x.example.com" is a URL; give the host alone, e.g. api.example.com or api.example.com:443`},
+		{"allow_hosts bad port", "http:\n  allow_hosts: [\"api.example.com:0\"]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 2: http.allow_hosts[1]: "api.example.com:0": port must be a number from 1 to 65535, got "0"`},
+		{"allow_hosts inner star", "http:\n  allow_hosts: [\"api.*.com\"]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 2: http.allow_hosts[1]: "api.*.com": "*" is allowed only as a whole first label, as in *.example.com`},
+		{"allow_hosts not a string", "http:\n  allow_hosts: [{a: 1}]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 2: http.allow_hosts[1]: must be a string, got a mapping`},
 		{"throttle not a list", "throttle: a\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: throttle: must be a list of rule names such as [per-business], got the string "a"`},
 		{"throttle unknown rule", "throttle:\n  - a\n  - vendor\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 3: throttle[2]: no rule is named "vendor"`},
 		{"throttle not a name", "throttle: [{a: 1}]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: throttle[1]: must be a string, got a mapping`},
@@ -672,6 +679,30 @@ rules:
 	}
 	if _, err := p.WithThrottle("vendor", "nope"); err == nil || err.Error() != `policy: throttle[2]: no rule is named "nope"` {
 		t.Fatalf("WithThrottle with an unknown rule: %v", err)
+	}
+}
+
+func TestAllowHosts(t *testing.T) {
+	p, err := ParsePolicy([]byte("http:\n  allow_hosts: [API.example.com, \"*.vendor.io:443\", \"[::1]:8080\"]\n" + doc("gcra: {rate: 1, per: 1s}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "api.example.com *.vendor.io:443 [::1]:8080"
+	if got := strings.Join(p.AllowHosts(), " "); got != want {
+		t.Fatalf("AllowHosts() = %q, want %q", got, want)
+	}
+	q, err := p.WithFailureMode(FailOpen)
+	if err != nil || strings.Join(q.AllowHosts(), " ") != want {
+		t.Fatalf("WithFailureMode lost the hosts: %v %v", q.AllowHosts(), err)
+	}
+	if q, err := p.WithAllowHosts(); err != nil || q.AllowHosts() != nil {
+		t.Fatalf("WithAllowHosts() = %v, %v; want unrestricted", q.AllowHosts(), err)
+	}
+	if _, err := p.WithAllowHosts("ok.example", "bad host"); err == nil || !strings.HasPrefix(err.Error(), `policy: http.allow_hosts[2]: "bad host"`) {
+		t.Fatalf("WithAllowHosts with a bad host: %v", err)
+	}
+	if p, err := ParsePolicy([]byte(doc("gcra: {rate: 1, per: 1s}"))); err != nil || p.AllowHosts() != nil {
+		t.Fatalf("no http section: %v, %v", p.AllowHosts(), err)
 	}
 }
 

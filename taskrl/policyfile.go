@@ -18,6 +18,7 @@ import (
 	"github.com/goccy/go-yaml/parser"
 	"github.com/goccy/go-yaml/token"
 
+	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -59,6 +60,8 @@ import (
 //	    concurrency: {max: 2, lease: 30s, reserved: 0}
 //	overrides:                           # optional: see Policy.WithOverrides
 //	  - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s, burst: 2}}
+//	http:                                # optional: the worker's http:call handler
+//	  allow_hosts: [api.example.com, "*.example.net:443"]  # see Policy.WithAllowHosts
 //
 // Each rule has exactly one limit:
 //   - gcra: rate (a positive number, fractions allowed), per (a duration),
@@ -439,7 +442,7 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	if fe != nil {
 		return top(fe)
 	}
-	if fe := known(es, "", "rules", "redis_unavailable", "critical", "throttle", "overrides"); fe != nil {
+	if fe := known(es, "", "rules", "redis_unavailable", "critical", "throttle", "overrides", "http"); fe != nil {
 		return top(fe)
 	}
 	var overrides []Override
@@ -449,8 +452,13 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	var critical []Match
 	var throttle []string
 	var throttleAt []int // line of each name
+	var hosts []string
 	for _, e := range es {
 		switch e.key {
+		case "http":
+			var more errList
+			hosts, more = d.http(e.val)
+			errs = append(errs, more...)
 		case "throttle":
 			var fe *ferr
 			throttle, throttleAt, fe = d.names(e.val, "throttle")
@@ -528,6 +536,7 @@ func parsePolicy(data []byte) (*Policy, errList) {
 		var more errList
 		p.overrides, more = p.checkOverrides(overrides, overridesAt)
 		errs = append(errs, more...)
+		p.hosts = hosts
 	}
 	slices.SortStableFunc(errs, func(a, b *PolicyError) int {
 		return cmp.Or(cmp.Compare(a.Index, b.Index), cmp.Compare(a.Line, b.Line))
@@ -574,6 +583,55 @@ func (d *yamlDoc) critical(n ast.Node) ([]Match, errList) {
 		out = append(out, m)
 	}
 	return out, errs
+}
+
+// http reads the top-level http section: allow_hosts, a list of host
+// patterns (see Policy.WithAllowHosts), returned in canonical form.
+func (d *yamlDoc) http(n ast.Node) ([]string, errList) {
+	var errs errList
+	add := func(fe *ferr) { errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg}) }
+	es, fe := d.mapping(n, "http", 0)
+	if fe == nil {
+		fe = known(es, "http", "allow_hosts")
+	}
+	if fe != nil {
+		add(fe)
+		return nil, errs
+	}
+	var hosts []string
+	for _, e := range es {
+		ln, fe := d.resolve(e.val, "http.allow_hosts")
+		if fe != nil {
+			add(fe)
+			continue
+		}
+		if _, ok := ln.(*ast.NullNode); ok {
+			continue
+		}
+		seq, ok := ln.(*ast.SequenceNode)
+		if !ok {
+			add(fail(ln, "http.allow_hosts", "must be a list of hosts such as [api.example.com, \"*.example.net:443\"], got %s", kindOf(ln)))
+			continue
+		}
+		for i, v := range seq.Values {
+			f := fmt.Sprintf("http.allow_hosts[%d]", i+1)
+			s, ok, fe := d.str(v, f)
+			if fe == nil && !ok {
+				fe = fail(v, f, "must be a host such as api.example.com")
+			}
+			if fe == nil {
+				if pt, err := egress.ParsePattern(s); err != nil {
+					fe = fail(v, f, "%v", err)
+				} else {
+					hosts = append(hosts, pt.String())
+				}
+			}
+			if fe != nil {
+				add(fe)
+			}
+		}
+	}
+	return hosts, errs
 }
 
 // names reads a list of rule names at field, with the line of each.

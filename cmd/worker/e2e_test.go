@@ -115,11 +115,17 @@ func passwordServer(t *testing.T, password string) (addr string, client *redis.C
 // and bodies, a 429 reschedules the task with the same Idempotency-Key,
 // a 404 is archived with the reason, /metrics and /healthz answer, the
 // password never reaches the logs, and cancelling the context stops the
-// worker with status 0.
+// worker with status 0. Under --allow-hosts, calls to another host, to a
+// cloud metadata address (as an IPv4-mapped IPv6 literal too) and through
+// a redirect to another host are archived with the reason, never sent.
 func TestEndToEnd(t *testing.T) {
 	const password = "s3cret-pw"
 	addr, rc := passwordServer(t, password)
 	a := newAPI(t)
+	forbidden := newAPI(t)
+	redirector := httptest.NewServer(http.RedirectHandler(forbidden.URL+"/ok", http.StatusFound))
+	defer redirector.Close()
+	allow := strings.TrimPrefix(a.URL, "http://") + "," + strings.TrimPrefix(redirector.URL, "http://")
 	const queue = "e2e"
 	policy := writePolicy(t, `rules:
   - name: e2e-global
@@ -145,7 +151,8 @@ func TestEndToEnd(t *testing.T) {
 	go func() {
 		defer close(done)
 		code = cli(ctx, []string{"--redis", "redis://:" + password + "@" + addr + "/0", "--policy", policy, "--concurrency", "4",
-			"--queues", queue + "=3,other=1", "--metrics-addr", "127.0.0.1:0", "--prefix", "e2e:", "--max-payload", "64KiB"}, noEnv, io.Discard, logs)
+			"--queues", queue + "=3,other=1", "--metrics-addr", "127.0.0.1:0", "--prefix", "e2e:", "--max-payload", "64KiB",
+			"--allow-hosts", allow}, noEnv, io.Discard, logs)
 	}()
 	metricsAddr := logs.waitFor(t, regexp.MustCompile(`level=INFO msg="metrics listening" addr=(\S+)`), done)[1]
 	started := logs.waitFor(t, regexp.MustCompile(`msg="worker started".*`), done)[0]
@@ -155,6 +162,7 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 	logs.waitFor(t, regexp.MustCompile(`policy rules match queues this worker does not serve.*not-served`), done)
+	logs.waitFor(t, regexp.MustCompile(`msg="http:call may call only the allowed hosts" allow_hosts=.*from=--allow-hosts`), done)
 
 	client := asynq.NewClientFromRedisClient(rc)
 	inspector := asynq.NewInspectorFromRedisClient(rc)
@@ -177,6 +185,13 @@ func TestEndToEnd(t *testing.T) {
 	// Past --max-payload: archived with the reason, never decoded or sent.
 	hugeID := enqueue(map[string]any{"url": a.URL + "/huge", "business_id": "b1", "body": strings.Repeat("x", 65<<10)})
 	throttleID := enqueue(map[string]any{"url": a.URL + "/throttle", "business_id": "b9", "method": "PUT"})
+	// Refused by the egress policy: archived with the reason, never sent.
+	refused := map[string]string{
+		enqueue(map[string]any{"url": forbidden.URL + "/ok", "business_id": "r1"}):                               "not in the allowed hosts",
+		enqueue(map[string]any{"url": redirector.URL + "/go", "business_id": "r2"}):                              "not in the allowed hosts",
+		enqueue(map[string]any{"url": "http://169.254.169.254/latest/meta-data/", "business_id": "r3"}):          "link-local address",
+		enqueue(map[string]any{"url": "http://[::ffff:169.254.169.254]/latest/meta-data/", "business_id": "r4"}): "link-local address",
+	}
 
 	eventually(t, "all tasks called", func() bool {
 		return len(a.byPath("/ok")) >= n && len(a.byPath("/throttle")) >= 2 && len(a.byPath("/missing")) >= 1
@@ -224,12 +239,31 @@ func TestEndToEnd(t *testing.T) {
 	if calls := a.byPath("/huge"); len(calls) != 0 {
 		t.Errorf("the task past --max-payload was sent %d times", len(calls))
 	}
+	// A task the limits held back is archived as its copy (ID "<id>~N").
+	archived := func(id string) *asynq.TaskInfo {
+		l, _ := inspector.ListArchivedTasks(queue)
+		for _, ti := range l {
+			if ti.ID == id || strings.HasPrefix(ti.ID, id+"~") {
+				return ti
+			}
+		}
+		return nil
+	}
+	for id, why := range refused {
+		eventually(t, "the refused call archived", func() bool { return archived(id) != nil })
+		if ti := archived(id); !strings.Contains(ti.LastErr, "egress refused") || !strings.Contains(ti.LastErr, why) || ti.Retried != 0 {
+			t.Errorf("refused call archived with reason %q after %d retries; want one saying %q", ti.LastErr, ti.Retried, why)
+		}
+	}
+	if n := len(forbidden.byPath("/ok")); n != 0 {
+		t.Errorf("the host not on --allow-hosts got %d calls", n)
+	}
 	qi, err := inspector.GetQueueInfo(queue)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if qi.Archived != 2 || qi.Retry != 0 {
-		t.Errorf("queue has %d archived and %d retry tasks, want 2 and 0", qi.Archived, qi.Retry)
+	if qi.Archived != 6 || qi.Retry != 0 {
+		t.Errorf("queue has %d archived and %d retry tasks, want 6 and 0", qi.Archived, qi.Retry)
 	}
 
 	// Metrics: every documented name, with the counts of this run.
@@ -237,6 +271,7 @@ func TestEndToEnd(t *testing.T) {
 		`taskrl_http_calls_total{code="2xx"} 7`,
 		`taskrl_http_calls_total{code="429"} 1`,
 		`taskrl_http_calls_total{code="4xx"} 1`,
+		`taskrl_http_calls_total{code="refused"} 4`,
 		`taskrl_decisions_total{outcome="upstream_throttled",queue="` + queue + `",rule="none",type="http:call"} 1`,
 		`taskrl_redis_errors_total 0`,
 	}

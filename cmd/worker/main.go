@@ -31,6 +31,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/tools/redisurl"
 	"github.com/taskrl/taskrl/internal/tools/version"
@@ -119,6 +120,13 @@ Flags (--name and -name are the same; values as --name=V or --name V):
                            same one. Default "taskrl:".
   --http-timeout D         timeout of each http:call request (the task's deadline applies too).
                            Default 30s.
+  --allow-hosts LIST       the only hosts http:call may call, on the first request and on every
+                           redirect: host, *.example.com (names under it), IP, each with an optional
+                           :port, comma-separated, e.g. "api.vendor.com,*.example.net:443". Beats the
+                           policy file's http.allow_hosts. Without either, any host may be called
+                           (logged at start). Either way, link-local and cloud metadata addresses
+                           (169.254.0.0/16, fe80::/10, ...) are never dialled, checked on the address
+                           after DNS resolution. A refused call is archived with the reason, unsent.
   --max-payload SIZE       archive, with the reason and without decoding it, a task whose payload
                            is larger: bytes, or with KiB or MiB (e.g. 64KiB). Default 1MiB.
   --log-format text|json   log format on stderr. Default text.
@@ -150,7 +158,8 @@ type config struct {
 	localShare      int
 	prefix          string
 	httpTimeout     time.Duration
-	maxPayload      int // bytes
+	maxPayload      int            // bytes
+	allowHosts      *egress.Policy // --allow-hosts; nil: the policy file's http.allow_hosts
 	logFormat       string
 	logLevel        slog.Level
 	check           bool   // --check: validate the policy file and exit
@@ -236,7 +245,11 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 		for _, r := range policy.Rules() {
 			names = append(names, r.Name)
 		}
-		fmt.Fprintf(stdout, "policy %s: ok, %d rules (%s), redis_unavailable: %s\n", cfg.policyPath, len(names), strings.Join(names, ", "), policy.FailureMode())
+		hosts := ""
+		if h := policy.AllowHosts(); h != nil {
+			hosts = ", http.allow_hosts: " + strings.Join(h, ", ")
+		}
+		fmt.Fprintf(stdout, "policy %s: ok, %d rules (%s), redis_unavailable: %s%s\n", cfg.policyPath, len(names), strings.Join(names, ", "), policy.FailureMode(), hosts)
 		return exitOK
 	}
 	logger := newLogger(stderr, cfg.logFormat, cfg.logLevel)
@@ -327,6 +340,11 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	if cfg.maxPayload, err = parseSize(*f.maxPayload); err != nil {
 		return nil, usagef("--max-payload: %v", err)
 	}
+	if *f.allowHosts != "" {
+		if cfg.allowHosts, err = egress.ParseList(*f.allowHosts); err != nil {
+			return nil, usagef("--allow-hosts: %v", err)
+		}
+	}
 	if cfg.prefix == "" {
 		return nil, usagef("--prefix must not be empty")
 	}
@@ -413,7 +431,7 @@ func (f redisFlags) target(fs *flag.FlagSet) (redisurl.Target, error) {
 type flagValues struct {
 	redis                                                    redisFlags
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
-	maxPayload                                               *string
+	maxPayload, allowHosts                                   *string
 	concurrency, localShare                                  *int
 	strict, check, shadow, version, keepOrder                *bool
 	shutdown, maxHold, taskCheck, budget, httpTimeout        *time.Duration
@@ -444,6 +462,7 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 		prefix:      fs.String("prefix", "taskrl:", ""),
 		httpTimeout: fs.Duration("http-timeout", 30*time.Second, ""),
 		maxPayload:  fs.String("max-payload", "1MiB", ""),
+		allowHosts:  fs.String("allow-hosts", "", ""),
 		logFormat:   fs.String("log-format", "text", ""),
 		logLevel:    fs.String("log-level", "info", ""),
 	}

@@ -191,6 +191,8 @@ func TestBadFlags(t *testing.T) {
 		{append(base, "--log-format", "xml"), "", `--log-format must be text or json, got "xml"`},
 		{append(base, "--log-level", "loud"), "", `--log-level must be debug, info, warn or error, got "loud"`},
 		{append(base, "--local-share", "0"), "", "--local-share must be at least 1"},
+		{append(base, "--allow-hosts", "https://api.example.com"), "", `--allow-hosts: "https://api.example.com" is a URL; give the host alone`},
+		{append(base, "--allow-hosts", "api.example.com,a.*.b"), "", `--allow-hosts: "a.*.b": "*" is allowed only as a whole first label`},
 		{append(base, "--max-payload", "0"), "", `--max-payload: want a size between 1 and 512MiB, such as 1048576, 64KiB or 1MiB; got "0"`},
 		{append(base, "--max-payload", "1GB"), "", `--max-payload: want a size between 1 and 512MiB`},
 		{append(base, "--max-payload", "513MiB"), "", `--max-payload: want a size between 1 and 512MiB`},

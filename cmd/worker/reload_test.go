@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
 
+	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 	"github.com/taskrl/taskrl/internal/tools/overrides"
 	"github.com/taskrl/taskrl/quotas"
@@ -103,6 +105,47 @@ func TestReloader(t *testing.T) {
 	}
 }
 
+// TestReloadEgress: a reloaded policy file's http.allow_hosts takes effect
+// at once unless --allow-hosts was given.
+func TestReloadEgress(t *testing.T) {
+	parse := func(doc string) *taskrl.Policy {
+		p, err := taskrl.ParsePolicy([]byte(doc + goodPolicy))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	logs := &logBuffer{}
+	logger := newLogger(logs, "text", slog.LevelInfo)
+	set := func(*taskrl.Policy) error { return nil }
+	u, _ := url.Parse("https://api.example.com/")
+
+	cfg := &config{}
+	guard := new(egress.Guard)
+	guard.Set(cfg.egressPolicy(parse("")))
+	apply := cfg.applyEgress(guard, logger, set)
+	if err := guard.CheckURL(u); err != nil {
+		t.Fatalf("unrestricted: %v", err)
+	}
+	apply(parse("http: {allow_hosts: [other.example.com]}\n"))
+	if guard.CheckURL(u) == nil || !strings.Contains(logs.String(), `msg="http:call may call only the allowed hosts" allow_hosts=[other.example.com] from="policy file"`) {
+		t.Fatalf("a reloaded allow list not applied; log:\n%s", logs)
+	}
+	apply(parse(""))
+	if err := guard.CheckURL(u); err != nil || !strings.Contains(logs.String(), "http:call is unrestricted") {
+		t.Fatalf("the allow list removed: %v; log:\n%s", err, logs)
+	}
+
+	// --allow-hosts beats the file, across reloads.
+	cfg.allowHosts, _ = egress.ParseList("api.example.com")
+	guard.Set(cfg.egressPolicy(parse("http: {allow_hosts: [other.example.com]}\n")))
+	apply = cfg.applyEgress(guard, logger, set)
+	apply(parse("http: {allow_hosts: [third.example.com]}\n"))
+	if err := guard.CheckURL(u); err != nil {
+		t.Fatalf("--allow-hosts overridden by the file: %v", err)
+	}
+}
+
 // TestCheck: --check validates the policy file without connecting to
 // anything and exits 0 or 2.
 func TestCheck(t *testing.T) {
@@ -121,6 +164,17 @@ func TestCheck(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "line 4") || !strings.Contains(stderr.String(), "gcra.burst") || stdout.Len() != 0 {
 		t.Errorf("stdout %q stderr %q", stdout.String(), stderr.String())
+	}
+	stderr.Reset()
+	stdout.Reset()
+	hosts := writePolicy(t, "http:\n  allow_hosts: [api.example.com, \"*.vendor.io:443\"]\n"+goodPolicy)
+	if code := cli(context.Background(), []string{"--check", "--policy", hosts}, noEnv, &stdout, &stderr); code != exitOK || !strings.HasSuffix(stdout.String(), "redis_unavailable: closed, http.allow_hosts: api.example.com, *.vendor.io:443\n") {
+		t.Errorf("--check with allow_hosts: exit %d, %q %q", code, stdout.String(), stderr.String())
+	}
+	stdout.Reset()
+	badHost := writePolicy(t, "http:\n  allow_hosts:\n    - http://api.example.com\n"+goodPolicy)
+	if code := cli(context.Background(), []string{"--check", "--policy", badHost}, noEnv, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "line 3: http.allow_hosts[1]: \"http://api.example.com\" is a URL") {
+		t.Errorf("--check with a bad host: exit %d, %q", code, stderr.String())
 	}
 	stderr.Reset()
 	if code := cli(context.Background(), []string{"--check"}, noEnv, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "--check needs --policy") {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/internal/tools/campaign"
 	"github.com/taskrl/taskrl/internal/tools/httpcall"
 	"github.com/taskrl/taskrl/internal/tools/metrics"
@@ -112,8 +114,15 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		logger.Info("metrics listening", "addr", l.Addr().String())
 	}
 
+	// http:call's egress policy: --allow-hosts, else the policy file's,
+	// which a reload may change.
+	guard := new(egress.Guard)
+	guard.Set(cfg.egressPolicy(policy))
+	logEgress(logger, guard.Policy(), cfg.allowHosts != nil)
+	apply := cfg.applyEgress(guard, logger, mw.SetPolicy)
+
 	// The live overrides apply from the first task on.
-	rl := &reloader{path: cfg.policyPath, apply: mw.SetPolicy, logger: logger, result: m.PolicyReload, counts: m.Overrides,
+	rl := &reloader{path: cfg.policyPath, apply: apply, logger: logger, result: m.PolicyReload, counts: m.Overrides,
 		store: overrides.New(client, cfg.prefix), base: policy, seen: cfg.policyData, version: -1}
 	rl.pollLive(ctx)
 	rctx, stopReload := context.WithCancel(ctx)
@@ -123,7 +132,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 	mux := asynq.NewServeMux()
 	mux.Use(maxPayload(cfg.maxPayload), mw.Handler)
 	registerHandlers(mux, client, handlerDeps{
-		httpClient: httpcall.NewClient(cfg.httpTimeout),
+		httpClient: httpcall.NewClient(cfg.httpTimeout, guard),
 		metrics:    m,
 		logger:     logger,
 	})
@@ -168,6 +177,48 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		logger.Info("worker stopped")
 	}
 	return runErr
+}
+
+// egressPolicy is the egress policy of http:call under policy p:
+// --allow-hosts when given, else p's http.allow_hosts.
+func (cfg *config) egressPolicy(p *taskrl.Policy) *egress.Policy {
+	if cfg.allowHosts != nil {
+		return cfg.allowHosts
+	}
+	e, err := egress.New(p.AllowHosts())
+	if err != nil { // cannot happen: the policy validated its hosts
+		panic(err)
+	}
+	return e
+}
+
+// applyEgress returns the reloader's apply: set, then the new policy's
+// http.allow_hosts into guard when it changed (--allow-hosts, when given,
+// stays).
+func (cfg *config) applyEgress(guard *egress.Guard, logger *slog.Logger, set func(*taskrl.Policy) error) func(*taskrl.Policy) error {
+	return func(p *taskrl.Policy) error {
+		if err := set(p); err != nil {
+			return err
+		}
+		if e := cfg.egressPolicy(p); !slices.Equal(e.Hosts(), guard.Policy().Hosts()) {
+			guard.Set(e)
+			logEgress(logger, e, false)
+		}
+		return nil
+	}
+}
+
+// logEgress says which hosts http:call may call.
+func logEgress(logger *slog.Logger, e *egress.Policy, flag bool) {
+	if !e.Restricted() {
+		logger.Warn("http:call is unrestricted: a task may make this worker call any host; set --allow-hosts or http.allow_hosts in the policy file. Link-local and cloud metadata addresses are refused")
+		return
+	}
+	from := "policy file"
+	if flag {
+		from = "--allow-hosts"
+	}
+	logger.Info("http:call may call only the allowed hosts", "allow_hosts", e.Hosts(), "from", from)
 }
 
 // handlerDeps is what the built-in task handlers need besides Redis.

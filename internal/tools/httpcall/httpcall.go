@@ -34,7 +34,16 @@
 //   - other 5xx and network errors: a plain error, retried by asynq as usual;
 //   - a payload that is not JSON, lacks a url, has a url that is not
 //     absolute http(s), a bad method or a bad header: an error wrapping
-//     asynq.SkipRetry naming the field.
+//     asynq.SkipRetry naming the field;
+//   - a request the egress policy refuses (see NewClient), on the first hop
+//     or a redirect: nothing is sent; an error wrapping asynq.SkipRetry
+//     with the reason.
+//
+// Redirects are followed up to MaxRedirects hops, each checked by the
+// egress policy like the first. When a hop changes the host (or port, or
+// goes from https to http), the payload's headers and any Authorization,
+// Cookie and Proxy-Authorization are dropped: only the handler's own
+// headers (User-Agent, Idempotency-Key, X-Business-ID, Content-Type) go on.
 //
 // Application code of the binaries, imported by cmd/worker and internal/tools/metrics.
 package httpcall
@@ -46,6 +55,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -56,6 +66,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -70,10 +81,16 @@ const (
 	Class5xx   = "5xx"   // server error: retried
 	ClassOther = "other" // unfollowed 1xx/3xx or a status beyond 599: archived
 	ClassError = "error" // no response: network error, timeout, cancellation
+	// ClassRefused: the egress policy refused the request; nothing was sent.
+	ClassRefused = "refused"
 )
 
 // Classes lists every result class, e.g. to pre-create metric series.
-var Classes = []string{Class2xx, Class429, Class4xx, Class5xx, ClassOther, ClassError}
+var Classes = []string{Class2xx, Class429, Class4xx, Class5xx, ClassOther, ClassError, ClassRefused}
+
+// MaxRedirects is how many redirects a request follows before it fails
+// (archived with the reason).
+const MaxRedirects = 5
 
 // DefaultTimeout is the per-request timeout of the client NewHandler builds
 // when given none.
@@ -133,26 +150,97 @@ func WithResultHook(f func(class string)) Option {
 	return func(h *handler) { h.hook = f }
 }
 
-// NewClient returns the HTTP client NewHandler uses by default: the given
-// per-request timeout (DefaultTimeout when timeout <= 0) and a transport
-// that keeps up to 64 idle connections per host, so many workers calling
-// one API reuse their connections.
-func NewClient(timeout time.Duration) *http.Client {
+// NewClient returns the HTTP client the handler sends with: the given
+// per-request timeout (DefaultTimeout when timeout <= 0), a transport that
+// keeps up to 64 idle connections per host (so many workers calling one
+// API reuse their connections), and guard's egress policy (a nil guard:
+// every host, but never the addresses egress.CheckAddr refuses). Every
+// request it sends, the first and each redirect, is checked against the
+// guard's allow list; every connection it opens is checked on the address
+// it dials, after DNS resolution. Redirects: see the package doc. Behind a
+// proxy (HTTP_PROXY, HTTPS_PROXY) the address checked is the proxy's; the
+// allow list still applies to every URL.
+func NewClient(timeout time.Duration, guard *egress.Guard) *http.Client {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
+	if guard == nil {
+		guard = new(egress.Guard)
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64
-	return &http.Client{Timeout: timeout, Transport: tr}
+	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: guard.Control, Resolver: resolver}
+	tr.DialContext = dialer.DialContext
+	return &http.Client{Timeout: timeout, Transport: guarded{guard, tr}, CheckRedirect: checkRedirect}
+}
+
+// resolver resolves host names for NewClient's connections; nil is the
+// system's. Tests replace it.
+var resolver *net.Resolver
+
+// guarded checks every request against the egress policy before base sends it.
+type guarded struct {
+	guard *egress.Guard
+	base  http.RoundTripper
+}
+
+func (g guarded) RoundTrip(req *http.Request) (*http.Response, error) {
+	if err := g.guard.CheckURL(req.URL); err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, err
+	}
+	return g.base.RoundTrip(req)
+}
+
+// payloadHeadersKey is the request context key of the payload's header
+// names, which a redirect to another host drops.
+type payloadHeadersKey struct{}
+
+// credentialHeaders are dropped on a redirect to another host besides the
+// payload's own headers.
+var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "Cookie2"}
+
+// errTooManyRedirects fails a request after MaxRedirects redirects.
+var errTooManyRedirects = fmt.Errorf("stopped after %d redirects", MaxRedirects)
+
+// checkRedirect is the client's CheckRedirect: at most MaxRedirects hops;
+// the payload's headers and credentials stay with the first host.
+func checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) > MaxRedirects {
+		return errTooManyRedirects
+	}
+	first := via[0].URL
+	if !strings.EqualFold(hostPort(req.URL), hostPort(first)) || (strings.EqualFold(first.Scheme, "https") && !strings.EqualFold(req.URL.Scheme, "https")) {
+		names, _ := req.Context().Value(payloadHeadersKey{}).([]string)
+		for _, k := range append(names, credentialHeaders...) {
+			req.Header.Del(k)
+		}
+		req.Host = "" // a payload's Host header named the first host
+	}
+	return nil
+}
+
+// hostPort is u's host and port, the scheme's default port when absent.
+func hostPort(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if strings.EqualFold(u.Scheme, "https") {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
 }
 
 // NewHandler returns the http:call handler. It sends requests with client,
-// or, when client is nil, with NewClient(DefaultTimeout); the task
+// or, when client is nil, with NewClient(DefaultTimeout, nil); the task
 // context's deadline applies as well. The handler is safe for concurrent
 // use.
 func NewHandler(client *http.Client, opts ...Option) asynq.Handler {
 	if client == nil {
-		client = NewClient(DefaultTimeout)
+		client = NewClient(DefaultTimeout, nil)
 	}
 	h := &handler{client: client}
 	for _, o := range opts {
@@ -180,13 +268,22 @@ func (h *handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		h.report(ClassError)
 		// *url.Error repeats the whole URL, query string included; name the
 		// target without it.
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
+		var refused *egress.RefusedError
+		switch {
+		case errors.As(err, &refused):
+			h.report(ClassRefused)
+			return fmt.Errorf("http:call: %s: %v: %w", target, refused, asynq.SkipRetry)
+		case errors.Is(err, errTooManyRedirects):
+			h.report(ClassOther)
+			return fmt.Errorf("http:call: %s: %v: %w", target, err, asynq.SkipRetry)
+		}
+		h.report(ClassError)
 		return fmt.Errorf("http:call: %s: %w", target, err)
 	}
 	snippet := drain(resp.Body, resp.StatusCode/100 != 2)
@@ -278,7 +375,11 @@ func newRequest(ctx context.Context, t *asynq.Task) (*http.Request, string, erro
 	if hasBody {
 		body = bytes.NewReader(raw)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, p.URL, body)
+	names := make([]string, 0, len(p.Headers))
+	for k := range p.Headers {
+		names = append(names, k)
+	}
+	req, err := http.NewRequestWithContext(context.WithValue(ctx, payloadHeadersKey{}, names), method, p.URL, body)
 	if err != nil {
 		return nil, "", payloadErr("%v", err)
 	}

@@ -411,7 +411,7 @@ func TestTimeouts(t *testing.T) {
 	})
 	t.Run("client timeout", func(t *testing.T) {
 		c := &classes{}
-		h := NewHandler(NewClient(50*time.Millisecond), WithResultHook(c.hook))
+		h := NewHandler(NewClient(50*time.Millisecond, nil), WithResultHook(c.hook))
 		err := h.ProcessTask(context.Background(), task(t, map[string]any{"url": srv.URL}))
 		if err == nil || errors.Is(err, asynq.SkipRetry) {
 			t.Fatalf("got %v, want a plain timeout error", err)

@@ -145,7 +145,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"rule"}),
 		httpCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "taskrl_http_calls_total",
-			Help: "Requests sent by the http:call handler by result class (2xx, 429, 4xx, 5xx, other, error).",
+			Help: "Requests sent by the http:call handler by result class (2xx, 429, 4xx, 5xx, other, error, refused: the egress policy refused it, nothing was sent).",
 		}, []string{"code"}),
 		overrides: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "taskrl_overrides",

@@ -197,7 +197,7 @@ func TestHTTPCalls(t *testing.T) {
 	m.HTTPCall(httpcall.Class429)
 	m.HTTPCall(httpcall.ClassError)
 	want := `
-# HELP taskrl_http_calls_total Requests sent by the http:call handler by result class (2xx, 429, 4xx, 5xx, other, error).
+# HELP taskrl_http_calls_total Requests sent by the http:call handler by result class (2xx, 429, 4xx, 5xx, other, error, refused: the egress policy refused it, nothing was sent).
 # TYPE taskrl_http_calls_total counter
 taskrl_http_calls_total{code="2xx"} 2
 taskrl_http_calls_total{code="429"} 1
@@ -205,6 +205,7 @@ taskrl_http_calls_total{code="4xx"} 0
 taskrl_http_calls_total{code="5xx"} 0
 taskrl_http_calls_total{code="error"} 1
 taskrl_http_calls_total{code="other"} 0
+taskrl_http_calls_total{code="refused"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "taskrl_http_calls_total"); err != nil {
 		t.Error(err)
