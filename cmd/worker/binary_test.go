@@ -24,14 +24,19 @@ import (
 
 // buildWorker builds the worker binary into a temporary directory, with the
 // race detector when the tests have it.
-func buildWorker(t *testing.T) string {
+func buildWorker(t *testing.T) string { return buildCmd(t, "worker", ".") }
+
+// buildCmd builds the command in directory pkg (relative to cmd/worker)
+// into a temporary directory as name, with the race detector when the
+// tests have it.
+func buildCmd(t *testing.T, name, pkg string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "worker")
+	bin := filepath.Join(t.TempDir(), name)
 	args := []string{"build", "-o", bin}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+	out, err := exec.Command("go", append(args, pkg)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
