@@ -36,6 +36,24 @@ const securityPolicy = `rules:
     concurrency: {max: 2, lease: 30s}
 `
 
+// TestACLDocumented: the README shows the shipped ACL files' lines as
+// they are.
+func TestACLDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"worker.acl", "enqueue.acl"} {
+		b, err := os.ReadFile(filepath.Join(aclDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line := strings.TrimSpace(string(b)); !strings.Contains(string(readme), "\n"+line+"\n") {
+			t.Errorf("README.md does not show %s as it is:\n%s", name, line)
+		}
+	}
+}
+
 // aclUser is a user of a shipped ACL file, with a password of this test's.
 type aclUser struct {
 	name, password string
