@@ -19,7 +19,10 @@
 // Redis Sentinel manages under that name, found through the sentinels NODES,
 // or a go-redis failover URL with master_name=. A flag beats the other
 // forms' environment variables, and the three flags are exclusive.
-// --redis-password replaces the password of any form.
+// --redis-password replaces the password of any form. --redis-tls reaches
+// a host:port or node list over TLS; --redis-tls-ca FILE verifies the
+// servers' certificates against the CA certificates of a PEM file instead
+// of the system's roots (it needs TLS). Certificates are always verified.
 //
 // --payload-file FILE replaces --count (--url and --businesses are then
 // ignored): one task per line of FILE, each line a JSON object, blank lines
@@ -154,6 +157,7 @@ type options struct {
 	redisSentinel             string
 	redisPassword             string
 	redisTLS                  bool
+	redisTLSCA                string
 	cron, tz, name, keyPrefix string
 	simulate                  bool
 	sim                       simulate.Spec
@@ -214,6 +218,7 @@ func parse(args []string, env stdio) (*options, error) {
 	fs.StringVar(&o.redisSentinel, "redis-sentinel", "", "a Sentinel-managed primary instead: `MASTER@NODES` (the sentinels, host:port,...) or a redis:// failover URL with master_name=; default $REDIS_SENTINEL")
 	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis `password` (the primary's, for a sentinel), replacing any in the URL (never printed)")
 	fs.BoolVar(&o.redisTLS, "redis-tls", false, "reach Redis over TLS (for host:port and node lists; rediss:// says so itself)")
+	fs.StringVar(&o.redisTLSCA, "redis-tls-ca", "", "verify Redis's certificates against the CA certificates in this PEM `FILE` instead of the system's roots, for a private CA; needs TLS (rediss:// or --redis-tls). Certificates are always verified")
 	fs.BoolVar(&showVersion, "version", false, "print the version (module version, commit, Go version) and exit")
 	fs.StringVar(&o.spec.Type, "type", campaign.DefaultType, "task `type`")
 	fs.StringVar(&o.spec.URL, "url", "", "the `URL` each generated http:call payload calls")
@@ -405,7 +410,7 @@ func parse(args []string, env stdio) (*options, error) {
 
 // parseSimulate checks the flags of --simulate, which enqueues nothing.
 func parseSimulate(o *options, vendor string, set map[string]bool) (*options, error) {
-	for _, f := range []string{"redis", "redis-cluster", "redis-sentinel", "redis-password", "redis-tls", "url", "count", "businesses", "max-retry", "parallel", "cron", "tz", "campaign", "key-prefix", "dry-run", "task-duration", "start"} {
+	for _, f := range []string{"redis", "redis-cluster", "redis-sentinel", "redis-password", "redis-tls", "redis-tls-ca", "url", "count", "businesses", "max-retry", "parallel", "cron", "tz", "campaign", "key-prefix", "dry-run", "task-duration", "start"} {
 		if set[f] {
 			return nil, usagef("--%s: not used with --simulate", f)
 		}
@@ -518,6 +523,11 @@ func connect(ctx context.Context, o *options, pool int) (redis.UniversalClient, 
 	}
 	if o.redisTLS {
 		target = target.WithTLS()
+	}
+	if o.redisTLSCA != "" {
+		if target, err = target.WithCA(o.redisTLSCA); err != nil {
+			return nil, usagef("--redis-tls-ca: %v", err)
+		}
 	}
 	rdb := target.Client(pool)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)

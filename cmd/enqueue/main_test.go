@@ -163,6 +163,7 @@ func TestUsageErrors(t *testing.T) {
 	os.WriteFile(policy, []byte("rules: [{name: r, match: {type: http:call}, gcra: {rate: 1, per: 1s}}]\n"), 0o600)
 	payloads := filepath.Join(dir, "p.jsonl")
 	os.WriteFile(payloads, []byte("{}\n"), 0o600)
+	ca := redistest.NewTestPKI(t).CAFile
 	for _, c := range []struct {
 		args []string
 		want string
@@ -199,6 +200,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--url", "http://x", "--count", "5", "--redis-sentinel", "m@a:1", "--redis-cluster", "b:1,c:1"}, "are exclusive"},
 		{[]string{"--url", "http://x", "--count", "5", "--redis-sentinel", "a:1"}, "--redis-sentinel: no primary name before @"},
 		{[]string{"--url", "http://x", "--count", "5", "--redis-sentinel", "redis://:hunter2@s:x?master_name=m"}, "--redis-sentinel: not a valid Redis Sentinel URL"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis", "rediss://:hunter2@a:1?skip_verify=true"}, "--redis: skip_verify is refused: the server's certificate is always verified"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis", "redis://:hunter2@a:1", "--redis-tls-ca", ca}, "--redis-tls-ca: a CA file is for TLS, which is not on: use a rediss:// URL or --redis-tls"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis-cluster", "a:1,b:1", "--redis-tls-ca", ca}, "--redis-tls-ca: a CA file is for TLS, which is not on"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis", "rediss://:hunter2@a:1", "--redis-tls-ca", payloads}, "--redis-tls-ca: " + payloads + " holds no PEM certificate"},
+		{[]string{"--url", "http://x", "--count", "5", "--redis", "a:1", "--redis-tls", "--redis-tls-ca", payloads + ".none"}, "--redis-tls-ca: open " + payloads + ".none: no such file"},
+		{[]string{"--simulate", "--policy", policy, "--vendor", "5/s", "--redis-tls-ca", ca}, "--redis-tls-ca: not used with --simulate"},
 		{[]string{"--url", "http://x", "--count", "5", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--nope"}, "-nope"},
 	} {

@@ -24,23 +24,34 @@ import (
 
 // buildWorker builds the worker binary into a temporary directory, with the
 // race detector when the tests have it.
-func buildWorker(t *testing.T) string { return buildCmd(t, "worker", ".") }
-
-// buildCmd builds the command in directory pkg (relative to cmd/worker)
-// into a temporary directory as name, with the race detector when the
-// tests have it.
-func buildCmd(t *testing.T, name, pkg string) string {
+func buildWorker(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), name)
-	args := []string{"build", "-o", bin}
+	return buildBinaries(t, ".")[0]
+}
+
+// buildBinaries builds the commands in the package directories pkgs (".",
+// "../enqueue") into a temporary directory, with the race detector when
+// the tests have it, and returns their paths in the same order.
+func buildBinaries(t *testing.T, pkgs ...string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	out, err := exec.Command("go", append(args, pkg)...).CombinedOutput()
+	out, err := exec.Command("go", append(args, pkgs...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	return bin
+	bins := make([]string, len(pkgs))
+	for i, pkg := range pkgs {
+		name := filepath.Base(pkg)
+		if pkg == "." {
+			name = "worker"
+		}
+		bins[i] = filepath.Join(dir, name)
+	}
+	return bins
 }
 
 // workerProc is a worker binary running as a child process.

@@ -33,7 +33,8 @@ the policy file for the same rule and key. Workers whose policy has no such
 keyed rule, or a rule of another kind, skip it with a warning.
 
 Flags (before or after the arguments):
-  --redis URL, --redis-cluster NODES, --redis-sentinel M@NODES, --redis-password P, --redis-tls
+  --redis URL, --redis-cluster NODES, --redis-sentinel M@NODES, --redis-password P, --redis-tls,
+  --redis-tls-ca FILE
                  the workers' Redis, as for the worker (defaults $REDIS_URL,
                  $REDIS_CLUSTER_ADDRS, $REDIS_SENTINEL)
   --prefix S     the workers' --prefix. Default "taskrl:".

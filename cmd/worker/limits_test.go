@@ -70,6 +70,8 @@ func TestLimitsCommand(t *testing.T) {
 		{[]string{"set", "peak", "b7", "gcra: {rate: 5, per: 1s}", "--policy", policy}, `overrides[1].rule: rule "peak" has no key`},
 		{[]string{"set", "per-business", "b7", "quota: {limit: 5, every: 1s}", "--policy", policy}, "an override keeps the kind of limit"},
 		{[]string{"list", "--bogus"}, "flag provided but not defined: --bogus"},
+		{[]string{"list", "--redis-tls-ca", policy}, "--redis-tls-ca: a CA file is for TLS, which is not on"},
+		{[]string{"list", "--redis-tls", "--redis-tls-ca", policy}, "--redis-tls-ca: " + policy + " holds no PEM certificate"},
 	} {
 		code, out, errs := run(append(tc.args, unreached...)...)
 		if code != exitUsage || !strings.Contains(errs, tc.want) || out != "" {

@@ -76,6 +76,9 @@ Flags (--name and -name are the same; values as --name=V or --name V):
                            URL (for a list of nodes, the only way to give one). Never printed.
   --redis-tls              reach Redis over TLS, verifying its certificate against the system's roots
                            (for host:port and node lists; a rediss:// URL says so itself).
+  --redis-tls-ca FILE      verify Redis's certificate (every node's, the sentinels') against the CA
+                           certificates in this PEM file instead of the system's roots, for a private
+                           CA. Needs TLS (rediss:// or --redis-tls). Certificates are always verified.
   --policy FILE            policy file (YAML; see the README's policy file reference). Required.
                            A file that is wrong in any way is refused before anything connects,
                            naming line, rule and field. While running, the worker reloads it on
@@ -372,8 +375,8 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 
 // redisFlags are the Redis flags every command of the worker takes.
 type redisFlags struct {
-	url, cluster, sentinel, password *string
-	tls                              *bool
+	url, cluster, sentinel, password, tlsCA *string
+	tls                                     *bool
 }
 
 // addRedisFlags defines the Redis flags on fs; getenv supplies their
@@ -385,6 +388,7 @@ func addRedisFlags(fs *flag.FlagSet, getenv func(string) string) redisFlags {
 		sentinel: fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), ""),
 		password: fs.String("redis-password", "", ""),
 		tls:      fs.Bool("redis-tls", false, ""),
+		tlsCA:    fs.String("redis-tls-ca", "", ""),
 	}
 }
 
@@ -423,6 +427,11 @@ func (f redisFlags) target(fs *flag.FlagSet) (redisurl.Target, error) {
 	}
 	if *f.tls {
 		t = t.WithTLS()
+	}
+	if *f.tlsCA != "" {
+		if t, err = t.WithCA(*f.tlsCA); err != nil {
+			return redisurl.Target{}, usagef("--redis-tls-ca: %v", err)
+		}
 	}
 	return t, nil
 }

@@ -149,6 +149,19 @@ func TestParseFlags(t *testing.T) {
 	if err != nil || cfg.redis.String() != "sentinel m@s1:26379 db 0" || cfg.redis.TLS() {
 		t.Errorf("REDIS_SENTINEL: %v, %v", cfg, err)
 	}
+	// --redis-tls-ca, for every form that uses TLS.
+	ca := redistest.NewTestPKI(t).CAFile
+	for _, args := range [][]string{
+		{"--redis", "rediss://:pw@db.example:6380"},
+		{"--redis", "db.example:6380", "--redis-tls"},
+		{"--redis-cluster", "n1:7000,n2:7000", "--redis-tls"},
+		{"--redis-sentinel", "m@s1:26379", "--redis-tls"},
+	} {
+		cfg, err := parseFlags(append([]string{"--policy", "p", "--redis-tls-ca", ca}, args...), noEnv)
+		if err != nil || !cfg.redis.TLS() {
+			t.Errorf("%q --redis-tls-ca: %v, %v", args, cfg, err)
+		}
+	}
 	for in, want := range map[string]string{"localhost": "localhost:6379", "::1": "[::1]:6379", "[::1]:7001": "[::1]:7001", ":6390": "localhost:6390"} {
 		cfg, err := parseFlags([]string{"--policy", "p", "--redis", in}, noEnv)
 		if err != nil || cfg.redis.String() != want+" db 0" {
@@ -160,6 +173,7 @@ func TestParseFlags(t *testing.T) {
 func TestBadFlags(t *testing.T) {
 	policy := writePolicy(t, goodPolicy)
 	base := []string{"--redis", "localhost:6379", "--policy", policy}
+	ca, missing := redistest.NewTestPKI(t).CAFile, filepath.Join(t.TempDir(), "missing.pem")
 	cases := []struct {
 		args []string
 		env  string // REDIS_URL
@@ -206,6 +220,12 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--policy", policy, "--redis", "redis://host/db9x"}, "", "--redis: not a valid Redis URL"},
 		{[]string{"--policy", policy, "--redis", "host:0"}, "", "--redis: port must be a number from 1 to 65535"},
 		{[]string{"--policy", policy, "--redis", "user@host"}, "", "is neither a Redis URL nor host:port"},
+		{[]string{"--policy", policy, "--redis", "rediss://:hunter2@host?skip_verify=true"}, "", "--redis: skip_verify is refused: the server's certificate is always verified"},
+		{append(base, "--redis-tls-ca", ca), "", "--redis-tls-ca: a CA file is for TLS, which is not on: use a rediss:// URL or --redis-tls"},
+		{[]string{"--policy", policy, "--redis", "redis://:hunter2@host", "--redis-tls-ca", ca}, "", "--redis-tls-ca: a CA file is for TLS, which is not on"},
+		{[]string{"--policy", policy, "--redis", "rediss://:hunter2@host", "--redis-tls-ca", missing}, "", "--redis-tls-ca: open " + missing + ": no such file"},
+		{[]string{"--policy", policy, "--redis", "host", "--redis-tls", "--redis-tls-ca", policy}, "", "--redis-tls-ca: " + policy + " holds no PEM certificate"},
+		{[]string{"--policy", policy, "--redis-cluster", "a:1,b:1", "--redis-tls-ca", ca}, "", "--redis-tls-ca: a CA file is for TLS, which is not on"},
 	}
 	for _, tc := range cases {
 		var stdout, stderr bytes.Buffer

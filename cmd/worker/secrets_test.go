@@ -65,7 +65,8 @@ func TestSecretsNeverShown(t *testing.T) {
 	}))
 	defer api.Close()
 
-	workerBin, enqueueBin := buildWorker(t), buildCmd(t, "enqueue", "../enqueue")
+	bins := buildBinaries(t, ".", "../enqueue")
+	workerBin, enqueueBin := bins[0], bins[1]
 	queue := redistest.Queue(t, rc, "secrets")
 	policy := writePolicy(t, `rules:
   - name: s-global

@@ -33,7 +33,8 @@ Flags (before or after the arguments):
   --policy FILE  the workers' policy file. Required.
   --key K        the key to show for keyed rules (e.g. a business id).
   --json         print JSON (the same as a worker's /limits) instead of a table.
-  --redis URL, --redis-cluster NODES, --redis-sentinel M@NODES, --redis-password P, --redis-tls
+  --redis URL, --redis-cluster NODES, --redis-sentinel M@NODES, --redis-password P, --redis-tls,
+  --redis-tls-ca FILE
                  the workers' Redis, as for the worker (defaults $REDIS_URL,
                  $REDIS_CLUSTER_ADDRS, $REDIS_SENTINEL)
   --prefix S     the workers' --prefix. Default "taskrl:".

@@ -151,6 +151,8 @@ func TestStatusUsage(t *testing.T) {
 		{[]string{"--policy", policy, "extra"}, `unexpected argument "extra"`},
 		{[]string{"--policy", policy, "--bogus"}, "flag provided but not defined: --bogus"},
 		{[]string{"--policy", writePolicy(t, "rules: []\n")}, "policy"},
+		{[]string{"--policy", policy, "--redis-tls-ca", policy}, "--redis-tls-ca: a CA file is for TLS, which is not on"},
+		{[]string{"--policy", policy, "--redis-tls", "--redis-tls-ca", policy + ".missing"}, "--redis-tls-ca: open " + policy + ".missing: no such file"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := cli(context.Background(), append(append([]string{"status"}, tc.args...), "--redis", "redis://"+addr), noEnv, &stdout, &stderr)

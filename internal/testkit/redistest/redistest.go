@@ -7,8 +7,9 @@
 //
 // and then uses Client / Cluster for clients to a shared standalone server
 // and a shared 3-master Redis Cluster, Prefix for a per-test key namespace
-// that is deleted when the test ends, and StartServer for a private
-// redis-server that a test may stop and restart.
+// that is deleted when the test ends, StartServer for a private
+// redis-server that a test may stop and restart, and StartTLSServer for one
+// that also takes TLS connections, with a certificate from a throwaway CA.
 //
 // The shared servers are started once per test binary by Main, or once per
 // whole run by the redisharness command (go run

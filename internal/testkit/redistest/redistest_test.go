@@ -2,6 +2,8 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"net"
@@ -328,5 +330,36 @@ func TestSentinel(t *testing.T) {
 	r := s.Replicas[0].Client(t)
 	if got := r.Get(t.Context(), "k").Val() + r.Get(t.Context(), "k2").Val(); got != "vv2" {
 		t.Fatalf("the new primary holds %q", got)
+	}
+}
+
+// TestStartTLSServer: the TLS port answers a client that trusts the test's
+// CA and refuses one that trusts only the system's roots or another test
+// CA; the plaintext port serves the same data.
+func TestStartTLSServer(t *testing.T) {
+	s := StartTLSServer(t)
+	ctx := context.Background()
+	if err := s.TLSClient(t).Set(ctx, "k", "over TLS", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.Client(t).Get(ctx, "k").Result(); err != nil || v != "over TLS" {
+		t.Fatalf("plaintext port: %q, %v", v, err)
+	}
+	other := &TLSServer{TLSAddr: s.TLSAddr, PKI: NewTestPKI(t)}
+	for name, cfg := range map[string]func() (*tls.Config, error){
+		"system roots": func() (*tls.Config, error) { return &tls.Config{}, nil },
+		"another CA":   other.tlsConfig,
+	} {
+		c, err := cfg()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc := redis.NewClient(&redis.Options{Addr: s.TLSAddr, TLSConfig: c, MaxRetries: -1})
+		err = rc.Ping(ctx).Err()
+		rc.Close()
+		var unknown x509.UnknownAuthorityError
+		if !errors.As(err, &unknown) {
+			t.Errorf("%s: %v, want x509.UnknownAuthorityError", name, err)
+		}
 	}
 }

@@ -1,17 +1,20 @@
 // Package redisurl parses the Redis the binaries take (--redis, REDIS_URL;
 // --redis-cluster, REDIS_CLUSTER_ADDRS; --redis-sentinel, REDIS_SENTINEL;
-// --redis-password) into go-redis options and clients, with errors that
-// never repeat a password.
+// --redis-password; --redis-tls, --redis-tls-ca) into go-redis options and
+// clients, with errors that never repeat a password. Certificates are always
+// verified: a URL's skip_verify is refused.
 //
 // Application code of the binaries, imported by cmd/enqueue and cmd/worker.
 package redisurl
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 
@@ -20,6 +23,7 @@ import (
 
 // Parse accepts redis://[[user]:password@]host[:port][/db], rediss://...
 // (TLS), unix:///path.sock, a bare host:port or a bare host (port 6379).
+// A URL's skip_verify=true is refused: certificates are always verified.
 // Its errors say what is wrong without quoting the URL, whose password
 // would otherwise end up in logs.
 func Parse(s string) (*redis.Options, error) {
@@ -27,6 +31,9 @@ func Parse(s string) (*redis.Options, error) {
 		opt, err := redis.ParseURL(s)
 		if err != nil {
 			return nil, fmt.Errorf("not a valid Redis URL (%v); want redis://[[user]:password@]host[:port][/db], rediss://..., unix:///path or host:port", bare(err))
+		}
+		if err := verified(opt.TLSConfig); err != nil {
+			return nil, err
 		}
 		return opt, nil
 	}
@@ -121,6 +128,9 @@ func parseCluster(s string) (*redis.ClusterOptions, error) {
 		if err != nil {
 			return nil, fmt.Errorf("not a valid Redis Cluster URL (%v); want host:port,host:port,... or redis://[[user]:password@]host:port?addr=host:port&addr=host:port", bare(err))
 		}
+		if err := verified(co.TLSConfig); err != nil {
+			return nil, err
+		}
 		return co, nil
 	}
 	co := &redis.ClusterOptions{}
@@ -149,6 +159,9 @@ func parseSentinel(s string) (*redis.FailoverOptions, error) {
 		if fo.MasterName == "" {
 			return nil, fmt.Errorf("the URL names no primary (master_name=...); %s", want)
 		}
+		if err := verified(fo.TLSConfig); err != nil {
+			return nil, err
+		}
 		return fo, nil
 	}
 	master, nodes, ok := strings.Cut(s, "@")
@@ -171,9 +184,10 @@ func parseSentinel(s string) (*redis.FailoverOptions, error) {
 }
 
 // WithTLS returns t reached over TLS (--redis-tls): for the forms that
-// cannot say so themselves, a host:port or a list of nodes. Certificates
-// are verified against the system's roots, with the name each node is
-// dialled by. A target that already uses TLS (rediss://) is unchanged.
+// cannot say so themselves, a host:port or a list of nodes (not a unix
+// socket). Certificates are verified against the system's roots (or
+// WithCA's), with the name each node is dialled by. A target that already
+// uses TLS (rediss://) is unchanged.
 func (t Target) WithTLS() Target {
 	cfg := func() *tls.Config { return &tls.Config{MinVersion: tls.VersionTLS12} }
 	switch {
@@ -191,6 +205,59 @@ func (t Target) WithTLS() Target {
 		t.single = &o
 	}
 	return t
+}
+
+// ErrCANeedsTLS is WithCA's error for a target not reached over TLS.
+var ErrCANeedsTLS = errors.New("a CA file is for TLS, which is not on: use a rediss:// URL or --redis-tls (not a unix socket)")
+
+// WithCA returns t verifying the certificates of its servers (every node of
+// a cluster; the sentinels and the servers they name) against the CA
+// certificates in the PEM file path instead of the system's roots
+// (--redis-tls-ca, for a private CA). Host names are verified as before. t
+// must be reached over TLS (a rediss:// URL, or WithTLS first): otherwise
+// the error is ErrCANeedsTLS. A file that cannot be read or holds no PEM
+// certificate is an error naming the file, never the target's password.
+func (t Target) WithCA(path string) (Target, error) {
+	if !t.TLS() {
+		return t, ErrCANeedsTLS
+	}
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return t, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return t, fmt.Errorf("%s holds no PEM certificate (want one or more -----BEGIN CERTIFICATE----- blocks)", path)
+	}
+	withRoots := func(c *tls.Config) *tls.Config {
+		c = c.Clone()
+		c.RootCAs = pool
+		return c
+	}
+	switch {
+	case t.cluster != nil:
+		co := *t.cluster
+		co.TLSConfig = withRoots(co.TLSConfig)
+		t.cluster = &co
+	case t.sentinel != nil:
+		fo := *t.sentinel
+		fo.TLSConfig = withRoots(fo.TLSConfig)
+		t.sentinel = &fo
+	default:
+		o := *t.single
+		o.TLSConfig = withRoots(o.TLSConfig)
+		t.single = &o
+	}
+	return t, nil
+}
+
+// verified refuses a TLS configuration that does not verify certificates:
+// what a URL's skip_verify=true asks for.
+func verified(c *tls.Config) error {
+	if c != nil && c.InsecureSkipVerify {
+		return errors.New("skip_verify is refused: the server's certificate is always verified; for a private CA give its certificate with --redis-tls-ca FILE")
+	}
+	return nil
 }
 
 // Cluster reports whether t is a Redis Cluster.
@@ -224,20 +291,27 @@ func (t Target) String() string {
 }
 
 // Client returns a client for t whose connection pool holds at least pool
-// connections (per node, on a cluster).
+// connections (per node, on a cluster). Its connections do not send CLIENT
+// SETINFO (go-redis's DisableIdentity): Redis 7.0 has no such command, and
+// from 7.2 on an ACL would have to grant it, yet an ACL rule naming it is
+// refused by 7.0; without it one ACL fits every Redis 7 (see the README's
+// least-privilege ACL).
 func (t Target) Client(pool int) redis.UniversalClient {
 	if t.cluster != nil {
 		co := *t.cluster
 		co.PoolSize = max(co.PoolSize, pool)
+		co.DisableIdentity = true
 		return redis.NewClusterClient(&co)
 	}
 	if t.sentinel != nil {
 		fo := *t.sentinel
 		fo.PoolSize = max(fo.PoolSize, pool)
+		fo.DisableIdentity = true
 		return redis.NewFailoverClient(&fo)
 	}
 	o := *t.single
 	o.PoolSize = max(o.PoolSize, pool)
+	o.DisableIdentity = true
 	return redis.NewClient(&o)
 }
 

@@ -1,8 +1,20 @@
 package redisurl
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -110,5 +122,149 @@ func TestParseTarget(t *testing.T) {
 	tg, _ = ParseTarget("a:1", "", "", "")
 	if c, ok := tg.Client(5).(*redis.Client); !ok || c.Options().PoolSize != 5 {
 		t.Error("no single client with the pool size asked")
+	}
+}
+
+// writeCert writes a self-signed certificate as PEM to a file and returns
+// its path.
+func writeCert(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestWithCA: --redis-tls-ca replaces the system's roots for every form,
+// keeps verification on, and needs TLS; a bad file is an error that names
+// it and never the password.
+func TestWithCA(t *testing.T) {
+	ca := writeCert(t)
+	roots := func(tg Target) *tls.Config {
+		switch {
+		case tg.cluster != nil:
+			return tg.cluster.TLSConfig
+		case tg.sentinel != nil:
+			return tg.sentinel.TLSConfig
+		}
+		return tg.single.TLSConfig
+	}
+	for _, f := range []struct {
+		url, cluster, sentinel string
+		tls                    bool // --redis-tls
+	}{
+		{"rediss://:s3cret@db:6380/1", "", "", false},
+		{"db:6380", "", "", true},
+		{"", "n1:7000,n2:7000", "", true},
+		{"", "rediss://:s3cret@n1:7000?addr=n2:7000", "", false},
+		{"", "", "main@s1:26379,s2:26379", true},
+		{"", "", "rediss://s1:26379?master_name=main", false},
+	} {
+		tg, err := ParseTarget(f.url, f.cluster, f.sentinel, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.tls {
+			tg = tg.WithTLS()
+		}
+		before := roots(tg)
+		withCA, err := tg.WithCA(ca)
+		if err != nil {
+			t.Fatalf("%+v: %v", f, err)
+		}
+		c := roots(withCA)
+		if c == nil || c.RootCAs == nil || c.InsecureSkipVerify || c.ServerName != before.ServerName {
+			t.Errorf("%+v: TLS config %+v", f, c)
+		}
+		if before.RootCAs != nil {
+			t.Errorf("%+v: WithCA changed the target it was called on", f)
+		}
+		if !withCA.TLS() || withCA.String() != tg.String() {
+			t.Errorf("%+v: %v, TLS %v", f, withCA, withCA.TLS())
+		}
+	}
+
+	// No TLS: a plain URL, a host:port or a unix socket (even with
+	// --redis-tls).
+	for _, u := range []string{"redis://:s3cret@db:6379", "db:6379", "unix:///tmp/redis.sock"} {
+		tg, err := ParseTarget(u, "", "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tg.WithTLS().WithCA(ca); u == "unix:///tmp/redis.sock" && !errors.Is(err, ErrCANeedsTLS) {
+			t.Errorf("%s with --redis-tls: %v, want ErrCANeedsTLS", u, err)
+		}
+		if _, err := tg.WithCA(ca); !errors.Is(err, ErrCANeedsTLS) {
+			t.Errorf("%s: %v, want ErrCANeedsTLS", u, err)
+		}
+	}
+
+	// A file that is missing, or holds no certificate.
+	tg, _ := ParseTarget("rediss://:s3cret@db:6380", "", "", "")
+	empty := filepath.Join(t.TempDir(), "empty.pem")
+	os.WriteFile(empty, []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"), 0o600)
+	for file, want := range map[string]string{
+		filepath.Join(t.TempDir(), "missing.pem"): "no such file",
+		empty: "holds no PEM certificate",
+	} {
+		_, err := tg.WithCA(file)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), file) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("WithCA(%s): %v; want %q and the file's name", file, err, want)
+		}
+	}
+}
+
+// TestVerified: a URL that turns certificate verification off is refused
+// (a cluster URL has no such option); skip_verify=false is harmless.
+func TestVerified(t *testing.T) {
+	for _, f := range [][3]string{
+		{"rediss://:s3cret@db:6380?skip_verify=true", "", ""},
+		{"", "rediss://:s3cret@n1:7000?addr=n2:7000&skip_verify=true", ""},
+		{"", "", "rediss://:s3cret@s1:26379?master_name=main&skip_verify=true"},
+	} {
+		_, err := ParseTarget(f[0], f[1], f[2], "")
+		if err == nil || strings.Contains(err.Error(), "s3cret") || f[1] == "" && !strings.Contains(err.Error(), "skip_verify is refused") {
+			t.Errorf("%q: %v", f, err)
+		}
+	}
+	for _, f := range [][3]string{
+		{"rediss://db:6380?skip_verify=false", "", ""},
+		{"", "", "rediss://s1:26379?master_name=main&skip_verify=false"},
+	} {
+		if _, err := ParseTarget(f[0], f[1], f[2], ""); err != nil {
+			t.Errorf("%q: %v", f, err)
+		}
+	}
+}
+
+// TestNoClientSetinfo: the clients do not send CLIENT SETINFO, which an
+// ACL for Redis 7.0 cannot name.
+func TestNoClientSetinfo(t *testing.T) {
+	for _, f := range [][3]string{{"a:1", "", ""}, {"", "a:1,b:1", ""}, {"", "", "m@a:1"}} {
+		tg, _ := ParseTarget(f[0], f[1], f[2], "")
+		switch c := tg.Client(1).(type) {
+		case *redis.Client:
+			if !c.Options().DisableIdentity {
+				t.Errorf("%q: identity on", f)
+			}
+		case *redis.ClusterClient:
+			if !c.Options().DisableIdentity {
+				t.Errorf("%q: identity on", f)
+			}
+		default:
+			t.Errorf("%q: %T", f, c)
+		}
 	}
 }
