@@ -22,34 +22,60 @@ import (
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
-// buildWorker builds the worker binary into a temporary directory, with the
-// race detector when the tests have it.
+// buildWorker builds the worker binary (see buildBinaries).
 func buildWorker(t *testing.T) string {
 	t.Helper()
 	return buildBinaries(t, ".")[0]
 }
 
+// built caches the binaries buildBinaries built, by package directory, in
+// one directory for the whole test binary (removed by TestMain).
+var built struct {
+	sync.Mutex
+	dir  string
+	bins map[string]string
+}
+
 // buildBinaries builds the commands in the package directories pkgs (".",
-// "../enqueue") into a temporary directory, with the race detector when
-// the tests have it, and returns their paths in the same order.
+// "../enqueue") once per test binary, with the race detector when the
+// tests have it, and returns their paths in the same order.
 func buildBinaries(t *testing.T, pkgs ...string) []string {
 	t.Helper()
-	dir := t.TempDir()
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	if raceEnabled {
-		args = append(args, "-race")
+	built.Lock()
+	defer built.Unlock()
+	if built.dir == "" {
+		dir, err := os.MkdirTemp("", "taskrl-worker-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		built.dir, built.bins = dir, map[string]string{}
 	}
-	out, err := exec.Command("go", append(args, pkgs...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	var missing []string
+	for _, pkg := range pkgs {
+		if built.bins[pkg] == "" {
+			missing = append(missing, pkg)
+		}
+	}
+	if len(missing) > 0 {
+		args := []string{"build", "-o", built.dir + string(filepath.Separator)}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, missing...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
+		for _, pkg := range missing {
+			name := filepath.Base(pkg)
+			if pkg == "." {
+				name = "worker"
+			}
+			built.bins[pkg] = filepath.Join(built.dir, name)
+		}
 	}
 	bins := make([]string, len(pkgs))
 	for i, pkg := range pkgs {
-		name := filepath.Base(pkg)
-		if pkg == "." {
-			name = "worker"
-		}
-		bins[i] = filepath.Join(dir, name)
+		bins[i] = built.bins[pkg]
 	}
 	return bins
 }

@@ -18,7 +18,13 @@ import (
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) {
+	code := redistest.Run(m)
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
 
 // logBuffer is a concurrency-safe writer for a worker's stderr.
 type logBuffer struct {

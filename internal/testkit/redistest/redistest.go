@@ -55,10 +55,12 @@ var state struct {
 // and otherwise runs the tests, which then skip wherever they need Redis.
 // Main never returns; it calls os.Exit with the tests' exit code.
 func Main(m *testing.M) {
-	os.Exit(run(m))
+	os.Exit(Run(m))
 }
 
-func run(m *testing.M) int {
+// Run is Main without the exit: it returns the tests' exit code, for a
+// TestMain with clean-up of its own to do after the tests.
+func Run(m *testing.M) int {
 	state.mainCalled = true
 	if v := os.Getenv(EnvVar); v != "" {
 		e, err := parseEnv(v)
