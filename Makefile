@@ -6,7 +6,7 @@
 
 GO ?= go
 
-.PHONY: test redis-server chromium check fuzz bench fleet e2e-long
+.PHONY: test redis-server chromium check fuzz fuzz-ci bench fleet e2e-long
 
 test: redis-server chromium check
 	$(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -race -count=1 -p 1 ./...
@@ -54,6 +54,19 @@ fuzz: redis-server
 	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzNewRequest -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzRetryAfter -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzQuotaSpent -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/egress -run '^$$' -fuzz FuzzEgress -fuzztime $(FUZZTIME)
+
+# What CI fuzzes after make test, a few seconds each: the targets over
+# what a task's author controls (the http:call payload, the answers'
+# Retry-After and rate-limit headers, key templates, egress patterns and
+# URLs). make test already runs every target's seed corpus and the
+# regression cases kept in testdata/fuzz.
+fuzz-ci:
+	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzNewRequest -fuzztime 3s
+	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzRetryAfter -fuzztime 3s
+	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzQuotaSpent -fuzztime 3s
+	$(GO) test ./internal/egress -run '^$$' -fuzz FuzzEgress -fuzztime 3s
+	$(GO) test ./taskrl -run '^$$' -fuzz FuzzRequest -fuzztime 3s
 
 # Peer comparison benchmarks (separate module; see BENCHMARKS.md).
 bench: redis-server

@@ -77,6 +77,7 @@ func ParsePattern(s string) (Pattern, error) {
 		}
 		host = h
 	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
 	if a, err := netip.ParseAddr(host); err == nil {
 		if a.Zone() != "" {
 			return Pattern{}, fmt.Errorf("%q: an IPv6 zone is not allowed", clip(in))
@@ -85,7 +86,6 @@ func ParsePattern(s string) (Pattern, error) {
 		p.host = p.ip.String()
 		return p, nil
 	}
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
 	if rest, ok := strings.CutPrefix(host, "*."); ok {
 		p.wildcard, host = true, rest
 	}

@@ -176,3 +176,35 @@ func mustURL(t *testing.T, s string) *url.URL {
 	}
 	return u
 }
+
+// FuzzEgress: patterns print back as themselves, and no URL whose host is
+// an address in a refused range, in any spelling net/netip accepts, is
+// ever allowed, restricted or not.
+func FuzzEgress(f *testing.F) {
+	for _, s := range []string{"api.example.com", "*.example.com:443", "[::1]:8080", "10.1.2.3", "http://169.254.169.254/", "http://[::ffff:a9fe:a9fe]/x", "https://a.example.com:443/p?q"} {
+		f.Add(s)
+	}
+	open := &Policy{}
+	wide, _ := New([]string{"169.254.169.254", "[fe80::1]", "*.com", "localhost"})
+	f.Fuzz(func(t *testing.T, s string) {
+		if p, err := ParsePattern(s); err == nil {
+			q, err := ParsePattern(p.String())
+			if err != nil || q != p {
+				t.Fatalf("ParsePattern(%q) = %v; its String %q parses as %v, %v", s, p, p.String(), q, err)
+			}
+		}
+		u, err := url.Parse(s)
+		if err != nil {
+			return
+		}
+		ip, err := netip.ParseAddr(u.Hostname())
+		if err != nil || CheckAddr(ip) == nil {
+			return
+		}
+		for _, p := range []*Policy{nil, open, wide} {
+			if p.CheckURL(u) == nil {
+				t.Fatalf("%q (address %s) allowed", s, ip)
+			}
+		}
+	})
+}
