@@ -321,3 +321,80 @@ func TestRedisTLS(t *testing.T) {
 		t.Errorf("worker: exit %d after SIGTERM; log:\n%s", code, w.logs)
 	}
 }
+
+// TestRedisACLCluster runs both binaries on the 3-master Redis Cluster as
+// the shipped ACL users with what the README adds for a cluster
+// (+cluster|slots +command) and with taskrl's key pattern for the --prefix
+// they use (~PREFIX* for ~taskrl:*): every task is served once, worker
+// status reads the limits, and no node's ACL LOG has an entry for them.
+func TestRedisACLCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binaries")
+	}
+	bins := buildBinaries(t, ".", "../enqueue")
+	worker, enqueue := bins[0], bins[1]
+	cc := redistest.Cluster(t)
+	addrs := redistest.ClusterAddrs(t)
+	prefix := redistest.Prefix(t)
+	queue := redistest.Queue(t, cc, "aclc")
+	ctx := context.Background()
+	var users []aclUser
+	for _, u := range []aclUser{readACL(t, "worker.acl", "WORKER_PASSWORD_SHA256"), readACL(t, "enqueue.acl", "ENQUEUE_PASSWORD_SHA256")} {
+		u.name += "-" + strings.ReplaceAll(prefix[len(prefix)-9:len(prefix)-1], ":", "")
+		for i, r := range u.rules {
+			if r == "~taskrl:*" {
+				u.rules[i] = "~" + prefix + "*"
+			}
+		}
+		u.rules = append(u.rules, "+cluster|slots", "+command")
+		users = append(users, u)
+	}
+	// Every node has the users, and forgets them when the test ends.
+	admins := make([]*redis.Client, len(addrs))
+	for i, addr := range addrs {
+		admins[i] = redis.NewClient(&redis.Options{Addr: addr})
+		admin := admins[i]
+		t.Cleanup(func() {
+			for _, u := range users {
+				admin.ACLDelUser(context.Background(), u.name)
+			}
+			admin.Close()
+		})
+		for _, u := range users {
+			args := []any{"acl", "setuser", u.name}
+			for _, r := range u.rules {
+				args = append(args, r)
+			}
+			if err := admin.Do(ctx, args...).Err(); err != nil {
+				t.Fatalf("ACL SETUSER on %s: %v", addr, err)
+			}
+		}
+	}
+	url := func(u aclUser) string {
+		return "redis://" + u.name + ":" + u.password + "@" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
+	}
+	wu, eu := users[0], users[1]
+	a := newAPI(t)
+	policy := writePolicy(t, securityPolicy)
+	const n = 12
+	if code, out := runBinary(t, enqueue, "--redis-cluster", url(eu), "--url", a.URL+"/ok", "--count", fmt.Sprint(n), "--businesses", "3", "--queue", queue); code != 0 {
+		t.Fatalf("enqueue: exit %d\n%s", code, out)
+	}
+	w := startWorker(t, worker, "--redis-cluster", url(wu), "--prefix", prefix, "--policy", policy, "--concurrency", "4", "--queues", queue+"=1")
+	servedOnce(t, a, asynq.NewInspectorFromRedisClient(cc), queue, n, w)
+	if code, out := runBinary(t, worker, "status", "--redis-cluster", url(wu), "--prefix", prefix, "--policy", policy, "--key", "b1"); code != exitOK || !strings.Contains(out, "sec-rate") {
+		t.Errorf("worker status: exit %d\n%s", code, out)
+	}
+	if code := w.stop(t, syscall.SIGTERM); code != exitOK {
+		t.Errorf("worker: exit %d after SIGTERM; log:\n%s", code, w.logs)
+	}
+	for i, admin := range admins {
+		for _, e := range aclLog(t, admin) {
+			for _, u := range users {
+				if strings.HasPrefix(e, "user "+u.name+":") {
+					t.Errorf("node %s refused: %s", addrs[i], e)
+				}
+			}
+		}
+	}
+}
