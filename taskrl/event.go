@@ -41,6 +41,9 @@ const (
 	// WouldWait: Event.Rule, a shadow rule, would have held the task back
 	// Event.Wait (Never: refused it); it ran without waiting for it.
 	WouldWait Outcome = "would_wait"
+	// Deferred: the policy's shed section deferred the task under pressure:
+	// rescheduled to come back after Event.Wait, nothing charged.
+	Deferred Outcome = "deferred"
 	// RedisError: a call to Redis failed (Event.Err); reported once per
 	// failed call, beside the task's final outcome.
 	RedisError Outcome = "redis_error"

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -72,6 +73,11 @@ type Config struct {
 	// Clock is where the middleware reads the time. Default: the wall
 	// clock. Waits in the worker still pass in real time.
 	Clock Clock
+	// ShedProbe, if set, is the signal of a policy shed section whose
+	// signal is probe (ShedProbe): a share of pressure in [0, 1] (values
+	// outside are clipped), read twice a second on one goroutine; it must
+	// be quick. Required by such a policy; unused otherwise.
+	ShedProbe func() float64
 }
 
 // Middleware makes asynq tasks respect the rules of a Policy across every
@@ -91,6 +97,7 @@ type Middleware struct {
 	inspect *asynq.Inspector
 	splits  sync.Map   // *Binding -> *split
 	skew    clock.Skew // of the server's clock, from the last decision
+	shed    *shedder
 }
 
 // New validates cfg and returns a Middleware.
@@ -123,6 +130,9 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = gcra.DefaultPrefix
 	}
+	if err := checkShed(&cfg, cfg.Policy); err != nil {
+		return nil, err
+	}
 	l, err := quotas.New(quotas.Config{Client: cfg.Client, Prefix: cfg.Prefix})
 	if err != nil {
 		return nil, fmt.Errorf("taskrl: %w", err)
@@ -133,6 +143,11 @@ func New(cfg Config) (*Middleware, error) {
 	if !cfg.KeepOrder {
 		m.sweep = newSweeper(m)
 	}
+	m.shed = newShedder(m)
+	m.shed.capacity.Store(int64(runtime.NumCPU())) // asynq's default Concurrency
+	if cfg.Policy.shed != nil {
+		m.shed.loop.start()
+	}
 	return m, nil
 }
 
@@ -142,13 +157,20 @@ func New(cfg Config) (*Middleware, error) {
 // and its bookings, whatever its limit becomes; a rule removed is no longer
 // decided (its keys expire). Use it to reload a policy file without a
 // restart. It returns an error, and keeps the current policy, when p is
-// nil. Safe for concurrent use.
+// nil or has a shed section whose signal is probe without a
+// Config.ShedProbe. Safe for concurrent use.
 func (m *Middleware) SetPolicy(p *Policy) error {
 	if p == nil {
 		return errors.New("taskrl: SetPolicy: nil policy")
 	}
+	if err := checkShed(&m.cfg, p); err != nil {
+		return err
+	}
 	m.policy.Store(p)
 	m.splits.Clear() // the old policy's bindings are not asked for again
+	if p.shed != nil {
+		m.shed.loop.poke()
+	}
 	return nil
 }
 
@@ -156,10 +178,11 @@ func (m *Middleware) SetPolicy(p *Policy) error {
 // last one given to SetPolicy. Safe for concurrent use.
 func (m *Middleware) Policy() *Policy { return m.policy.Load() }
 
-// Close stops the middleware's pacer and sweeper. Call it after the asynq
-// server has shut down; rescheduled tasks then still run, up to a few
-// seconds late.
+// Close stops the middleware's pacer, sweeper and shed loop. Call it after
+// the asynq server has shut down; rescheduled tasks then still run, up to
+// a few seconds late.
 func (m *Middleware) Close() error {
+	m.shed.loop.close()
 	m.pace.close()
 	if m.sweep != nil {
 		m.sweep.close()
@@ -325,9 +348,23 @@ func pick(keys []string, idx []int) []string {
 // Redis call; if the remote side throttles one (Throttled), it is
 // rescheduled too, so that it never spends a retry or is archived for it.
 func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
-	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) (err error) {
+		m.shed.inflight.Add(1)
+		defer m.shed.inflight.Add(-1)
 		queue, _ := asynq.GetQueueName(ctx)
 		p := m.policy.Load()
+		if sh := p.shed; sh != nil {
+			if _, booked := bookedAt(t); !booked {
+				if d, ok := m.shed.deferFor(sh, p.shedClass(sh, t.Type(), queue)); ok {
+					j := m.newJob(ctx, t, queue, p)
+					j.observe(Event{Outcome: Deferred, Wait: d})
+					return j.reschedule(d, time.Time{}, "")
+				}
+			}
+			if sh.Signal == ShedUpstreamErrors {
+				defer func() { m.shed.ended(err, m.cfg.Clock.Now()) }()
+			}
+		}
 		if due, ok := dueAt(t); ok {
 			// A copy the pacer moved ahead of its due time waits for it
 			// here; one far earlier (run by hand) is rescheduled again.
@@ -405,6 +442,9 @@ func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p 
 // meanwhile. A shorter interval gives a shorter lead, at the price of
 // idle polling (each look costs Redis three commands per queue).
 func (m *Middleware) ServerConfig(cfg asynq.Config) asynq.Config {
+	if cfg.Concurrency > 0 {
+		m.shed.capacity.Store(int64(cfg.Concurrency))
+	}
 	m.pace.setLead(admission.PaceLead(cfg.TaskCheckInterval))
 	for q := range cfg.Queues {
 		m.pace.serve(q)

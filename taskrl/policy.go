@@ -160,6 +160,7 @@ type Policy struct {
 	throttle  []string // rules an upstream throttle blocks; nil: a task's rate rules
 	overrides []Override
 	hosts     []string // http.allow_hosts
+	shed      *Shed    // nil: no shed section
 
 	mu      sync.RWMutex
 	bound   map[bindKey]*Binding // nil values: no rule matches
@@ -196,7 +197,7 @@ func (p *Policy) with() *Policy {
 	if p == nil {
 		return &Policy{}
 	}
-	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical, throttle: p.throttle, overrides: p.overrides, hosts: p.hosts}
+	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical, throttle: p.throttle, overrides: p.overrides, hosts: p.hosts, shed: p.shed}
 }
 
 // WithFailureMode returns a copy of p that uses mode when Redis is

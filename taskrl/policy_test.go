@@ -30,7 +30,7 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"empty document", "# nothing\n", `policy: the document is empty`},
 		{"two documents", "rules: []\n---\nrules: []\n", `policy: line 3: more than one YAML document`},
 		{"top level not a mapping", "- a\n- b\n", `policy: line 1: must be a mapping, got a list`},
-		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules, redis_unavailable, critical, throttle, overrides or http`},
+		{"unknown top-level field", "version: 2\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: version: unknown field; expected rules, redis_unavailable, critical, throttle, overrides, http or shed`},
 		{"http not a mapping", "http: [a]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: http: must be a mapping, got a list`},
 		{"http unknown field", "http:\n  allow: [a]\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 2: http.allow: unknown field; expected allow_hosts`},
 		{"allow_hosts not a list", "http: {allow_hosts: api.example.com}\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: http.allow_hosts: must be a list of hosts such as [api.example.com, "*.example.net:443"], got the string "api.example.com"`},

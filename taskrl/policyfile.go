@@ -60,6 +60,11 @@ import (
 //	    concurrency: {max: 2, lease: 30s, reserved: 0}
 //	overrides:                           # optional: see Policy.WithOverrides
 //	  - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s, burst: 2}}
+//	shed:                                # optional: see Shed and Policy.WithShed
+//	  signal: fleet_busy                 # fleet_busy (default) | upstream_errors | probe
+//	  above: 0.8                         # required
+//	  classes: [{queue: bulk}, default]  # required; a bare name is a queue
+//	  grace: 2s                          # optional (default 2s); also ramp (5s), window (10s)
 //	http:                                # optional: the worker's http:call handler
 //	  allow_hosts: [api.example.com, "*.example.net:443"]  # see Policy.WithAllowHosts
 //
@@ -442,7 +447,7 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	if fe != nil {
 		return top(fe)
 	}
-	if fe := known(es, "", "rules", "redis_unavailable", "critical", "throttle", "overrides", "http"); fe != nil {
+	if fe := known(es, "", "rules", "redis_unavailable", "critical", "throttle", "overrides", "http", "shed"); fe != nil {
 		return top(fe)
 	}
 	var overrides []Override
@@ -453,8 +458,14 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	var throttle []string
 	var throttleAt []int // line of each name
 	var hosts []string
+	var shed *Shed
 	for _, e := range es {
 		switch e.key {
+		case "shed":
+			var fe *ferr
+			if shed, fe = d.shed(e.val); fe != nil {
+				errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
+			}
 		case "http":
 			var more errList
 			hosts, more = d.http(e.val)
@@ -537,6 +548,7 @@ func parsePolicy(data []byte) (*Policy, errList) {
 		p.overrides, more = p.checkOverrides(overrides, overridesAt)
 		errs = append(errs, more...)
 		p.hosts = hosts
+		p.shed = shed
 	}
 	slices.SortStableFunc(errs, func(a, b *PolicyError) int {
 		return cmp.Or(cmp.Compare(a.Index, b.Index), cmp.Compare(a.Line, b.Line))
@@ -583,6 +595,92 @@ func (d *yamlDoc) critical(n ast.Node) ([]Match, errList) {
 		out = append(out, m)
 	}
 	return out, errs
+}
+
+// shed reads the top-level shed section (see Shed) with its defaults;
+// nil for an empty one.
+func (d *yamlDoc) shed(n ast.Node) (*Shed, *ferr) {
+	if v, fe := d.resolve(n, "shed"); fe == nil {
+		if _, ok := v.(*ast.NullNode); ok {
+			return nil, nil
+		}
+	}
+	es, fe := d.mapping(n, "shed", 0)
+	if fe == nil {
+		fe = known(es, "shed", "signal", "above", "classes", "grace", "ramp", "window")
+	}
+	if fe != nil {
+		return nil, fe
+	}
+	var s Shed
+	at := map[string]ast.Node{"": n}
+	for _, e := range es {
+		f := "shed." + e.key
+		at[e.key] = e.val
+		var fe *ferr
+		switch e.key {
+		case "signal":
+			var v string
+			v, _, fe = d.str(e.val, f)
+			s.Signal = ShedSignal(v)
+		case "above":
+			s.Above, _, fe = d.number(e.val, f)
+		case "grace":
+			s.Grace, _, fe = d.duration(e.val, f)
+		case "ramp":
+			s.Ramp, _, fe = d.duration(e.val, f)
+		case "window":
+			s.Window, _, fe = d.duration(e.val, f)
+		case "classes":
+			s.Classes, fe = d.classes(e.val)
+		}
+		if fe != nil {
+			return nil, fe
+		}
+	}
+	if f, msg := s.check(); msg != "" {
+		key, _, _ := strings.Cut(f, "[")
+		node := at[key]
+		if node == nil {
+			node = n
+		}
+		return nil, fail(node, "shed."+f, "%s", msg)
+	}
+	s = s.withDefaults()
+	return &s, nil
+}
+
+// classes reads shed.classes: matchers like a rule's match, or bare queue
+// names.
+func (d *yamlDoc) classes(n ast.Node) ([]Match, *ferr) {
+	ln, fe := d.resolve(n, "shed.classes")
+	if fe != nil {
+		return nil, fe
+	}
+	seq, ok := ln.(*ast.SequenceNode)
+	if !ok {
+		return nil, fail(ln, "shed.classes", "must be a list of classes, least important first, such as [{queue: bulk}, {queue: default}], got %s", kindOf(ln))
+	}
+	var out []Match
+	for i, v := range seq.Values {
+		f := fmt.Sprintf("shed.classes[%d]", i+1)
+		var m Match
+		if r, fe := d.resolve(v, f); fe == nil {
+			if _, ok := r.(*ast.StringNode); ok {
+				m.Queue, _, fe = d.str(r, f)
+				out = append(out, m)
+				continue
+			}
+		}
+		if fe := d.match(v, f, &m, lines{}); fe != nil {
+			return nil, fe
+		}
+		if mf, msg := checkMatch(m); msg != "" {
+			return nil, fail(v, f+trimMatch(mf), "%s", msg)
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }
 
 // http reads the top-level http section: allow_hosts, a list of host

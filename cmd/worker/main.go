@@ -243,6 +243,10 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "worker: refusing to start: the policy file cannot be used; nothing was started.\n%v\n", err)
 		return exitUsage
 	}
+	if sh, ok := policy.Shed(); ok && sh.Signal == taskrl.ShedProbe {
+		fmt.Fprintf(stderr, "worker: policy %s: shed.signal: probe is a Config.ShedProbe of a program using the library; the worker has none: use fleet_busy or upstream_errors\n", cfg.policyPath)
+		return exitUsage
+	}
 	if cfg.check {
 		names := make([]string, 0, len(policy.Rules()))
 		for _, r := range policy.Rules() {

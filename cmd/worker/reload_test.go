@@ -177,6 +177,11 @@ func TestCheck(t *testing.T) {
 		t.Errorf("--check with a bad host: exit %d, %q", code, stderr.String())
 	}
 	stderr.Reset()
+	probe := writePolicy(t, "shed: {signal: probe, above: 0.5, classes: [bulk]}\n"+goodPolicy)
+	if code := cli(context.Background(), []string{"--check", "--policy", probe}, noEnv, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "shed.signal: probe is a Config.ShedProbe") {
+		t.Errorf("--check with a probe signal: exit %d, %q", code, stderr.String())
+	}
+	stderr.Reset()
 	if code := cli(context.Background(), []string{"--check"}, noEnv, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "--check needs --policy") {
 		t.Errorf("--check without --policy: exit %d, %q", code, stderr.String())
 	}

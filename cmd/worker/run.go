@@ -68,6 +68,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		return err
 	}
 	defer mw.Close()
+	m.WatchShed(mw.ShedState)
 
 	var redisErr atomic.Pointer[error] // last health check's failure, nil when fine
 	srvCfg := mw.ServerConfig(asynq.Config{

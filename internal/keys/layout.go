@@ -58,6 +58,10 @@ func Ran(prefix, queue, id string) string {
 	return prefix + "ran:{" + Encode(queue) + "}:" + Encode(id)
 }
 
+// Busy returns the hash of the fleet's busy and total worker slots, one
+// field per process, for the shed signal fleet_busy.
+func Busy(prefix string) string { return prefix + "busy:{b}" }
+
 // Overrides returns the hash of the live per-key overrides (worker limits)
 // and the counter every change increments, in one slot.
 func Overrides(prefix string) (hash, version string) {

@@ -239,7 +239,10 @@ func (r *run) counter(metric string, labels ...string) float64 {
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		for _, line := range strings.Split(string(body), "\n") {
-			name, rest, _ := strings.Cut(line, "{")
+			name, rest, labelled := strings.Cut(line, "{")
+			if !labelled {
+				name, rest, _ = strings.Cut(line, " ")
+			}
 			if name != metric {
 				continue
 			}

@@ -8,7 +8,8 @@
 //	    One per middleware event (admitted: once per run of a task a rule
 //	    governs; rescheduled: each time one is moved). outcome is a
 //	    taskrl.Outcome: admitted, rescheduled, refused, upstream_throttled,
-//	    paused, unlimited, local; and for shadow rules (mode: shadow,
+//	    paused, unlimited, local, deferred (by the shed section); and for
+//	    shadow rules (mode: shadow,
 //	    worker --shadow) would_admit and would_wait, once per task. rule is
 //	    the rule that made the task wait or refused it, "none" when none did
 //	    (always "none" for upstream_throttled and paused: the block applies
@@ -56,7 +57,14 @@
 //	taskrl_http_calls_total{code}                counter
 //	    Requests sent by the http:call handler by result class: 2xx, 429,
 //	    4xx (other than 429), 5xx, other (an unfollowed 1xx/3xx or a status
-//	    beyond 599), error (no response: network error, timeout).
+//	    beyond 599), error (no response: network error, timeout), refused
+//	    (by the egress policy; nothing was sent).
+//	taskrl_shed_signal                           gauge
+//	    The signal of the policy's shed section as this worker last read it
+//	    (a share, 0 to 1); 0 without a shed section.
+//	taskrl_shed_level                            gauge
+//	    The worker's shed level: class k of the shed section is deferred
+//	    with probability level-k, clipped to [0, 1]; 0 without one.
 //
 // The worker also serves the Go runtime (go_*) and process (process_*)
 // collectors on the same endpoint.
@@ -94,6 +102,7 @@ type Metrics struct {
 	reloads        *prometheus.CounterVec
 	overrides      *prometheus.GaugeVec
 	roundTrip      *prometheus.HistogramVec
+	shed           atomic.Pointer[func() (signal, level float64, ok bool)]
 
 	pairs sync.Map // "queue\x00type" -> struct{}, the label pairs in use
 	npair atomic.Int64
@@ -161,7 +170,28 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Policy file reloads by result: ok (in effect) or error (refused; the running policy was kept).",
 		}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls, m.reloads, m.overrides, m.roundTrip} {
+	shedValue := func(level bool) func() float64 {
+		return func() float64 {
+			f := m.shed.Load()
+			if f == nil {
+				return 0
+			}
+			s, l, _ := (*f)()
+			if level {
+				return l
+			}
+			return s
+		}
+	}
+	shedSignal := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "taskrl_shed_signal",
+		Help: "The signal of the policy's shed section as last read (0 to 1); 0 without one.",
+	}, shedValue(false))
+	shedLevel := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "taskrl_shed_level",
+		Help: "The shed level: class k of the shed section is deferred with probability level-k, clipped to [0, 1].",
+	}, shedValue(true))
+	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls, m.reloads, m.overrides, m.roundTrip, shedSignal, shedLevel} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -216,6 +246,12 @@ func (m *Metrics) Observe(e taskrl.Event) {
 			m.ruleRate.WithLabelValues(r.Name).Set(float64(time.Second) / float64(r.Interval))
 		}
 	}
+}
+
+// WatchShed makes the shed gauges read state, e.g. the middleware's
+// ShedState. Safe for concurrent use.
+func (m *Metrics) WatchShed(state func() (signal, level float64, ok bool)) {
+	m.shed.Store(&state)
 }
 
 // HTTPCall counts one request of the http:call handler with its result

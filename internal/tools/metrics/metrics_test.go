@@ -37,6 +37,8 @@ func newMetrics(t *testing.T) (*Metrics, *prometheus.Registry) {
 // documented is every metric name the package doc lists.
 var documented = []string{
 	"taskrl_decisions_total",
+	"taskrl_shed_signal",
+	"taskrl_shed_level",
 	"taskrl_hold_seconds",
 	"taskrl_reschedule_delay_seconds",
 	"taskrl_upstream_throttle_seconds",
