@@ -110,28 +110,39 @@ func TestShedFleetBusy(t *testing.T) {
 	r.stop()
 }
 
-// TestShedUpstreamErrors: an API that answers 500 to 30 % of calls; under
-// a shed section on upstream_errors above 20 %, the worker defers the bulk
+// TestShedUpstreamErrors: under a shed section on upstream_errors above
+// 20 %, a worker whose API answers every call defers nothing in 2 s of
+// calls; once the API answers 500 to 30 % of them, it defers the bulk
 // class.
 func TestShedUpstreamErrors(t *testing.T) {
 	var n atomic.Int64
+	var failing atomic.Bool
 	flaky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n.Add(1)%10 < 3 {
+		if n.Add(1)%10 < 3 && failing.Load() {
 			http.Error(w, "upstream broke", http.StatusInternalServerError)
 		}
 	}))
 	defer flaky.Close()
 	r, bulk, _ := shedRun(t, fakeapi.Limits{}, "upstream_errors", "0.2", 1)
 	client := asynq.NewClientFromRedisClient(r.client)
+	deferred := func() float64 { return r.counter("taskrl_decisions_total", `outcome="deferred"`, `queue="`+bulk+`"`) }
+	healthy := time.Now().Add(2 * time.Second)
 	deadline := time.Now().Add(20 * time.Second)
 	for i := 0; time.Now().Before(deadline); i++ {
+		if !failing.Load() && time.Now().After(healthy) {
+			if d := deferred(); d != 0 {
+				t.Fatalf("%.0f tasks deferred while the API answered every call", d)
+			}
+			failing.Store(true)
+			n.Store(0)
+		}
 		payload := fmt.Sprintf(`{"url": %q, "business_id": "b%d"}`, flaky.URL+"/v1/x", i)
 		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(bulk)); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)
-		if i%25 == 0 && r.counter("taskrl_decisions_total", `outcome="deferred"`, `queue="`+bulk+`"`) > 0 {
-			t.Logf("bulk deferred after %d calls, %d answered", i+1, n.Load())
+		if failing.Load() && i%25 == 0 && deferred() > 0 {
+			t.Logf("bulk deferred after %d calls to the failing API", n.Load())
 			if lvl := r.counter("taskrl_shed_level"); lvl <= 0 {
 				t.Errorf("taskrl_shed_level %v while deferring", lvl)
 			}
@@ -139,7 +150,7 @@ func TestShedUpstreamErrors(t *testing.T) {
 			return
 		}
 	}
-	t.Fatalf("no bulk task deferred in 20s with 30%% of calls answered 500 (%d calls)", n.Load())
+	t.Fatalf("no bulk task deferred in 18s with 30%% of calls answered 500 (%d calls)", n.Load())
 }
 
 // pct returns the p-th percentile of sorted durations (0 for none).
