@@ -28,6 +28,17 @@ func buildWorker(t *testing.T) string {
 	return buildBinaries(t, ".")[0]
 }
 
+// workerAndEnqueue builds both binaries (see buildBinaries), skipping the
+// test in -short mode.
+func workerAndEnqueue(t *testing.T) (worker, enqueue string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the binaries")
+	}
+	bins := buildBinaries(t, ".", "../enqueue")
+	return bins[0], bins[1]
+}
+
 // built caches the binaries buildBinaries built, by package directory, in
 // one directory for the whole test binary (removed by TestMain).
 var built struct {

@@ -150,11 +150,7 @@ func servedOnce(t *testing.T, a *api, in *asynq.Inspector, queue string, want in
 // command, key or channel the ACL does not grant. Then it checks that the
 // ACL is tight: what each user must not do is refused, and logged.
 func TestRedisACL(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binaries")
-	}
-	bins := buildBinaries(t, ".", "../enqueue")
-	worker, enqueue := bins[0], bins[1]
+	worker, enqueue := workerAndEnqueue(t)
 	wu, eu := readACL(t, "worker.acl", "WORKER_PASSWORD_SHA256"), readACL(t, "enqueue.acl", "ENQUEUE_PASSWORD_SHA256")
 	aclFile := filepath.Join(t.TempDir(), "users.acl")
 	var lines string
@@ -283,11 +279,7 @@ func TestRedisACL(t *testing.T) {
 // serve every task once; without it they refuse the certificate (exit 1),
 // as certificates are verified by default.
 func TestRedisTLS(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binaries")
-	}
-	bins := buildBinaries(t, ".", "../enqueue")
-	worker, enqueue := bins[0], bins[1]
+	worker, enqueue := workerAndEnqueue(t)
 	srv := redistest.StartTLSServer(t)
 	in := asynq.NewInspectorFromRedisClient(srv.Client(t))
 	a := newAPI(t)
@@ -328,11 +320,7 @@ func TestRedisTLS(t *testing.T) {
 // they use (~PREFIX* for ~taskrl:*): every task is served once, worker
 // status reads the limits, and no node's ACL LOG has an entry for them.
 func TestRedisACLCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binaries")
-	}
-	bins := buildBinaries(t, ".", "../enqueue")
-	worker, enqueue := bins[0], bins[1]
+	worker, enqueue := workerAndEnqueue(t)
 	cc := redistest.Cluster(t)
 	addrs := redistest.ClusterAddrs(t)
 	prefix := redistest.Prefix(t)

@@ -28,9 +28,6 @@ import (
 // stderr, /metrics, /limits, /, worker status (text and JSON), worker
 // limits list and the reasons of the archived tasks. None may hold one.
 func TestSecretsNeverShown(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binaries")
-	}
 	const (
 		password = "redis-PW-5c1e7a"  // the Redis password
 		wrongPW  = "other-PW-77d0b3"  // a wrong one, as secret as the right one
@@ -65,8 +62,7 @@ func TestSecretsNeverShown(t *testing.T) {
 	}))
 	defer api.Close()
 
-	bins := buildBinaries(t, ".", "../enqueue")
-	workerBin, enqueueBin := bins[0], bins[1]
+	workerBin, enqueueBin := workerAndEnqueue(t)
 	queue := redistest.Queue(t, rc, "secrets")
 	policy := writePolicy(t, `rules:
   - name: s-global
