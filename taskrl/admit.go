@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -365,16 +364,9 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		admit.Wait += held
 		j.observe(admit)
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		m.renew(stop, d.Leases)
-	}()
+	renewing := m.renew.add(d.Leases)
 	defer func() {
-		close(stop)
-		wg.Wait()
+		m.renew.remove(renewing)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(j.ctx), 5*time.Second)
 		defer cancel()
 		for _, ls := range d.Leases {
@@ -384,29 +376,6 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		}
 	}()
 	return next.ProcessTask(j.ctx, j.t)
-}
-
-// renew extends the leases every third of their length until stop closes.
-func (m *Middleware) renew(stop <-chan struct{}, leases []quotas.Lease) {
-	if len(leases) == 0 {
-		return
-	}
-	tick := time.NewTicker(leases[0].Duration / 3)
-	defer tick.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-tick.C:
-			for _, ls := range leases {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				if ok, err := m.limiter.Renew(ctx, ls); !ok || err != nil {
-					m.cfg.Logger.Warn("taskrl: renewing a concurrency slot failed", "rule", ls.Rule, "err", err)
-				}
-				cancel()
-			}
-		}
-	}
 }
 
 func retryCount(ctx context.Context) int {

@@ -98,6 +98,7 @@ type Middleware struct {
 	splits  sync.Map   // *Binding -> *split
 	skew    clock.Skew // of the server's clock, from the last decision
 	shed    *shedder
+	renew   *renewer
 }
 
 // New validates cfg and returns a Middleware.
@@ -143,6 +144,7 @@ func New(cfg Config) (*Middleware, error) {
 	if !cfg.KeepOrder {
 		m.sweep = newSweeper(m)
 	}
+	m.renew = newRenewer(m)
 	m.shed = newShedder(m)
 	m.shed.capacity.Store(int64(runtime.NumCPU())) // asynq's default Concurrency
 	if cfg.Policy.shed != nil {
@@ -182,6 +184,7 @@ func (m *Middleware) Policy() *Policy { return m.policy.Load() }
 // the asynq server has shut down; rescheduled tasks then still run, up to
 // a few seconds late.
 func (m *Middleware) Close() error {
+	m.renew.loop.close()
 	m.shed.loop.close()
 	m.pace.close()
 	if m.sweep != nil {

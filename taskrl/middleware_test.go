@@ -643,9 +643,7 @@ func TestSlotRenewedWhileRunning(t *testing.T) {
 	if err != nil || !d.Allowed {
 		t.Fatalf("first slot: %+v %v", d, err)
 	}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() { m.renew(stop, d.Leases); close(done) }()
+	renewing := m.renew.add(d.Leases)
 	held := func() int {
 		st, err := m.limiter.Status(ctx, set, quotas.Request{Keys: []string{"b1"}})
 		if err != nil {
@@ -660,11 +658,52 @@ func TestSlotRenewedWhileRunning(t *testing.T) {
 	if d, err := m.limiter.Allow(ctx, set, quotas.Request{Keys: []string{"b1"}, Holder: "task-2"}); err != nil || d.Allowed {
 		t.Fatalf("a second holder got the renewed slot: %+v %v", d, err)
 	}
-	close(stop)
-	<-done
+	m.renew.remove(renewing)
 	time.Sleep(1500 * time.Millisecond) // the lease lapses
 	if n := held(); n != 0 {
 		t.Fatalf("a lease after the heartbeat stopped: %d slots held, want 0", n)
+	}
+}
+
+// TestRenewalsBatched: the slots of eight running tasks are renewed
+// together, one round trip per third of their lease, not one call per
+// task, and they outlive their lease.
+func TestRenewalsBatched(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.Client(t).Options().Addr})
+	defer c.Close()
+	var count redistest.Counter
+	m, err := New(Config{Policy: &Policy{}, Client: c, Prefix: redistest.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	set, err := quotas.NewSet(quotas.Rule{Name: "slots", Limit: quotas.Concurrency{Max: 1, Lease: 1200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var held []*heldLeases
+	for i := range 8 {
+		d, err := m.limiter.Allow(ctx, set, quotas.Request{Keys: []string{fmt.Sprint("b", i)}, Holder: fmt.Sprint("task-", i)})
+		if err != nil || !d.Allowed {
+			t.Fatalf("slot %d: %+v %v", i, d, err)
+		}
+		held = append(held, m.renew.add(d.Leases))
+	}
+	c.AddHook(&count)
+	time.Sleep(2 * time.Second) // 1.7 leases: 5 renewals of each
+	cmds, pipes := count.Take()
+	for i := range 8 {
+		if d, err := m.limiter.Allow(ctx, set, quotas.Request{Keys: []string{fmt.Sprint("b", i)}, Holder: "other"}); err != nil || d.Allowed {
+			t.Fatalf("slot %d after 1.7 leases: %+v %v; want still held", i, d, err)
+		}
+	}
+	for _, h := range held {
+		m.renew.remove(h)
+	}
+	t.Logf("2 s of 8 slots renewed every 400 ms: %d pipelines, %d single commands", pipes, cmds)
+	if pipes < 4 || pipes > 8 || cmds > 2 {
+		t.Errorf("%d pipelines and %d commands; want one pipeline per renewal round (5, a few more at most), not a call per slot (40)", pipes, cmds)
 	}
 }
 
