@@ -14,8 +14,9 @@
 -- holds it under that token (expired and reclaimed, or re-acquired).
 local now = gcra_now(ARGV[2])
 local ttl_floor = tonumber(ARGV[3])
-cc_load({key = KEYS[1], hkey = KEYS[2]}, now)
 if ARGV[1] == '0' then
+  cc_load({key = KEYS[1], hkey = KEYS[2]}, now)
   return cc_renew(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), now, ttl_floor)
 end
+-- A release reclaims what it needs to itself (cc_release).
 return cc_release(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), now, ttl_floor)

@@ -255,12 +255,18 @@ local function cc_oldest(r)
   r.oldest = tonumber(first[2])
 end
 
+-- cc_reclaim drops the leases that have ended by now, as every look does.
+local function cc_reclaim(zkey, hkey, now)
+  local gone = call('ZRANGEBYSCORE', zkey, '-inf', fmt(now))
+  if #gone == 0 then return end
+  call('ZREMRANGEBYSCORE', zkey, '-inf', fmt(now))
+  call('HDEL', hkey, unpack(gone))
+end
+
 local function cc_load(r, now)
   cc_oldest(r)
   if r.oldest and r.oldest <= now then
-    local gone = call('ZRANGEBYSCORE', r.key, '-inf', fmt(now))
-    call('ZREMRANGEBYSCORE', r.key, '-inf', fmt(now))
-    call('HDEL', r.hkey, unpack(gone))
+    cc_reclaim(r.key, r.hkey, now)
     cc_oldest(r)
   end
   r.count = 0
@@ -328,12 +334,40 @@ local function cc_status(r, now)
 end
 
 -- cc_release drops holder's lease if token is still its token; it returns 1
--- if it did.
+-- if it did. A lease that has ended is reclaimed instead (with the others
+-- that have), and 0 returned, as if the leases had been reclaimed first.
+-- The two latest leases tell, in one read, the holder's end when it is one
+-- of them (else it is asked for) and the latest end of the others, which
+-- the keys then live until (cc_expire's TTLs, without reading it again).
 local function cc_release(zkey, hkey, holder, token, now, ttl_floor)
   if tonumber(call('HGET', hkey, holder)) ~= token then return 0 end
+  local top = call('ZRANGE', zkey, '-2', '-1', 'WITHSCORES')
+  local exp, last, seen = false, false, false
+  for i = #top - 1, 1, -2 do
+    if top[i] == holder then
+      exp, seen = tonumber(top[i + 1]), true
+    elseif not last then
+      last = tonumber(top[i + 1])
+    end
+  end
+  if not seen then exp = tonumber(call('ZSCORE', zkey, holder)) end
+  if exp and exp <= now then
+    cc_reclaim(zkey, hkey, now)
+    return 0
+  end
   call('ZREM', zkey, holder)
   call('HDEL', hkey, holder)
-  cc_expire(zkey, hkey, now, ttl_floor)
+  if last and last <= now then
+    -- Every other lease has ended too: reclaimed, none is left.
+    cc_reclaim(zkey, hkey, now)
+    last = false
+  end
+  local live = now + 1000000
+  if last then live = last end
+  local ttl = fmt(ttl_ms(live - now, ttl_floor))
+  if last then call('PEXPIRE', zkey, ttl) end
+  call('HSET', hkey, '~exp', fmt(live))
+  call('PEXPIRE', hkey, ttl)
   return 1
 end
 
