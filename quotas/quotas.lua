@@ -8,10 +8,12 @@
 -- KEYS     per request, its rules' keys in rule order: for GCRA the TAT and
 --          the bookings sorted set (see booked.lua; and for a fair one the
 --          flows' finishes, for an adaptive one its learned state, see
---          learn.lua); for a window its state (a hash, or a sorted
---          set for sliding) and for concurrency the holders sorted set and
---          tokens hash, each then followed by the rule's block key (a
---          string: until when a Block holds it, µs)
+--          learn.lua); for a fixed or calendar window its hash of
+--          counts, which keeps a Block's end too (field "~blk",
+--          win_block); for a sliding window its sorted set and for
+--          concurrency the holders sorted set and tokens hash, each then
+--          followed by the rule's block key (a string: until when a Block
+--          holds it, µs)
 -- ARGV[1]  number of requests; then per request, from its first argument:
 --   +1     op: 0 allow, 1 reserve, 2 refund, 3 status, 4 block, 5 held,
 --          6 earliest: the moment a reserve would book, nothing charged
@@ -84,11 +86,11 @@ end
 -- load reads each rule's state once; later steps use and update the cache.
 local function load(r, now, critical)
   local kind = r.kind
-  if kind ~= 1 then r.till = tonumber(call('GET', r.blk)) or 0 end
+  if kind == 4 or kind == 5 then r.till = tonumber(call('GET', r.blk)) or 0 end
   if kind == 1 then
     gc_load(r, now, critical)
   elseif kind == 2 or kind == 3 then
-    win_load(r)
+    win_load(r, now)
   elseif kind == 4 then
     sl_load(r, now)
   else
@@ -164,8 +166,11 @@ local function take_keys(r, k)
       r.hkey = KEYS[k]
       k = k + 1
     end
-    r.blk = KEYS[k]
-    k = k + 1
+    -- A window keeps its block in its own hash (win_block).
+    if r.kind == 4 or r.kind == 5 then
+      r.blk = KEYS[k]
+      k = k + 1
+    end
   end
   return k
 end
@@ -319,7 +324,7 @@ local function decide(k0, a0)
       elseif kind == 1 then
         gc_refund(r, t, n, now, ttl_floor, nonce, g)
       elseif kind == 2 or kind == 3 then
-        win_refund(r, t, n)
+        win_refund(r, t, n, now)
       elseif kind == 4 then
         sl_refund(r, n, nonce)
       elseif r.u1 > 0 then
@@ -343,6 +348,8 @@ local function decide(k0, a0)
         else
           gc_block(r, till, now, ttl_floor)
         end
+      elseif r.kind == 2 or r.kind == 3 then
+        win_block(r, till, now, ttl_floor)
       elseif till > now and till > (tonumber(call('GET', r.blk)) or 0) then
         call('SET', r.blk, fmt(till), 'PX', fmt(ttl_ms(till - now, ttl_floor)))
       end

@@ -154,8 +154,9 @@ type compiled struct {
 	// args are the rule's script arguments that never change, boxed once.
 	args []any
 	// tails end the rule's keys: ":" NAME ":" SUFFIX, or for concurrency
-	// the holders set and the tokens hash; then, for every kind but GCRA
-	// (whose block moves its TAT), ":" NAME ":block", the end of a Block.
+	// the holders set and the tokens hash; then, for sliding windows and
+	// concurrency, ":" NAME ":block", the end of a Block (a GCRA block
+	// moves its TAT; a fixed or calendar window keeps it in its hash).
 	tails []string
 	ticks *tickCache // calendar
 	fair  bool       // GCRA shared fairly among flows
@@ -410,8 +411,12 @@ func NewSet(rules ...Rule) (*Set, error) {
 			if c.learn != nil {
 				c.tails = append(c.tails, ":"+r.Name+":adaptive:learn")
 			}
-		default:
+		case kindSliding:
 			c.tails = []string{":" + r.Name + ":" + c.suffix, ":" + r.Name + ":block"}
+		default:
+			// A fixed or calendar window keeps its block in its hash
+			// (field "~blk", win_block in rules.lua).
+			c.tails = []string{":" + r.Name + ":" + c.suffix}
 		}
 		s.comp = append(s.comp, c)
 		s.named = s.named || c.kind == kindSliding || c.kind == kindGCRA

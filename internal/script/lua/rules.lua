@@ -51,17 +51,31 @@ local function win_count(r, start)
   return c
 end
 
-local function win_load(r)
+-- win_load gives r the key's cache and the end of a block on the rule
+-- (r.till, field "~blk" of the same hash: Block, win_block). The block and
+-- the count of the window of now are read together, once per call.
+local function win_load(r, now)
   local w = win_cache[r.key]
   if w == nil then
     -- fields: the changed window starts, in order; tidy: a window was
     -- started, so the ended ones go and the TTL is set, as of the window
-    -- (kind, p, start, stop) started last at now.
+    -- (kind, p, start, stop) started last at now; till: the block's end
+    -- (false: not read yet).
     w = {key = r.key, counts = {}, fields = {}, changed = {}, tidy = false,
-      kind = 0, p = false, start = 0, stop = 0, now = 0, floor = 0}
+      kind = 0, p = false, start = 0, stop = 0, now = 0, floor = 0, till = false}
     win_cache[r.key] = w
   end
   r.w = w
+  if not w.till then
+    local start = win_at(r, now)
+    if start >= 0 and w.counts[start] == nil then
+      local v = call('HMGET', r.key, fmt(start), '~blk')
+      w.counts[start], w.till = tonumber(v[1]) or 0, tonumber(v[2]) or 0
+    else
+      w.till = tonumber(call('HGET', r.key, '~blk')) or 0
+    end
+  end
+  r.till = w.till
 end
 
 -- A window beyond a calendar rule's ticks is taken to be empty.
@@ -103,16 +117,27 @@ local function win_status(r, now)
   return used, max(0, r.limit - used), stop - now
 end
 
-local function win_refund(r, t, n)
-  win_load(r)
+local function win_refund(r, t, n, now)
+  win_load(r, now)
   local start = win_at(r, t)
   if start < 0 then return end
   win_set(r, start, max(0, win_count(r, start) - n))
 end
 
+-- win_block makes the rule admit nothing before till (field "~blk", never
+-- lowered); the hash then lives at least until till.
+local function win_block(r, till, now, ttl_floor)
+  win_load(r, now)
+  if till <= now or till <= r.w.till then return end
+  r.w.till, r.till = till, till
+  call('HSET', r.key, '~blk', fmt(till))
+  local ttl = ttl_ms(till - now, ttl_floor)
+  if call('PTTL', r.key) < ttl then call('PEXPIRE', r.key, fmt(ttl)) end
+end
+
 -- win_flush writes the call's changed counts back. When a window was
--- started it forgets the windows that had ended by then, and lets the key
--- live until its last window ends.
+-- started it forgets the windows that had ended by then (and a block that
+-- has), and lets the key live until its last window or its block ends.
 local function win_flush()
   for _, w in ipairs(win_changed) do
     local set, del = {}, {}
@@ -131,7 +156,14 @@ local function win_flush()
       local last = w.stop
       for _, f in ipairs(call('HKEYS', w.key)) do
         local s = tonumber(f)
-        if cur >= 0 and s < cur then
+        if not s then
+          -- "~blk"
+          if w.till <= w.now then
+            call('HDEL', w.key, f)
+          elseif w.till > last then
+            last = w.till
+          end
+        elseif cur >= 0 and s < cur then
           call('HDEL', w.key, f)
         elseif s > w.start then
           local _, e = win_at(w, s)
