@@ -10,10 +10,10 @@
 --          flows' finishes, for an adaptive one its learned state, see
 --          learn.lua); for a fixed or calendar window its hash of
 --          counts, which keeps a Block's end too (field "~blk",
---          win_block); for a sliding window its sorted set and for
---          concurrency the holders sorted set and tokens hash, each then
---          followed by the rule's block key (a string: until when a Block
---          holds it, µs)
+--          win_block); for concurrency the holders sorted set and tokens
+--          hash (which keeps a Block's end in "~blk", cc_block); for a
+--          sliding window its sorted set, then its block key (a string:
+--          until when a Block holds it, µs)
 -- ARGV[1]  number of requests; then per request, from its first argument:
 --   +1     op: 0 allow, 1 reserve, 2 refund, 3 status, 4 block, 5 held,
 --          6 earliest: the moment a reserve would book, nothing charged
@@ -86,7 +86,7 @@ end
 -- load reads each rule's state once; later steps use and update the cache.
 local function load(r, now, critical)
   local kind = r.kind
-  if kind == 4 or kind == 5 then r.till = tonumber(call('GET', r.blk)) or 0 end
+  if kind == 4 then r.till = tonumber(call('GET', r.blk)) or 0 end
   if kind == 1 then
     gc_load(r, now, critical)
   elseif kind == 2 or kind == 3 then
@@ -166,8 +166,9 @@ local function take_keys(r, k)
       r.hkey = KEYS[k]
       k = k + 1
     end
-    -- A window keeps its block in its own hash (win_block).
-    if r.kind == 4 or r.kind == 5 then
+    -- A fixed or calendar window keeps its block in its own hash
+    -- (win_block), a concurrency rule in its tokens hash (cc_block).
+    if r.kind == 4 then
       r.blk = KEYS[k]
       k = k + 1
     end
@@ -228,7 +229,7 @@ local function decide(k0, a0)
         max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, fair = false,
         flow = false, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
         stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
-        blk = false, till = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
+        blk = false, till = 0, seq = 0, live = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
         lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0}
       local kind = r.kind
       if kind == 1 then
@@ -350,6 +351,8 @@ local function decide(k0, a0)
         end
       elseif r.kind == 2 or r.kind == 3 then
         win_block(r, till, now, ttl_floor)
+      elseif r.kind == 5 then
+        cc_block(r, till, now, ttl_floor)
       elseif till > now and till > (tonumber(call('GET', r.blk)) or 0) then
         call('SET', r.blk, fmt(till), 'PX', fmt(ttl_ms(till - now, ttl_floor)))
       end

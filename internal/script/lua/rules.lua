@@ -271,9 +271,11 @@ end
 
 -- Concurrency (kind 5): a sorted set of holders scored by lease expiry
 -- (r.key), and a hash of holder -> fencing token whose field "~seq" holds
--- the last token issued and "~exp" the time both keys live until (r.hkey);
--- a holder id that starts with '~' arrives with one more (holderField in
--- Go), so no holder names these fields.
+-- the last token issued, "~exp" the time both keys live until and "~blk"
+-- the end of a Block on the rule (r.hkey; the hash lives at least until
+-- then); a holder id that starts with '~' arrives with one more
+-- (holderField in Go), so no holder names these fields. A look reads the
+-- three in one HMGET (cc_load).
 -- Expired leases are reclaimed on every look. A holder that acquires again
 -- replaces its own lease with a new token, so a redelivered task never
 -- holds two slots.
@@ -296,6 +298,8 @@ local function cc_reclaim(zkey, hkey, now)
 end
 
 local function cc_load(r, now)
+  local st = call('HMGET', r.hkey, '~blk', '~seq', '~exp')
+  r.till, r.seq, r.live = tonumber(st[1]) or 0, tonumber(st[2]) or 0, tonumber(st[3]) or 0
   cc_oldest(r)
   if r.oldest and r.oldest <= now then
     cc_reclaim(r.key, r.hkey, now)
@@ -314,36 +318,42 @@ local function cc_earliest(r, t, critical, holder)
   return r.oldest
 end
 
--- cc_expire sets both keys to live until the latest lease ends. With no
--- lease left the tokens hash still lives a second, so that the token
--- sequence survives while tokens issued within one microsecond could still
--- run ahead of the clock.
-local function cc_expire(zkey, hkey, now, ttl_floor)
+-- cc_live records that both keys live until live (a lease's end, or now
+-- plus a second when none is left: the token sequence then survives
+-- while tokens issued within one microsecond could still run ahead of the
+-- clock), the holders set only if holders is set, the tokens hash until a
+-- block ends (blk) if that is later.
+local function cc_live(zkey, hkey, live, holders, blk, now, ttl_floor)
+  if holders then call('PEXPIRE', zkey, fmt(ttl_ms(live - now, ttl_floor))) end
+  call('HSET', hkey, '~exp', fmt(live))
+  call('PEXPIRE', hkey, fmt(ttl_ms(max(live, blk) - now, ttl_floor)))
+end
+
+-- cc_expire sets both keys to live until the latest lease ends (cc_live).
+local function cc_expire(zkey, hkey, now, ttl_floor, blk)
   local last = call('ZRANGE', zkey, '-1', '-1', 'WITHSCORES')
   local live = now + 1000000
   if last[2] then live = tonumber(last[2]) end
-  local ttl = fmt(ttl_ms(live - now, ttl_floor))
-  if last[2] then call('PEXPIRE', zkey, ttl) end
-  call('HSET', hkey, '~exp', fmt(live))
-  call('PEXPIRE', hkey, ttl)
+  cc_live(zkey, hkey, live, last[2], blk, now, ttl_floor)
 end
 
 local function cc_acquire(r, holder, now, ttl_floor)
   local exp = now + r.lease
   local added = call('ZADD', r.key, fmt(exp), holder)
   -- Tokens only grow, even across the keys' expiry: at least the time.
-  local st = call('HMGET', r.hkey, '~seq', '~exp')
-  local seq, live = tonumber(st[1]), tonumber(st[2]) or 0
-  local token = max((seq or 0) + 1, now)
+  -- ~seq and ~exp were read by cc_load.
+  local live = r.live
+  local token = max(r.seq + 1, now)
   local tf = fmt(token)
+  r.seq = token
   -- On an explicit clock (ttl_floor > 0) the TTLs are in real time, not
   -- the clock's: every acquire renews them.
   if live < exp or ttl_floor > 0 then
     live = max(live, exp + floor(r.lease / 4))
+    r.live = live
     call('HSET', r.hkey, '~seq', tf, holder, tf, '~exp', fmt(live))
-    local ttl = fmt(ttl_ms(live - now, ttl_floor))
-    call('PEXPIRE', r.key, ttl)
-    call('PEXPIRE', r.hkey, ttl)
+    call('PEXPIRE', r.key, fmt(ttl_ms(live - now, ttl_floor)))
+    call('PEXPIRE', r.hkey, fmt(ttl_ms(max(live, r.till) - now, ttl_floor)))
   else
     call('HSET', r.hkey, '~seq', tf, holder, tf)
     -- A holders set created by this acquire has no TTL yet.
@@ -370,9 +380,10 @@ end
 -- that have), and 0 returned, as if the leases had been reclaimed first.
 -- The two latest leases tell, in one read, the holder's end when it is one
 -- of them (else it is asked for) and the latest end of the others, which
--- the keys then live until (cc_expire's TTLs, without reading it again).
+-- the keys then live until (cc_live), without reading it again.
 local function cc_release(zkey, hkey, holder, token, now, ttl_floor)
-  if tonumber(call('HGET', hkey, holder)) ~= token then return 0 end
+  local st = call('HMGET', hkey, holder, '~blk')
+  if tonumber(st[1]) ~= token then return 0 end
   local top = call('ZRANGE', zkey, '-2', '-1', 'WITHSCORES')
   local exp, last, seen = false, false, false
   for i = #top - 1, 1, -2 do
@@ -394,22 +405,28 @@ local function cc_release(zkey, hkey, holder, token, now, ttl_floor)
     cc_reclaim(zkey, hkey, now)
     last = false
   end
-  local live = now + 1000000
-  if last then live = last end
-  local ttl = fmt(ttl_ms(live - now, ttl_floor))
-  if last then call('PEXPIRE', zkey, ttl) end
-  call('HSET', hkey, '~exp', fmt(live))
-  call('PEXPIRE', hkey, ttl)
+  cc_live(zkey, hkey, last or now + 1000000, last, tonumber(st[2]) or 0, now, ttl_floor)
   return 1
 end
 
 -- cc_renew extends holder's lease to now + lease if token is still its
 -- token and the lease has not expired; it returns 1 if it did.
 local function cc_renew(zkey, hkey, holder, token, lease, now, ttl_floor)
-  if tonumber(call('HGET', hkey, holder)) ~= token then return 0 end
+  local st = call('HMGET', hkey, holder, '~blk')
+  if tonumber(st[1]) ~= token then return 0 end
   local exp = call('ZSCORE', zkey, holder)
   if not exp or tonumber(exp) <= now then return 0 end
   call('ZADD', zkey, fmt(now + lease), holder)
-  cc_expire(zkey, hkey, now, ttl_floor)
+  cc_expire(zkey, hkey, now, ttl_floor, tonumber(st[2]) or 0)
   return 1
+end
+
+-- cc_block makes the rule admit nothing before till (field "~blk", never
+-- lowered); the tokens hash then lives at least until till.
+local function cc_block(r, till, now, ttl_floor)
+  local cur = tonumber(call('HGET', r.hkey, '~blk')) or 0
+  if till <= now or till <= cur then return end
+  call('HSET', r.hkey, '~blk', fmt(till))
+  local ttl = ttl_ms(till - now, ttl_floor)
+  if call('PTTL', r.hkey) < ttl then call('PEXPIRE', r.hkey, fmt(ttl)) end
 end
