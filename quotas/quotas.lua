@@ -21,7 +21,12 @@
 --          7 reserve at: a reserve that books only at the time given in +9
 --          (or now, if that is past); a later moment is not booked and is
 --          replied as status 0 with t that moment (the Cluster path books
---          the agreed moment with it)
+--          the agreed moment with it),
+--          8 allow after: an allow at the previous request's now, made
+--          only if the previous request (of this call) was admitted or
+--          booked at its now; else nothing is read or charged and the
+--          reply is status -3 (Limiter.ReserveAndAllow: a task's slots
+--          decided in the call that books its turn)
 --   +2     explicit now in microseconds, or -1 for the server's TIME (read
 --          for each request: each is decided at its own time)
 --   +3     TTL floor in milliseconds (0 in production)
@@ -201,11 +206,18 @@ end
 -- decide decides the request whose arguments follow ARGV[a0] and whose keys
 -- start at KEYS[k0]. It returns the request's reply and the k0 and a0 of
 -- the next request.
-local function decide(k0, a0)
+local function decide(k0, a0, prev)
   local op = tonumber(ARGV[a0 + 1])
   local dry, exact = op == 6, op == 7
   if dry or exact then op = 1 end
-  local now = gcra_now(ARGV[a0 + 2])
+  local skip, now = false, 0
+  if op == 8 then
+    op = 0
+    skip = not prev or prev[1] ~= 1 or prev[5] ~= prev[4]
+    if prev then now = prev[4] end
+  else
+    now = gcra_now(ARGV[a0 + 2])
+  end
   local ttl_floor = tonumber(ARGV[a0 + 3])
   local n = tonumber(ARGV[a0 + 4])
   local horizon = tonumber(ARGV[a0 + 5])
@@ -260,7 +272,7 @@ local function decide(k0, a0)
   end
   -- An adaptive rule's interval is its learned rate's, for every op.
   for i = 1, nrules do
-    if rules[i].adapt then ad_load(rules[i], now, not dry and (op == 0 or op == 1 or op == 4)) end
+    if rules[i].adapt and not skip then ad_load(rules[i], now, not dry and (op == 0 or op == 1 or op == 4)) end
   end
   if op == 2 or op == 5 then
     for i = 1, nrules do
@@ -282,6 +294,9 @@ local function decide(k0, a0)
     local own = ARGV[a + 1]
     for i = 1, nrules do rules[i].own = string.byte(own, i) == 49 end
     a = a + 2
+  end
+  if skip then
+    return {-3, 0, 0, now, now}, k, a - 1
   end
 
   if op == 5 then
@@ -482,7 +497,7 @@ local function run_call()
   last_rules = {}
   local out, k, a = {}, 1, 1
   for i = 1, tonumber(ARGV[1]) do
-    out[i], k, a = decide(k, a)
+    out[i], k, a = decide(k, a, out[i - 1])
   end
   flush()
   return out
