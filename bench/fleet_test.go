@@ -306,6 +306,7 @@ func backlog(t *testing.T, name string, n, businesses int) (*fakeapi.API, string
 // CPU and the workers' CPU; and the tasks per second.
 type fleetCost struct {
 	commands            float64
+	byName              string // commands per task by name, busiest first
 	redisCPU, workerCPU time.Duration
 	perSec              float64
 }
@@ -314,26 +315,62 @@ type fleetCost struct {
 // then starts workers processes of bin (16 slots each) under policy and
 // waits until the API has answered all n. It measures while the workers
 // run (the enqueue excluded; the workers' CPU includes their start and
-// stop) and the tasks per second from the first call to the last.
+// stop) and the tasks per second from the first call to the last. With
+// TASKRL_FLEET_MONITOR set to a directory it also writes Redis's MONITOR
+// stream of the run to DIR/NAME.mon.
 func fleetRun(t *testing.T, bin, name, policy string, n, workers int) fleetCost {
 	t.Helper()
 	api, queue := backlog(t, "cost-"+name, n, 1000)
-	_, before := commandStats(t, env.Client)
+	if dir := os.Getenv("TASKRL_FLEET_MONITOR"); dir != "" {
+		// Every command the run makes, those scripts run included, to
+		// tell where they come from (BENCHMARKS.md, session 14).
+		host, port, _ := strings.Cut(env.Client.Options().Addr, ":")
+		mon := exec.Command("redis-cli", "-h", host, "-p", port, "monitor")
+		f, err := os.Create(filepath.Join(dir, name+".mon"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mon.Stdout = f
+		if err := mon.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		defer func() { _ = mon.Process.Kill(); _ = mon.Wait(); f.Close() }()
+	}
+	names0, before := commandStats(t, env.Client)
 	cpu0 := redisCPU(t)
 	stop, logs := startWorkers(t, bin, workers, policy, "--concurrency", "16", "--queues", queue+"=1", "--prefix", queue+":")
 	deadline := time.Now().Add(5 * time.Minute)
 	for api.Stats().OK < n && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	_, after := commandStats(t, env.Client)
+	names1, after := commandStats(t, env.Client)
 	cpu1 := redisCPU(t)
 	workerCPU := stop()
 	st := api.Stats()
 	if st.OK != n || st.DistinctKeys != n || st.Throttled != 0 {
 		t.Fatalf("%s: %d calls answered 2xx, %d distinct, %d 429; want %d, %d, 0; workers:\n%s", name, st.OK, st.DistinctKeys, st.Throttled, n, n, logs.String())
 	}
+	type nc struct {
+		name string
+		n    int64
+	}
+	var top []nc
+	for name, c := range names1 {
+		if d := c - names0[name]; d > 0 && name != "info" {
+			top = append(top, nc{name, d})
+		}
+	}
+	sort.Slice(top, func(i, j int) bool { return top[i].n > top[j].n })
+	var parts []string
+	for _, x := range top {
+		if f := float64(x.n) / float64(n); f >= 0.05 {
+			parts = append(parts, fmt.Sprintf("%s %.2f", x.name, f))
+		}
+	}
 	return fleetCost{
 		commands:  float64(after-before-1) / float64(n),
+		byName:    strings.Join(parts, ", "),
 		redisCPU:  (cpu1 - cpu0) / time.Duration(n),
 		workerCPU: workerCPU / time.Duration(n),
 		perSec:    float64(n-1) / st.LastOK.Sub(st.FirstOK).Seconds(),
@@ -365,7 +402,9 @@ func redisCPU(t *testing.T) time.Duration {
 // Redis commands per task and throughput for 15,000 tasks under no rule,
 // one GCRA rule (plain, and with prefetch: 9ms) and five rules that never
 // bind; and commands per
-// delivered task for a backlog 10x and 30x a 50/s rule. It fails only if
+// delivered task for a backlog 10x and 30x a 50/s rule. Each rule case
+// logs its commands per task by name too; TASKRL_FLEET_CASES and
+// TASKRL_WORKER_BASE (see below) restrict the run and add another build. It fails only if
 // a call is lost, doubled or throttled; the figures are logged for
 // BENCHMARKS.md (issue 15's bars on them are not met yet).
 func TestFleetCost(t *testing.T) {
@@ -385,13 +424,32 @@ func TestFleetCost(t *testing.T) {
     gcra: {rate: 100000, per: 1s, burst: 1000}
 `
 	prefetch := strings.Replace(one, "    gcra:", "    prefetch: 9ms\n    gcra:", 1)
+	// TASKRL_FLEET_CASES (say "none,five") restricts the run to those
+	// cases; TASKRL_WORKER_BASE names another worker binary (say, built
+	// from an earlier commit) whose rule cases run too, in the same run.
+	cases := os.Getenv("TASKRL_FLEET_CASES")
+	want := func(name string) bool {
+		return cases == "" || name == "none" || strings.Contains(","+cases+",", ","+name+",")
+	}
 	base := fleetRun(t, bin, "none", none, n, workers)
-	t.Logf("no rule: %.1f commands per task, Redis CPU %v and workers' CPU %v per task, %.0f tasks/s", base.commands, base.redisCPU, base.workerCPU, base.perSec)
+	t.Logf("no rule: %.1f commands per task (%s), Redis CPU %v and workers' CPU %v per task, %.0f tasks/s", base.commands, base.byName, base.redisCPU, base.workerCPU, base.perSec)
+	bins := []struct{ label, bin string }{{"", bin}}
+	if b := os.Getenv("TASKRL_WORKER_BASE"); b != "" {
+		bins = append(bins, struct{ label, bin string }{b + ": ", b})
+	}
 	for _, c := range []struct{ name, policy string }{{"one", one}, {"one-prefetch", prefetch}, {"five", fivePolicy}} {
-		f := fleetRun(t, bin, c.name, c.policy, n, workers)
-		t.Logf("%s: %.1f commands per task (%.2fx no rule), Redis CPU %v (%.2fx) and workers' CPU %v (%.2fx) per task, %.0f tasks/s (%.2fx)", c.name,
-			f.commands, f.commands/base.commands, f.redisCPU, float64(f.redisCPU)/float64(base.redisCPU),
-			f.workerCPU, float64(f.workerCPU)/float64(base.workerCPU), f.perSec, f.perSec/base.perSec)
+		if !want(c.name) {
+			continue
+		}
+		for _, b := range bins {
+			f := fleetRun(t, b.bin, c.name, c.policy, n, workers)
+			t.Logf("%s%s: %.1f commands per task (%.2fx no rule; %s), Redis CPU %v (%.2fx) and workers' CPU %v (%.2fx) per task, %.0f tasks/s (%.2fx)", b.label, c.name,
+				f.commands, f.commands/base.commands, f.byName, f.redisCPU, float64(f.redisCPU)/float64(base.redisCPU),
+				f.workerCPU, float64(f.workerCPU)/float64(base.workerCPU), f.perSec, f.perSec/base.perSec)
+		}
+	}
+	if cases != "" && !want("backlog") {
+		return
 	}
 	backlog := `rules:
   - name: peak

@@ -14,8 +14,12 @@
 -- holds it under that token (expired and reclaimed, or re-acquired).
 local now = gcra_now(ARGV[2])
 local ttl_floor = tonumber(ARGV[3])
-cc_load({key = KEYS[1], hkey = KEYS[2]}, now)
 if ARGV[1] == '0' then
+  -- Expired leases are reclaimed first, as on every look.
+  local r = {key = KEYS[1], hkey = KEYS[2], oldest = false}
+  cc_oldest(r)
+  if r.oldest and r.oldest <= now then cc_reclaim(KEYS[1], KEYS[2], now) end
   return cc_renew(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), now, ttl_floor)
 end
+-- A release reclaims what it needs to itself (cc_release).
 return cc_release(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), now, ttl_floor)

@@ -323,9 +323,14 @@ const (
 	opStatus
 	opBlock
 	opHeld
-	opEarliest  // a reserve's moment, nothing charged (Cluster)
-	opReserveAt // a reserve of exactly p.notBefore, or nothing (Cluster)
+	opEarliest   // a reserve's moment, nothing charged (Cluster)
+	opReserveAt  // a reserve of exactly p.notBefore, or nothing (Cluster)
+	opAllowAfter // an allow at the previous request's now, if it was admitted then (ReserveAndAllow)
 )
+
+// prevNow is the "now" argument of an opAllowAfter request: the previous
+// request's (the script does not read TIME for it).
+var prevNow any = int64(-2)
 
 // timing is what every script call of one request shares.
 type timing struct {
@@ -649,6 +654,90 @@ func (l *Limiter) Allow(ctx context.Context, s *Set, req Request) (Decision, err
 // and Rule names the window.
 func (l *Limiter) Reserve(ctx context.Context, s *Set, req Request, horizon time.Duration) (Decision, error) {
 	return l.decide(ctx, s, req, opReserve, max(horizon, 0))
+}
+
+// ReserveAndAllow is Reserve of req under s and then, if that admits the
+// request now (Allowed, Delay 0), Allow of slots under slotSet at the same
+// moment, decided in one script call on a single Redis: the same decisions
+// as the two calls made back to back, in one round trip and at one read of
+// the server's clock. decided reports whether the slots were decided (sd
+// is their Decision); if not (the rates did not admit now, or the call
+// cannot carry both: Redis Cluster, a set with Rule.Prefetch, a calendar
+// rule whose ticks missed the clock), rd is Reserve's decision alone and
+// the caller calls Allow itself when it wants the slots.
+func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, horizon time.Duration, slotSet *Set, slots Request) (rd, sd Decision, decided bool, err error) {
+	if l.sharded || s == nil || slotSet == nil || s.prefetch != 0 || slotSet.prefetch != 0 {
+		rd, err = l.Reserve(ctx, s, req, horizon)
+		return rd, Decision{}, false, err
+	}
+	rcalls, err := l.bind(s, req, false)
+	if err != nil {
+		return Decision{}, Decision{}, false, err
+	}
+	scalls, err := l.bind(slotSet, slots, true)
+	if err != nil {
+		return Decision{}, Decision{}, false, err
+	}
+	tm, err := l.timing()
+	if err != nil {
+		return Decision{}, Decision{}, false, err
+	}
+	rp := params{op: opReserve, req: req, n: max(req.Cost, 1), horizon: max(horizon, 0)}
+	if s.named {
+		rp.nonce = newNonce()
+	}
+	sp := params{op: opAllowAfter, req: slots, n: max(slots.Cost, 1)}
+	if slotSet.named {
+		sp.nonce = newNonce()
+	}
+	rks, rargv, _ := l.args(rcalls, rp, tm)
+	sks, sargv, _ := l.args(scalls, sp, tm)
+	if tm.now < 0 {
+		sargv[2] = prevNow
+	}
+	cmd := setProgram.Head(len(rks) + len(sks))
+	for _, k := range rks {
+		cmd = append(cmd, k)
+	}
+	for _, k := range sks {
+		cmd = append(cmd, k)
+	}
+	cmd = append(cmd, 2)
+	cmd = append(cmd, rargv[1:]...)
+	cmd = append(cmd, sargv[1:]...)
+	v, err := setProgram.Run(ctx, l.client, cmd).Slice()
+	if err != nil {
+		return Decision{}, Decision{}, false, fmt.Errorf("quotas: %w", err)
+	}
+	var rs [2]reply
+	for i, n := range []int{len(rcalls), len(scalls)} {
+		var x []any
+		if len(v) == 2 {
+			x, _ = v[i].([]any)
+		}
+		if x == nil {
+			return Decision{}, Decision{}, false, fmt.Errorf("quotas: unexpected script reply %v", v)
+		}
+		if rs[i], err = parseReply(x, n); err != nil {
+			return Decision{}, Decision{}, false, err
+		}
+	}
+	if rs[0].status == -2 {
+		// Calendar ticks around the wrong time: nothing was charged.
+		rd, err = l.Reserve(ctx, s, req, horizon)
+		return rd, Decision{}, false, err
+	}
+	if l.now == nil {
+		l.skew.Learn(time.UnixMicro(rs[0].now), time.Now())
+	}
+	rd = l.assemble(s, [][]call{rcalls}, rs[:1], rp)
+	if rs[1].status == -3 || rs[1].status == -2 {
+		// Not decided: the rates did not admit now (or, -2, the slots'
+		// calendar ticks missed; nothing charged).
+		return rd, Decision{}, false, nil
+	}
+	sp.op = opAllow
+	return rd, l.assemble(slotSet, [][]call{scalls}, rs[1:], sp), true, nil
 }
 
 // Status reports every rule's state without charging anything. Allowed is

@@ -8,10 +8,12 @@
 -- KEYS     per request, its rules' keys in rule order: for GCRA the TAT and
 --          the bookings sorted set (see booked.lua; and for a fair one the
 --          flows' finishes, for an adaptive one its learned state, see
---          learn.lua); for a window its state (a hash, or a sorted
---          set for sliding) and for concurrency the holders sorted set and
---          tokens hash, each then followed by the rule's block key (a
---          string: until when a Block holds it, µs)
+--          learn.lua); for a fixed or calendar window its hash of
+--          counts, which keeps a Block's end too (field "~blk",
+--          win_block); for concurrency the holders sorted set and tokens
+--          hash (which keeps a Block's end in "~blk", cc_block); for a
+--          sliding window its sorted set, then its block key (a string:
+--          until when a Block holds it, µs)
 -- ARGV[1]  number of requests; then per request, from its first argument:
 --   +1     op: 0 allow, 1 reserve, 2 refund, 3 status, 4 block, 5 held,
 --          6 earliest: the moment a reserve would book, nothing charged
@@ -19,7 +21,12 @@
 --          7 reserve at: a reserve that books only at the time given in +9
 --          (or now, if that is past); a later moment is not booked and is
 --          replied as status 0 with t that moment (the Cluster path books
---          the agreed moment with it)
+--          the agreed moment with it),
+--          8 allow after: an allow at the previous request's now, made
+--          only if the previous request (of this call) was admitted or
+--          booked at its now; else nothing is read or charged and the
+--          reply is status -3 (Limiter.ReserveAndAllow: a task's slots
+--          decided in the call that books its turn)
 --   +2     explicit now in microseconds, or -1 for the server's TIME (read
 --          for each request: each is decided at its own time)
 --   +3     TTL floor in milliseconds (0 in production)
@@ -84,11 +91,11 @@ end
 -- load reads each rule's state once; later steps use and update the cache.
 local function load(r, now, critical)
   local kind = r.kind
-  if kind ~= 1 then r.till = tonumber(call('GET', r.blk)) or 0 end
+  if kind == 4 then r.till = tonumber(call('GET', r.blk)) or 0 end
   if kind == 1 then
     gc_load(r, now, critical)
   elseif kind == 2 or kind == 3 then
-    win_load(r)
+    win_load(r, now)
   elseif kind == 4 then
     sl_load(r, now)
   else
@@ -164,8 +171,12 @@ local function take_keys(r, k)
       r.hkey = KEYS[k]
       k = k + 1
     end
-    r.blk = KEYS[k]
-    k = k + 1
+    -- A fixed or calendar window keeps its block in its own hash
+    -- (win_block), a concurrency rule in its tokens hash (cc_block).
+    if r.kind == 4 then
+      r.blk = KEYS[k]
+      k = k + 1
+    end
   end
   return k
 end
@@ -195,11 +206,18 @@ end
 -- decide decides the request whose arguments follow ARGV[a0] and whose keys
 -- start at KEYS[k0]. It returns the request's reply and the k0 and a0 of
 -- the next request.
-local function decide(k0, a0)
+local function decide(k0, a0, prev)
   local op = tonumber(ARGV[a0 + 1])
   local dry, exact = op == 6, op == 7
   if dry or exact then op = 1 end
-  local now = gcra_now(ARGV[a0 + 2])
+  local skip, now = false, 0
+  if op == 8 then
+    op = 0
+    skip = not prev or prev[1] ~= 1 or prev[5] ~= prev[4]
+    if prev then now = prev[4] end
+  else
+    now = gcra_now(ARGV[a0 + 2])
+  end
   local ttl_floor = tonumber(ARGV[a0 + 3])
   local n = tonumber(ARGV[a0 + 4])
   local horizon = tonumber(ARGV[a0 + 5])
@@ -223,7 +241,7 @@ local function decide(k0, a0)
         max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, fair = false,
         flow = false, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
         stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
-        blk = false, till = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
+        blk = false, till = 0, seq = 0, live = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
         lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0}
       local kind = r.kind
       if kind == 1 then
@@ -254,7 +272,7 @@ local function decide(k0, a0)
   end
   -- An adaptive rule's interval is its learned rate's, for every op.
   for i = 1, nrules do
-    if rules[i].adapt then ad_load(rules[i], now, not dry and (op == 0 or op == 1 or op == 4)) end
+    if rules[i].adapt and not skip then ad_load(rules[i], now, not dry and (op == 0 or op == 1 or op == 4)) end
   end
   if op == 2 or op == 5 then
     for i = 1, nrules do
@@ -276,6 +294,9 @@ local function decide(k0, a0)
     local own = ARGV[a + 1]
     for i = 1, nrules do rules[i].own = string.byte(own, i) == 49 end
     a = a + 2
+  end
+  if skip then
+    return {-3, 0, 0, now, now}, k, a - 1
   end
 
   if op == 5 then
@@ -319,7 +340,7 @@ local function decide(k0, a0)
       elseif kind == 1 then
         gc_refund(r, t, n, now, ttl_floor, nonce, g)
       elseif kind == 2 or kind == 3 then
-        win_refund(r, t, n)
+        win_refund(r, t, n, now)
       elseif kind == 4 then
         sl_refund(r, n, nonce)
       elseif r.u1 > 0 then
@@ -343,6 +364,10 @@ local function decide(k0, a0)
         else
           gc_block(r, till, now, ttl_floor)
         end
+      elseif r.kind == 2 or r.kind == 3 then
+        win_block(r, till, now, ttl_floor)
+      elseif r.kind == 5 then
+        cc_block(r, till, now, ttl_floor)
       elseif till > now and till > (tonumber(call('GET', r.blk)) or 0) then
         call('SET', r.blk, fmt(till), 'PX', fmt(ttl_ms(till - now, ttl_floor)))
       end
@@ -472,7 +497,7 @@ local function run_call()
   last_rules = {}
   local out, k, a = {}, 1, 1
   for i = 1, tonumber(ARGV[1]) do
-    out[i], k, a = decide(k, a)
+    out[i], k, a = decide(k, a, out[i - 1])
   end
   flush()
   return out

@@ -154,8 +154,10 @@ type compiled struct {
 	// args are the rule's script arguments that never change, boxed once.
 	args []any
 	// tails end the rule's keys: ":" NAME ":" SUFFIX, or for concurrency
-	// the holders set and the tokens hash; then, for every kind but GCRA
-	// (whose block moves its TAT), ":" NAME ":block", the end of a Block.
+	// the holders set and the tokens hash; then, for a sliding window,
+	// ":" NAME ":block", the end of a Block (a GCRA block moves its TAT; a
+	// fixed or calendar window keeps it in its hash, concurrency in its
+	// tokens hash).
 	tails []string
 	ticks *tickCache // calendar
 	fair  bool       // GCRA shared fairly among flows
@@ -401,7 +403,8 @@ func NewSet(rules ...Rule) (*Set, error) {
 		c = c.withArgs()
 		switch c.kind {
 		case kindConcurrency:
-			c.tails = []string{":" + r.Name + ":holders", ":" + r.Name + ":tokens", ":" + r.Name + ":block"}
+			// The tokens hash keeps a Block's end (field "~blk", cc_block).
+			c.tails = []string{":" + r.Name + ":holders", ":" + r.Name + ":tokens"}
 		case kindGCRA:
 			c.tails = []string{":" + r.Name + ":" + c.suffix, ":" + r.Name + ":" + c.suffix + ":booked"}
 			if c.fair {
@@ -410,8 +413,12 @@ func NewSet(rules ...Rule) (*Set, error) {
 			if c.learn != nil {
 				c.tails = append(c.tails, ":"+r.Name+":adaptive:learn")
 			}
-		default:
+		case kindSliding:
 			c.tails = []string{":" + r.Name + ":" + c.suffix, ":" + r.Name + ":block"}
+		default:
+			// A fixed or calendar window keeps its block in its hash
+			// (field "~blk", win_block in rules.lua).
+			c.tails = []string{":" + r.Name + ":" + c.suffix}
 		}
 		s.comp = append(s.comp, c)
 		s.named = s.named || c.kind == kindSliding || c.kind == kindGCRA

@@ -363,7 +363,7 @@ func TestConcurrencyKeysOnExplicitClock(t *testing.T) {
 }
 
 // TestHoldersNamedLikeBookkeeping: holders named like the tokens hash's
-// bookkeeping fields ("~seq", "~exp") take their own slots, get increasing
+// bookkeeping fields ("~seq", "~exp", "~blk") take their own slots, get increasing
 // tokens and can release them, like any holder.
 func TestHoldersNamedLikeBookkeeping(t *testing.T) {
 	c := redistest.Client(t)
@@ -371,7 +371,7 @@ func TestHoldersNamedLikeBookkeeping(t *testing.T) {
 	ctx := context.Background()
 	set := mustSet(Rule{Name: "slots", Limit: Concurrency{Max: 10, Lease: time.Minute}})
 	var leases []Lease
-	for i, h := range []string{"~seq", "~exp", "~~seq", "seq", "~"} {
+	for i, h := range []string{"~seq", "~exp", "~blk", "~~seq", "seq", "~"} {
 		d, err := l.Allow(ctx, set, Request{Holder: h})
 		if err != nil || !d.Allowed {
 			t.Fatalf("%q: %+v %v", h, d, err)
@@ -395,5 +395,51 @@ func TestHoldersNamedLikeBookkeeping(t *testing.T) {
 	d, err := l.Allow(ctx, set, Request{Holder: "after"})
 	if err != nil || !d.Allowed || d.Rules[0].Used != 1 || d.Leases[0].Token <= leases[len(leases)-1].Token {
 		t.Fatalf("after: %+v %v, want the only slot, with a later token", d, err)
+	}
+}
+
+// TestBlockInRuleHashes: a fixed window and a concurrency rule keep a
+// Block's end in their own hash ("~blk"): on the server's clock both hashes
+// live at least until the block ends, also after the last lease is
+// released (which alone would leave the tokens hash a second), and every
+// decision meanwhile is denied until then.
+func TestBlockInRuleHashes(t *testing.T) {
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	l, err := New(Config{Client: c, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	set := mustSet(
+		Rule{Name: "window", Limit: FixedWindow{Limit: 100, Every: time.Second}},
+		Rule{Name: "slots", Limit: Concurrency{Max: 10, Lease: time.Minute}},
+	)
+	d, err := l.Allow(ctx, set, Request{Holder: "a"})
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v %v", d, err)
+	}
+	const block = 5 * time.Second
+	if _, err := l.Block(ctx, set, Request{Holder: "a"}, c.Time(ctx).Val().Add(block)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := l.Release(ctx, d.Leases[0]); !ok || err != nil {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	ks := c.Keys(ctx, prefix+"*").Val()
+	if len(ks) != 2 {
+		t.Fatalf("keys %v, want the window's hash and the tokens hash", ks)
+	}
+	for _, k := range ks {
+		if ttl := c.PTTL(ctx, k).Val(); ttl < block-time.Second || ttl > block {
+			t.Fatalf("%s: PTTL %v, want about %v", k, ttl, block)
+		}
+		if c.HGet(ctx, k, "~blk").Val() == "" {
+			t.Fatalf("%s: no ~blk field", k)
+		}
+	}
+	d, err = l.Allow(ctx, set, Request{Holder: "b"})
+	if err != nil || d.Allowed || d.RetryAfter < block-time.Second {
+		t.Fatalf("during the block: %+v %v, want denied for about %v", d, err, block)
 	}
 }

@@ -29,7 +29,12 @@ type job struct {
 	keys   []string        // the binding's keys, one per rule
 	rates  quotas.Request  // the request to the rate and window rules
 	charge quotas.Decision // the rate charge (or booking) the task runs under
-	pause  atomic.Int64    // the longest Pause the handler asked for, ns
+	// slots is the slots' decision made in the call that admitted the
+	// rates now (quotas.Limiter.ReserveAndAllow), for runHolding to use
+	// instead of deciding them again; nil if none.
+	slots      *quotas.Decision
+	holderOnce string       // the holder of the task's slots (holder), once chosen
+	pause      atomic.Int64 // the longest Pause the handler asked for, ns
 }
 
 func (j *job) observe(e Event) {
@@ -89,7 +94,15 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 	backoff := 50 * time.Millisecond
 	for taken := 0; ; {
 		d, err := guard(j.m, func() (quotas.Decision, error) {
-			return j.m.limiter.Reserve(j.ctx, j.sp.rates, j.rates, j.sp.horizon)
+			if j.sp.slots == nil {
+				return j.m.limiter.Reserve(j.ctx, j.sp.rates, j.rates, j.sp.horizon)
+			}
+			// Admitted now, the task takes its slots in the same call.
+			rd, sd, ok, err := j.m.limiter.ReserveAndAllow(j.ctx, j.sp.rates, j.rates, j.sp.horizon, j.sp.slots, j.slotRequest())
+			if ok {
+				j.slots = &sd
+			}
+			return rd, err
 		})
 		if err != nil && !errors.Is(err, errRedisDown) {
 			j.observe(Event{Outcome: RedisError, Err: err})
@@ -98,6 +111,10 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 			j.m.learn(d.Now)
 		}
 		a := plan(j.lim, j.step(step{stage: stageRates, decision: d, err: err}))
+		if j.slots != nil && (a.verb != run || a.wait > 0) {
+			// Slots taken with a turn the task does not run now.
+			j.releaseSlots()
+		}
 		switch a.verb {
 		case retry:
 			// Fail closed: the task waits for Redis, which asynq needs too.
@@ -306,13 +323,18 @@ func (j *job) localSlots(req quotas.Request) ([]quotas.Lease, error) {
 // cancelled.
 func (j *job) runHolding(admit Event, next asynq.Handler) error {
 	m := j.m
-	req := quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Holder: j.holder(), Critical: j.sp.critical}
+	req := j.slotRequest()
 	holdEnd := m.serverNow().Add(m.cfg.MaxHold)
 	var held time.Duration // waiting for a slot in the worker
 	var d quotas.Decision
 	for backoff := 50 * time.Millisecond; ; {
 		var err error
-		d, err = guard(m, func() (quotas.Decision, error) { return m.limiter.Allow(j.ctx, j.sp.slots, req) })
+		if j.slots != nil {
+			// Decided with the rates (admitRates).
+			d, j.slots = *j.slots, nil
+		} else {
+			d, err = guard(m, func() (quotas.Decision, error) { return m.limiter.Allow(j.ctx, j.sp.slots, req) })
+		}
 		if err != nil && !errors.Is(err, errRedisDown) {
 			j.observe(Event{Outcome: RedisError, Err: err})
 		}
@@ -425,6 +447,30 @@ func (j *job) shadowDecide(fair []string) (release func()) {
 			}
 		}
 	}
+}
+
+// slotRequest is the request to the task's concurrency rules.
+func (j *job) slotRequest() quotas.Request {
+	if j.holderOnce == "" {
+		j.holderOnce = j.holder()
+	}
+	return quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Holder: j.holderOnce, Critical: j.sp.critical}
+}
+
+// releaseSlots gives back the slots decided with the rates (j.slots) when
+// the task does not go on to run with them.
+func (j *job) releaseSlots() {
+	if j.slots == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(j.ctx), 5*time.Second)
+	defer cancel()
+	for _, ls := range j.slots.Leases {
+		if _, err := j.m.limiter.Release(ctx, ls); err != nil {
+			j.m.cfg.Logger.Warn("taskrl: releasing a concurrency slot failed; it frees itself when its lease ends", "rule", ls.Rule, "err", err)
+		}
+	}
+	j.slots = nil
 }
 
 // holder names the task as the holder of concurrency slots: the ID it was

@@ -51,17 +51,31 @@ local function win_count(r, start)
   return c
 end
 
-local function win_load(r)
+-- win_load gives r the key's cache and the end of a block on the rule
+-- (r.till, field "~blk" of the same hash: Block, win_block). The block and
+-- the count of the window of now are read together, once per call.
+local function win_load(r, now)
   local w = win_cache[r.key]
   if w == nil then
     -- fields: the changed window starts, in order; tidy: a window was
     -- started, so the ended ones go and the TTL is set, as of the window
-    -- (kind, p, start, stop) started last at now.
+    -- (kind, p, start, stop) started last at now; till: the block's end
+    -- (false: not read yet).
     w = {key = r.key, counts = {}, fields = {}, changed = {}, tidy = false,
-      kind = 0, p = false, start = 0, stop = 0, now = 0, floor = 0}
+      kind = 0, p = false, start = 0, stop = 0, now = 0, floor = 0, till = false}
     win_cache[r.key] = w
   end
   r.w = w
+  if not w.till then
+    local start = win_at(r, now)
+    if start >= 0 and w.counts[start] == nil then
+      local v = call('HMGET', r.key, fmt(start), '~blk')
+      w.counts[start], w.till = tonumber(v[1]) or 0, tonumber(v[2]) or 0
+    else
+      w.till = tonumber(call('HGET', r.key, '~blk')) or 0
+    end
+  end
+  r.till = w.till
 end
 
 -- A window beyond a calendar rule's ticks is taken to be empty.
@@ -103,16 +117,27 @@ local function win_status(r, now)
   return used, max(0, r.limit - used), stop - now
 end
 
-local function win_refund(r, t, n)
-  win_load(r)
+local function win_refund(r, t, n, now)
+  win_load(r, now)
   local start = win_at(r, t)
   if start < 0 then return end
   win_set(r, start, max(0, win_count(r, start) - n))
 end
 
+-- win_block makes the rule admit nothing before till (field "~blk", never
+-- lowered); the hash then lives at least until till.
+local function win_block(r, till, now, ttl_floor)
+  win_load(r, now)
+  if till <= now or till <= r.w.till then return end
+  r.w.till, r.till = till, till
+  call('HSET', r.key, '~blk', fmt(till))
+  local ttl = ttl_ms(till - now, ttl_floor)
+  if call('PTTL', r.key) < ttl then call('PEXPIRE', r.key, fmt(ttl)) end
+end
+
 -- win_flush writes the call's changed counts back. When a window was
--- started it forgets the windows that had ended by then, and lets the key
--- live until its last window ends.
+-- started it forgets the windows that had ended by then (and a block that
+-- has), and lets the key live until its last window or its block ends.
 local function win_flush()
   for _, w in ipairs(win_changed) do
     local set, del = {}, {}
@@ -131,7 +156,14 @@ local function win_flush()
       local last = w.stop
       for _, f in ipairs(call('HKEYS', w.key)) do
         local s = tonumber(f)
-        if cur >= 0 and s < cur then
+        if not s then
+          -- "~blk"
+          if w.till <= w.now then
+            call('HDEL', w.key, f)
+          elseif w.till > last then
+            last = w.till
+          end
+        elseif cur >= 0 and s < cur then
           call('HDEL', w.key, f)
         elseif s > w.start then
           local _, e = win_at(w, s)
@@ -239,9 +271,11 @@ end
 
 -- Concurrency (kind 5): a sorted set of holders scored by lease expiry
 -- (r.key), and a hash of holder -> fencing token whose field "~seq" holds
--- the last token issued and "~exp" the time both keys live until (r.hkey);
--- a holder id that starts with '~' arrives with one more (holderField in
--- Go), so no holder names these fields.
+-- the last token issued, "~exp" the time both keys live until and "~blk"
+-- the end of a Block on the rule (r.hkey; the hash lives at least until
+-- then); a holder id that starts with '~' arrives with one more
+-- (holderField in Go), so no holder names these fields. A look reads the
+-- three in one HMGET (cc_load).
 -- Expired leases are reclaimed on every look. A holder that acquires again
 -- replaces its own lease with a new token, so a redelivered task never
 -- holds two slots.
@@ -255,12 +289,20 @@ local function cc_oldest(r)
   r.oldest = tonumber(first[2])
 end
 
+-- cc_reclaim drops the leases that have ended by now, as every look does.
+local function cc_reclaim(zkey, hkey, now)
+  local gone = call('ZRANGEBYSCORE', zkey, '-inf', fmt(now))
+  if #gone == 0 then return end
+  call('ZREMRANGEBYSCORE', zkey, '-inf', fmt(now))
+  call('HDEL', hkey, unpack(gone))
+end
+
 local function cc_load(r, now)
+  local st = call('HMGET', r.hkey, '~blk', '~seq', '~exp')
+  r.till, r.seq, r.live = tonumber(st[1]) or 0, tonumber(st[2]) or 0, tonumber(st[3]) or 0
   cc_oldest(r)
   if r.oldest and r.oldest <= now then
-    local gone = call('ZRANGEBYSCORE', r.key, '-inf', fmt(now))
-    call('ZREMRANGEBYSCORE', r.key, '-inf', fmt(now))
-    call('HDEL', r.hkey, unpack(gone))
+    cc_reclaim(r.key, r.hkey, now)
     cc_oldest(r)
   end
   r.count = 0
@@ -276,36 +318,42 @@ local function cc_earliest(r, t, critical, holder)
   return r.oldest
 end
 
--- cc_expire sets both keys to live until the latest lease ends. With no
--- lease left the tokens hash still lives a second, so that the token
--- sequence survives while tokens issued within one microsecond could still
--- run ahead of the clock.
-local function cc_expire(zkey, hkey, now, ttl_floor)
+-- cc_live records that both keys live until live (a lease's end, or now
+-- plus a second when none is left: the token sequence then survives
+-- while tokens issued within one microsecond could still run ahead of the
+-- clock), the holders set only if holders is set, the tokens hash until a
+-- block ends (blk) if that is later.
+local function cc_live(zkey, hkey, live, holders, blk, now, ttl_floor)
+  if holders then call('PEXPIRE', zkey, fmt(ttl_ms(live - now, ttl_floor))) end
+  call('HSET', hkey, '~exp', fmt(live))
+  call('PEXPIRE', hkey, fmt(ttl_ms(max(live, blk) - now, ttl_floor)))
+end
+
+-- cc_expire sets both keys to live until the latest lease ends (cc_live).
+local function cc_expire(zkey, hkey, now, ttl_floor, blk)
   local last = call('ZRANGE', zkey, '-1', '-1', 'WITHSCORES')
   local live = now + 1000000
   if last[2] then live = tonumber(last[2]) end
-  local ttl = fmt(ttl_ms(live - now, ttl_floor))
-  if last[2] then call('PEXPIRE', zkey, ttl) end
-  call('HSET', hkey, '~exp', fmt(live))
-  call('PEXPIRE', hkey, ttl)
+  cc_live(zkey, hkey, live, last[2], blk, now, ttl_floor)
 end
 
 local function cc_acquire(r, holder, now, ttl_floor)
   local exp = now + r.lease
   local added = call('ZADD', r.key, fmt(exp), holder)
   -- Tokens only grow, even across the keys' expiry: at least the time.
-  local st = call('HMGET', r.hkey, '~seq', '~exp')
-  local seq, live = tonumber(st[1]), tonumber(st[2]) or 0
-  local token = max((seq or 0) + 1, now)
+  -- ~seq and ~exp were read by cc_load.
+  local live = r.live
+  local token = max(r.seq + 1, now)
   local tf = fmt(token)
+  r.seq = token
   -- On an explicit clock (ttl_floor > 0) the TTLs are in real time, not
   -- the clock's: every acquire renews them.
   if live < exp or ttl_floor > 0 then
     live = max(live, exp + floor(r.lease / 4))
+    r.live = live
     call('HSET', r.hkey, '~seq', tf, holder, tf, '~exp', fmt(live))
-    local ttl = fmt(ttl_ms(live - now, ttl_floor))
-    call('PEXPIRE', r.key, ttl)
-    call('PEXPIRE', r.hkey, ttl)
+    call('PEXPIRE', r.key, fmt(ttl_ms(live - now, ttl_floor)))
+    call('PEXPIRE', r.hkey, fmt(ttl_ms(max(live, r.till) - now, ttl_floor)))
   else
     call('HSET', r.hkey, '~seq', tf, holder, tf)
     -- A holders set created by this acquire has no TTL yet.
@@ -328,22 +376,57 @@ local function cc_status(r, now)
 end
 
 -- cc_release drops holder's lease if token is still its token; it returns 1
--- if it did.
+-- if it did. A lease that has ended is reclaimed instead (with the others
+-- that have), and 0 returned, as if the leases had been reclaimed first.
+-- The two latest leases tell, in one read, the holder's end when it is one
+-- of them (else it is asked for) and the latest end of the others, which
+-- the keys then live until (cc_live), without reading it again.
 local function cc_release(zkey, hkey, holder, token, now, ttl_floor)
-  if tonumber(call('HGET', hkey, holder)) ~= token then return 0 end
+  local st = call('HMGET', hkey, holder, '~blk')
+  if tonumber(st[1]) ~= token then return 0 end
+  local top = call('ZRANGE', zkey, '-2', '-1', 'WITHSCORES')
+  local exp, last, seen = false, false, false
+  for i = #top - 1, 1, -2 do
+    if top[i] == holder then
+      exp, seen = tonumber(top[i + 1]), true
+    elseif not last then
+      last = tonumber(top[i + 1])
+    end
+  end
+  if not seen then exp = tonumber(call('ZSCORE', zkey, holder)) end
+  if exp and exp <= now then
+    cc_reclaim(zkey, hkey, now)
+    return 0
+  end
   call('ZREM', zkey, holder)
   call('HDEL', hkey, holder)
-  cc_expire(zkey, hkey, now, ttl_floor)
+  if last and last <= now then
+    -- Every other lease has ended too: reclaimed, none is left.
+    cc_reclaim(zkey, hkey, now)
+    last = false
+  end
+  cc_live(zkey, hkey, last or now + 1000000, last, tonumber(st[2]) or 0, now, ttl_floor)
   return 1
 end
 
 -- cc_renew extends holder's lease to now + lease if token is still its
 -- token and the lease has not expired; it returns 1 if it did.
 local function cc_renew(zkey, hkey, holder, token, lease, now, ttl_floor)
-  if tonumber(call('HGET', hkey, holder)) ~= token then return 0 end
+  local st = call('HMGET', hkey, holder, '~blk')
+  if tonumber(st[1]) ~= token then return 0 end
   local exp = call('ZSCORE', zkey, holder)
   if not exp or tonumber(exp) <= now then return 0 end
   call('ZADD', zkey, fmt(now + lease), holder)
-  cc_expire(zkey, hkey, now, ttl_floor)
+  cc_expire(zkey, hkey, now, ttl_floor, tonumber(st[2]) or 0)
   return 1
+end
+
+-- cc_block makes the rule admit nothing before till (field "~blk", never
+-- lowered); the tokens hash then lives at least until till.
+local function cc_block(r, till, now, ttl_floor)
+  local cur = tonumber(call('HGET', r.hkey, '~blk')) or 0
+  if till <= now or till <= cur then return end
+  call('HSET', r.hkey, '~blk', fmt(till))
+  local ttl = ttl_ms(till - now, ttl_floor)
+  if call('PTTL', r.hkey) < ttl then call('PEXPIRE', r.hkey, fmt(ttl)) end
 end
