@@ -46,6 +46,25 @@ func commandStats(t *testing.T, c *redis.Client) (map[string]int64, int64) {
 	return out, total
 }
 
+// commandCount is how many times a command ran.
+type commandCount struct {
+	name string
+	n    int64
+}
+
+// commandDeltas returns the commands that ran between two commandStats
+// readings (INFO itself excluded), the most frequent first.
+func commandDeltas(before, after map[string]int64) []commandCount {
+	var top []commandCount
+	for name, n := range after {
+		if d := n - before[name]; d > 0 && name != "info" {
+			top = append(top, commandCount{name, d})
+		}
+	}
+	sort.Slice(top, func(i, j int) bool { return top[i].n > top[j].n })
+	return top
+}
+
 // commandsDuring counts the commands Redis processes in window, after a
 // warm-up, while run's processes are up; it returns them per second and
 // the busiest commands.
@@ -57,17 +76,7 @@ func commandsDuring(t *testing.T, warm, window time.Duration, start func() (stop
 	before, b := commandStats(t, env.Client)
 	time.Sleep(window)
 	after, a := commandStats(t, env.Client)
-	type nc struct {
-		name string
-		n    int64
-	}
-	var top []nc
-	for name, n := range after {
-		if d := n - before[name]; d > 0 && name != "info" {
-			top = append(top, nc{name, d})
-		}
-	}
-	sort.Slice(top, func(i, j int) bool { return top[i].n > top[j].n })
+	top := commandDeltas(before, after)
 	var parts []string
 	for _, x := range top[:min(len(top), 8)] {
 		parts = append(parts, fmt.Sprintf("%s %.1f/s", x.name, float64(x.n)/window.Seconds()))
@@ -351,19 +360,8 @@ func fleetRun(t *testing.T, bin, name, policy string, n, workers int) fleetCost 
 	if st.OK != n || st.DistinctKeys != n || st.Throttled != 0 {
 		t.Fatalf("%s: %d calls answered 2xx, %d distinct, %d 429; want %d, %d, 0; workers:\n%s", name, st.OK, st.DistinctKeys, st.Throttled, n, n, logs.String())
 	}
-	type nc struct {
-		name string
-		n    int64
-	}
-	var top []nc
-	for name, c := range names1 {
-		if d := c - names0[name]; d > 0 && name != "info" {
-			top = append(top, nc{name, d})
-		}
-	}
-	sort.Slice(top, func(i, j int) bool { return top[i].n > top[j].n })
 	var parts []string
-	for _, x := range top {
+	for _, x := range commandDeltas(names0, names1) {
 		if f := float64(x.n) / float64(n); f >= 0.05 {
 			parts = append(parts, fmt.Sprintf("%s %.2f", x.name, f))
 		}
