@@ -357,7 +357,7 @@ func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 		queue, _ := asynq.GetQueueName(ctx)
 		p := m.policy.Load()
 		if sh := p.shed; sh != nil {
-			if _, booked := bookedAt(t); !booked {
+			if _, booked := bookedAt(t); !booked && m.shed.deferring() {
 				if d, ok := m.shed.deferFor(sh, p.shedClass(sh, t.Type(), queue)); ok {
 					j := m.newJob(ctx, t, queue, p)
 					j.observe(Event{Outcome: Deferred, Wait: d})

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -207,9 +208,10 @@ var busyScript = script.New(busyLua, "gcra")
 // shedder keeps a process's shed level. Safe for concurrent use.
 type shedder struct {
 	m        *Middleware
-	id       string       // this process's field in the fleet's busy hash
-	inflight atomic.Int64 // tasks in the middleware's Handler now
-	capacity atomic.Int64 // the asynq server's Concurrency (ServerConfig)
+	id       string        // this process's field in the fleet's busy hash
+	inflight atomic.Int64  // tasks in the middleware's Handler now
+	capacity atomic.Int64  // the asynq server's Concurrency (ServerConfig)
+	current  atomic.Uint64 // level's bits, read without the lock per task
 	loop     *loop
 
 	mu         sync.Mutex
@@ -239,6 +241,7 @@ func (s *shedder) pass() time.Duration {
 	if sh == nil {
 		s.mu.Lock()
 		s.level, s.signal, s.aboveSince, s.last = 0, 0, time.Time{}, time.Time{}
+		s.current.Store(0)
 		s.mu.Unlock()
 		return 0 // until a policy with a shed section pokes the loop
 	}
@@ -272,6 +275,7 @@ func (s *shedder) tick(sh *Shed, signal float64, now time.Time) {
 	}
 	before := s.level
 	s.level = nextShedLevel(s.level, sh, signal, aboveFor, dt, len(sh.Classes))
+	s.current.Store(math.Float64bits(s.level))
 	if (before == 0) != (s.level == 0) {
 		s.m.cfg.Logger.Info("taskrl: shed: "+map[bool]string{true: "deferring less important tasks", false: "no longer deferring tasks"}[s.level > 0], "signal", string(sh.Signal), "value", signal, "above", sh.Above)
 	}
@@ -334,15 +338,16 @@ func (s *shedder) ended(err error, now time.Time) {
 	}
 }
 
+// deferring reports whether any task may be deferred now (level > 0).
+func (s *shedder) deferring() bool { return s.current.Load() != 0 }
+
 // deferFor reports whether a task of class k (see Policy.shedClass) is
 // deferred now, and for how long.
 func (s *shedder) deferFor(sh *Shed, k int) (time.Duration, bool) {
 	if k < 0 {
 		return 0, false
 	}
-	s.mu.Lock()
-	share := shedShare(s.level, k)
-	s.mu.Unlock()
+	share := shedShare(math.Float64frombits(s.current.Load()), k)
 	if share <= 0 || rand.Float64() >= share {
 		return 0, false
 	}
