@@ -60,6 +60,24 @@ type Rule struct {
 	// none; at most 10. Only GCRA, fixed and sliding window rules can be
 	// soft. Policy file: soft: 10% (or 0.1).
 	Soft float64
+	// Borrow lets a keyed gcra rule go above its rate while a fair rule
+	// above it has capacity to spare: dynamic throttling. A business held
+	// to 2/s with borrow: 2x runs at up to 4/s while the vendor's shared
+	// rate has room, and gives the excess back as soon as other businesses
+	// have work. The rule is decided at its rate times Borrow (its burst
+	// unchanged; overrides of its keys alike); what gives the capacity back
+	// is the shared rule's fair sharing (Rule.Fair), which books every
+	// value with work waiting an equal share of the shared rate and takes
+	// bookings over from a value ahead of its share: a key therefore gets
+	// its own rate whenever the shared rate is at least the sum of the
+	// rates of the keys with work, and more only while there is room.
+	// The policy must have, for every task the rule governs, an enforced
+	// fair gcra rule governing it too (the shared limit); NewPolicy refuses
+	// a borrowing rule without one. 0 (the default): no borrowing; above 1
+	// a factor, at most 100; math.Inf(1) borrows up to the shared rule's
+	// rate (NewPolicy turns it into that factor). Only a keyed gcra rule
+	// that is not fair. Policy file: borrow: 2x (or 2), borrow: true.
+	Borrow float64
 	// Prefetch lets every worker take a gcra rule's units ahead, in
 	// batches, and hand them to its tasks within Prefetch of taking them
 	// (token leasing): a busy worker then needs a Redis call per batch,
@@ -81,19 +99,23 @@ type Rule struct {
 	Limit quotas.Limit
 }
 
-// Raised returns l raised by the rule's Soft share: the limit the rule
-// enforces where its limit, or a key's override, is l. Without Soft, and
-// for kinds that cannot be soft, it returns l.
+// Raised returns l raised by the rule's Soft share and Borrow factor: the
+// limit the rule enforces where its limit, or a key's override, is l.
+// Without either, and for kinds that cannot be raised, it returns l.
 func (r Rule) Raised(l quotas.Limit) quotas.Limit {
+	k := 1 + r.Soft
+	if g, ok := l.(quotas.GCRA); ok {
+		if r.Borrow > 1 && !math.IsInf(r.Borrow, 1) {
+			k *= r.Borrow
+		}
+		g.Rate *= k
+		return g
+	}
 	if r.Soft <= 0 {
 		return l
 	}
-	k := 1 + r.Soft
 	units := func(n int) int { return int(math.Floor(float64(n)*k + 1e-9)) }
 	switch l := l.(type) {
-	case quotas.GCRA:
-		l.Rate *= k
-		return l
 	case quotas.FixedWindow:
 		l.Limit = units(l.Limit)
 		return l

@@ -47,6 +47,7 @@ import (
 //	    match: {type: "http:call"}
 //	    key: "{{.business_id}}"          # optional; see Rule.Key
 //	    default_key: unknown             # optional; see Rule.DefaultKey
+//	    borrow: 2x                       # optional, keyed gcra only: see Rule.Borrow (or true)
 //	    gcra: {rate: 1.8, per: 1s}
 //	  - name: vendor-learned
 //	    match: {type: "http:call"}
@@ -828,7 +829,7 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.Name = s
 		}
 	}
-	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "mode", "soft", "prefetch", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
+	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "mode", "soft", "borrow", "prefetch", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
 		return r, ls, fe
 	}
 	var limitKey string
@@ -846,6 +847,8 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.Fair, _, fe = d.str(e.val, "fair")
 		case "soft":
 			r.Soft, fe = d.share(e.val, "soft")
+		case "borrow":
+			r.Borrow, fe = d.borrow(e.val)
 		case "prefetch":
 			r.Prefetch, _, fe = d.duration(e.val, "prefetch")
 		case "mode":
@@ -885,6 +888,27 @@ func (d *yamlDoc) share(n ast.Node, field string) (float64, *ferr) {
 		}
 	}
 	f, _, fe := d.number(n, field)
+	return f, fe
+}
+
+// borrow reads a rule's borrow: true (up to the shared rule's rate),
+// false, or a factor such as 2x (or 2).
+func (d *yamlDoc) borrow(n ast.Node) (float64, *ferr) {
+	if v, fe := d.resolve(n, "borrow"); fe == nil {
+		switch v := v.(type) {
+		case *ast.BoolNode:
+			if v.Value {
+				return math.Inf(1), nil
+			}
+			return 0, nil
+		case *ast.StringNode:
+			if f, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(v.Value, "x")), 64); err == nil && strings.HasSuffix(v.Value, "x") && !math.IsNaN(f) && !math.IsInf(f, 0) {
+				return f, nil
+			}
+			return 0, fail(n, "borrow", "must be true, false or a factor like 2x, got %q", v.Value)
+		}
+	}
+	f, _, fe := d.number(n, "borrow")
 	return f, fe
 }
 

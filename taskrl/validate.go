@@ -3,6 +3,7 @@ package taskrl
 import (
 	"errors"
 	"fmt"
+	"math"
 	"path"
 	"strings"
 	"time"
@@ -51,8 +52,83 @@ func buildPolicy(rules []Rule, pos []lines, skip []bool, mode FailureMode) (*Pol
 	if len(errs) > 0 {
 		return nil, errs
 	}
+	for i, c := range p.rules {
+		if c == nil || c.Borrow == 0 {
+			continue
+		}
+		var ls lines
+		if pos != nil {
+			ls = pos[i]
+		}
+		shared := sharedRule(p.rules, c)
+		if shared == nil {
+			errs.add(&PolicyError{Line: ls.of("borrow"), Index: i + 1, Rule: c.Name, Field: "borrow",
+				Msg: "needs an enforced fair gcra rule (fair: ...) governing every task this rule governs: the shared limit it borrows from, whose fair sharing gives the capacity back when other keys have work; no rule's match covers " + matchText(c.Match)})
+			continue
+		}
+		if math.IsInf(c.Borrow, 1) {
+			own, sh := c.Limit.(quotas.GCRA), shared.Limit.(quotas.GCRA)
+			c.Borrow = perSecond(sh) / perSecond(own)
+			if c.Borrow <= 1 {
+				errs.add(&PolicyError{Line: ls.of("borrow"), Index: i + 1, Rule: c.Name, Field: "borrow",
+					Msg: fmt.Sprintf("true, but the shared rule %q (%s) is no faster than this rule (%s): nothing to borrow", shared.Name, sh, own)})
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
 	return p, nil
 }
+
+// sharedRule returns the enforced fair gcra rule of rules that governs
+// every task c governs, the slowest if several do, or nil.
+func sharedRule(rules []*crule, c *crule) *crule {
+	var best *crule
+	for _, f := range rules {
+		if f == nil {
+			continue
+		}
+		g, ok := f.Limit.(quotas.GCRA)
+		if !ok || f.ftmpl == nil || f.Shadow || !covers(f.Match, c.Match) {
+			continue
+		}
+		if best == nil || perSecond(g) < perSecond(best.Limit.(quotas.GCRA)) {
+			best = f
+		}
+	}
+	return best
+}
+
+// covers reports whether every task m matches is matched by f too.
+func covers(f, m Match) bool {
+	if f.Queue != "" && f.Queue != m.Queue {
+		return false
+	}
+	switch {
+	case f.Type == "" || f.Type == m.Type:
+		return true
+	case m.Type == "" || strings.ContainsAny(m.Type, `*?[\`):
+		return false // a pattern: covered only by itself
+	}
+	ok, _ := path.Match(f.Type, m.Type)
+	return ok
+}
+
+// matchText writes m as in a policy file.
+func matchText(m Match) string {
+	var parts []string
+	if m.Type != "" {
+		parts = append(parts, fmt.Sprintf("type: %q", m.Type))
+	}
+	if m.Queue != "" {
+		parts = append(parts, fmt.Sprintf("queue: %q", m.Queue))
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+// perSecond is g's rate per second.
+func perSecond(g quotas.GCRA) float64 { return g.Rate / g.Period.Seconds() }
 
 // compileRule validates r. On failure it returns the field at fault and
 // what is wrong.
@@ -90,6 +166,22 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		}
 		if err := (quotas.Rule{Name: r.Name, Limit: r.Raised(lim)}).Validate(); err != nil {
 			return nil, "soft", "raises the limit past its bounds: " + err.Error()
+		}
+	}
+	if r.Borrow != 0 {
+		switch {
+		case !(r.Borrow > 1 && r.Borrow <= 100 || math.IsInf(r.Borrow, 1)):
+			return nil, "borrow", fmt.Sprintf("must be true or a factor above 1 and at most 100 (2x), got %v", r.Borrow)
+		case r.Key == "":
+			return nil, "borrow", "only a keyed rule (key: ...) can borrow: a global rule has no shared limit above it"
+		case r.Fair != "":
+			return nil, "borrow", "a fair rule cannot borrow: it is the shared limit others borrow from"
+		}
+		if _, ok := lim.(quotas.GCRA); !ok {
+			return nil, "borrow", "only a gcra rate can borrow; this rule's limit is " + lim.String()
+		}
+		if err := (quotas.Rule{Name: r.Name, Limit: r.Raised(lim)}).Validate(); err != nil {
+			return nil, "borrow", "raises the limit past its bounds: " + err.Error()
 		}
 	}
 	if r.Fair != "" {

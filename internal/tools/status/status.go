@@ -80,12 +80,19 @@ type KeyState struct {
 	Rate float64 `json:"rate,omitempty"`
 }
 
-// limitText describes limit l of rule r, with what a soft rule enforces
-// and a prefetch (own: l is an override of a key, decided without).
+// limitText describes limit l of rule r, with what a soft or borrowing
+// rule enforces and a prefetch (own: l is an override of a key, decided
+// without).
 func limitText(r taskrl.Rule, l quotas.Limit, own bool) string {
 	s := l.String()
 	if r.Soft > 0 {
-		s = fmt.Sprintf("%s, soft %s%% (%s)", l, strconv.FormatFloat(100*r.Soft, 'g', -1, 64), r.Raised(l))
+		s += ", soft " + strconv.FormatFloat(100*r.Soft, 'g', -1, 64) + "%"
+	}
+	if r.Borrow > 1 {
+		s += ", borrows " + strconv.FormatFloat(r.Borrow, 'g', 4, 64) + "x"
+	}
+	if r.Soft > 0 || r.Borrow > 1 {
+		s += " (" + r.Raised(l).String() + ")"
 	}
 	if r.Prefetch > 0 && !own {
 		s += ", prefetch " + r.Prefetch.String()
