@@ -159,10 +159,12 @@ func TestThrottledTasksAreNeverArchived(t *testing.T) {
 	}
 	// One decision per task, reported with the rule's state: admitted (at
 	// once or after a wait) or booked and rescheduled; and one admitted
-	// event per run, a booked copy's without rule state.
+	// event per run, a booked copy's without rule state. A booked copy
+	// that comes back after its slot has passed decides again (lateBooking),
+	// which a loaded machine does now and then: a few of those, no more.
 	obsMu.Lock()
 	defer obsMu.Unlock()
-	if outcomes[Admitted] != tasks || outcomes[Rescheduled] == 0 || withRules != tasks {
+	if outcomes[Admitted] != tasks || outcomes[Rescheduled] == 0 || withRules < tasks || withRules > tasks+tasks/10 {
 		t.Fatalf("observed %v, %d with rule state", outcomes, withRules)
 	}
 }
