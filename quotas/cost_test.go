@@ -253,3 +253,54 @@ func TestReceiptKeepsCosts(t *testing.T) {
 		}
 	}
 }
+
+// TestReceiptSettlesOnRedis: two keyspaces take the same reservations of
+// per-rule costs on the same explicit clock, some booked ahead; one settles
+// each with the Decision, the other with the Decision parsed back from its
+// Receipt, to random actual costs: every rule's state stays the same.
+func TestReceiptSettlesOnRedis(t *testing.T) {
+	c := redistest.Client(t)
+	start := time.Date(2027, 5, 4, 10, 0, 0, 0, time.UTC)
+	a := newClocked(t, c, redistest.Prefix(t), start)
+	b := newClocked(t, c, redistest.Prefix(t), start)
+	set := mustSet(Rule{Name: "api", Limit: GCRA(gcra.Limit{Rate: 30, Period: time.Second, Burst: 10})},
+		Rule{Name: "win", Limit: SlidingWindow{Limit: 40, Every: time.Second}},
+		Rule{Name: "day", Limit: FixedWindow{Limit: 1000, Every: 24 * time.Hour}})
+	ctx := context.Background()
+	req := Request{Costs: []int{3, 2, 0}, Cost: 1}
+	var ds [][2]Decision
+	for i := 0; i < 12; i++ {
+		da, err := a.Reserve(ctx, set, req, time.Minute)
+		if err != nil || !da.Allowed {
+			t.Fatal(da, err)
+		}
+		db, err := b.Reserve(ctx, set, req, time.Minute)
+		if err != nil || da.Delay != db.Delay {
+			t.Fatal(db, err)
+		}
+		ds = append(ds, [2]Decision{da, db})
+	}
+	if ds[11][0].Delay == 0 {
+		t.Fatal("nothing was booked ahead")
+	}
+	for i, d := range ds {
+		step := 40 * time.Millisecond
+		a.now, b.now = a.now.Add(step), b.now.Add(step)
+		actual := []int{i % 4, (i + 1) % 3, 1 + i%2}
+		p, err := ParseReceipt(d[1].Receipt())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Settle(ctx, set, req, d[0], actual); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Settle(ctx, set, req, p, actual); err != nil {
+			t.Fatal(err)
+		}
+		sa, _ := a.Status(ctx, set, req)
+		sb, _ := b.Status(ctx, set, req)
+		if !reflect.DeepEqual(sa.Rules, sb.Rules) {
+			t.Fatalf("settle %d to %v: from the receipt %v, from the decision %v", i, actual, sb.Rules, sa.Rules)
+		}
+	}
+}
