@@ -503,6 +503,17 @@ func groupCost(g []call, n int) any {
 	return b.String()
 }
 
+// sameCosts reports whether req.Costs charges every rule req.Cost (nil,
+// or each 0 or Cost).
+func sameCosts(req Request) bool {
+	for _, n := range req.Costs {
+		if n != 0 && n != max(req.Cost, 1) {
+			return false
+		}
+	}
+	return true
+}
+
 // withCosts sets each call's cost to what decision d charged its rule.
 func withCosts(calls []call, d Decision) {
 	for i := range calls {
@@ -831,8 +842,9 @@ func (l *Limiter) Status(ctx context.Context, s *Set, req Request) (Decision, er
 }
 
 func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horizon time.Duration) (Decision, error) {
-	if s == nil || s.prefetch == 0 || req.Costs != nil {
-		// Per-rule costs are decided one by one, without a pool.
+	if s == nil || s.prefetch == 0 || !sameCosts(req) {
+		// Per-rule costs that differ are decided one by one, without a
+		// pool.
 		return l.decideNow(ctx, s, req, op, horizon)
 	}
 	d, p, err := l.prefetched(ctx, s, req)
