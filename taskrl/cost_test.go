@@ -274,3 +274,43 @@ func TestSettleReachesRedis(t *testing.T) {
 		})
 	}
 }
+
+// TestCostSpacing: the sweep estimates a backlog's tasks one interval
+// apart times their cost (a task of 3 units under 30/s every 100ms, not
+// every 33ms), and tasks of other costs are other backlogs.
+func TestCostSpacing(t *testing.T) {
+	p := mustPolicy(t, Rule{Name: "points", Match: Match{Type: "job"}, Cost: "{{.units}}", Limit: quotas.GCRA(gcra.Limit{Rate: 30, Period: time.Second, Burst: 30})},
+		Rule{Name: "window", Match: Match{Type: "job"}, Limit: quotas.FixedWindow{Limit: 600, Every: time.Minute}})
+	m, err := New(Config{Policy: p, Client: redistest.Client(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	b := p.Bind("job", "q")
+	sp, err := m.split(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The window's 100ms per task binds at cost 1; the rate's 3·33.3ms at 3.
+	for _, tc := range []struct {
+		units int
+		want  time.Duration
+	}{{1, 100 * time.Millisecond}, {3, 100 * time.Millisecond}, {6, 200 * time.Millisecond}} {
+		rq, err := b.Request([]byte(fmt.Sprintf(`{"units": %d}`, tc.units)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		costs := pick(rq.Costs, sp.rateIdx)
+		if got := sp.costSpacing(costs); got.Round(time.Millisecond) != tc.want {
+			t.Errorf("units %d: spacing %v, want %v", tc.units, got, tc.want)
+		}
+	}
+	one, _ := b.Request([]byte(`{"units": 1}`))
+	three, _ := b.Request([]byte(`{"units": 3}`))
+	if sp.signature(one.Keys, pick(one.Costs, sp.rateIdx)) != sp.signature(one.Keys, nil) {
+		t.Error("a task of cost 1 is another backlog than one without costs")
+	}
+	if sp.signature(three.Keys, pick(three.Costs, sp.rateIdx)) == sp.signature(one.Keys, pick(one.Costs, sp.rateIdx)) {
+		t.Error("tasks of cost 3 and 1 are one backlog")
+	}
+}
