@@ -112,6 +112,12 @@ func TestClusterMatchesStandalone(t *testing.T) {
 		for i := range req.Keys {
 			req.Keys[i] = entities[rng.IntN(len(entities))]
 		}
+		if rng.IntN(3) == 0 {
+			req.Costs = make([]int, len(req.Keys))
+			for i := range req.Costs {
+				req.Costs[i] = rng.IntN(4)
+			}
+		}
 		var a, b Decision
 		var ea, eb error
 		switch x := rng.IntN(10); {
@@ -132,8 +138,21 @@ func TestClusterMatchesStandalone(t *testing.T) {
 			i := rng.IntN(len(hs))
 			h := hs[i]
 			hs = append(hs[:i], hs[i+1:]...)
-			ea = single.l.Refund(ctx, h.set, h.req, h.one)
-			eb = cluster.l.Refund(ctx, cluster.sets[indexOf(single.sets, h.set)], h.req, h.two)
+			cs := cluster.sets[indexOf(single.sets, h.set)]
+			if rng.IntN(2) == 0 {
+				ea = single.l.Refund(ctx, h.set, h.req, h.one)
+				eb = cluster.l.Refund(ctx, cs, h.req, h.two)
+				break
+			}
+			// Settled to other costs, then the state compared.
+			actual := make([]int, len(h.set.rules))
+			for j := range actual {
+				actual[j] = rng.IntN(6) - 1
+			}
+			if ea, eb = single.l.Settle(ctx, h.set, h.req, h.one, actual), cluster.l.Settle(ctx, cs, h.req, h.two, actual); ea == nil && eb == nil {
+				a, ea = single.l.Status(ctx, h.set, h.req)
+				b, eb = cluster.l.Status(ctx, cs, h.req)
+			}
 		}
 		if ea != nil || eb != nil {
 			t.Fatalf("op %d: %v / %v", op, ea, eb)

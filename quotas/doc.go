@@ -21,6 +21,11 @@
 // held it back until then, leaves the capacity before it to other
 // requests, and no rule admits more than its limit in any span of time.
 //
+// A request costs Request.Cost units of every rule but concurrency rules,
+// or Request.Costs per rule. Limiter.Settle changes an admitted or booked
+// charge to what the request actually cost, per rule: the difference is
+// given back as a refund would give it, or charged at once.
+//
 // Every rule applies to one key per entity: Request.Keys gives, per rule,
 // the entity ("" for the rule's global key). Keys are built as
 // PREFIX "q:{" ENTITY "}:" RULE ":" KIND, where ENTITY is the entity id

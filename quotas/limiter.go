@@ -120,6 +120,12 @@ type Request struct {
 	// Cost is the units charged to every rule except concurrency rules,
 	// which take one slot per holder. Zero means 1.
 	Cost int
+	// Costs holds, per rule of the set in order, the units charged to that
+	// rule, in place of Cost; 0 means Cost. Concurrency rules ignore it.
+	// Nil means Cost for every rule. A cost above a GCRA rule's burst or a
+	// window's limit is never admitted: the Decision is denied with
+	// RetryAfter Never and Rule naming the rule.
+	Costs []int
 	// Holder identifies who takes concurrency slots (an asynq task id). A
 	// holder that acquires again replaces its own lease, so a redelivered
 	// task never holds two slots. Required when the set has a concurrency
@@ -203,6 +209,7 @@ type Decision struct {
 	pf    *prefetch  // admitted from units taken ahead (Rule.Prefetch)
 	nonce string     // names this request's GCRA bookings and sliding-window entries
 	cost  int        // units charged
+	costs []int      // per rule, units charged, when they differ from cost; else nil
 	ats   []int64    // per rule, µs its group charged at
 	undo  [][2]int64 // per rule, what a refund needs to undo the charge
 }
@@ -220,7 +227,10 @@ type call struct {
 	// digest names the request's global rules when the set has a fair
 	// rule (see digest); the same in every call of a request.
 	digest string
-	c      *compiled
+	// n is the units the rule is charged (Request.Costs, else Cost, at
+	// least 1; for an operation on a charge, what it charged).
+	n int64
+	c *compiled
 }
 
 func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
@@ -236,6 +246,14 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	if r.Fair != nil && len(r.Fair) != len(s.rules) {
 		return nil, fmt.Errorf("quotas: Request.Fair has %d flows for %d rules", len(r.Fair), len(s.rules))
 	}
+	if r.Costs != nil && len(r.Costs) != len(s.rules) {
+		return nil, fmt.Errorf("quotas: Request.Costs has %d costs for %d rules", len(r.Costs), len(s.rules))
+	}
+	for _, n := range r.Costs {
+		if n < 0 {
+			return nil, fmt.Errorf("quotas: Request.Costs must not be negative, got %d", n)
+		}
+	}
 	// Every key is PREFIX "q:{" TAG "}:" NAME ":" KIND...: the kind (and a
 	// GCRA's interval and burst, a window's length) keeps rules of the same
 	// name but other definitions apart. They are cut from one string, one
@@ -243,7 +261,10 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	calls := make([]call, len(s.rules))
 	size := 0
 	for i := range s.rules {
-		c := call{i: i, tag: keys.Global, c: &s.comp[i], em: s.comp[i].em}
+		c := call{i: i, tag: keys.Global, c: &s.comp[i], em: s.comp[i].em, n: int64(max(r.Cost, 1))}
+		if r.Costs != nil && r.Costs[i] > 0 {
+			c.n = int64(r.Costs[i])
+		}
 		if r.Keys != nil {
 			c.key = r.Keys[i]
 		}
@@ -326,6 +347,7 @@ const (
 	opEarliest   // a reserve's moment, nothing charged (Cluster)
 	opReserveAt  // a reserve of exactly p.notBefore, or nothing (Cluster)
 	opAllowAfter // an allow at the previous request's now, if it was admitted then (ReserveAndAllow)
+	opSettle     // a charge becomes its actual cost (Settle)
 )
 
 // prevNow is the "now" argument of an opAllowAfter request: the previous
@@ -378,13 +400,15 @@ type params struct {
 	undo [][2]int64
 	// Held: when the charge was decided (µs, 0: unknown).
 	decided int64
+	// Settle: per rule index, the actual cost.
+	acts []int
 }
 
 // args builds one group's script keys and arguments, as a script call of
 // one request. The rules' parameters are argv[specAt:end].
 func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, end int) {
 	at := p.notBefore
-	if p.op == opRefund || p.op == opHeld {
+	if p.op == opRefund || p.op == opHeld || p.op == opSettle {
 		at = p.ats[g[0].i]
 	}
 	var now any = minusOne
@@ -400,17 +424,18 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 	argv = make([]any, 0, na+1)
 	// One request: the script's request count, then the request.
 	horizon := p.horizon.Microseconds()
-	if p.op == opHeld || p.op == opRefund {
+	if p.op == opHeld || p.op == opRefund || p.op == opSettle {
 		horizon = p.decided
 	}
-	argv = append(argv, 1, p.op, now, tm.floor, p.n, horizon, holderField(p.req.Holder), b2i(p.req.Critical), p.nonce, at, len(g))
+	argv = append(argv, 1, p.op, now, tm.floor, groupCost(g, p.n), horizon, holderField(p.req.Holder), b2i(p.req.Critical), p.nonce, at, len(g))
 	for _, c := range g {
 		ks = append(ks, c.keys...)
 		if c.c.kind == kindCalendar {
-			// A refund needs the window it charged; the rest the windows
-			// from now to the horizon.
+			// A refund needs the window it charged, as does a settle to
+			// less; a settle to more the window of now; the rest the
+			// windows from now to the horizon.
 			around := tm.hint
-			if p.op == opRefund {
+			if p.op == opRefund || p.op == opSettle && int64(p.acts[c.i]) < c.n {
 				around = time.UnixMicro(at)
 			}
 			argv = append(argv, c.c.ticks.args(c.c, around.Add(-tickMargin), around.Add(p.horizon+tickMargin))...)
@@ -419,7 +444,7 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 		}
 	}
 	end = len(argv)
-	if p.op == opRefund || p.op == opHeld {
+	if p.op == opRefund || p.op == opHeld || p.op == opSettle {
 		for _, c := range g {
 			argv = append(argv, p.undo[c.i][0], p.undo[c.i][1])
 		}
@@ -441,12 +466,68 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 		}
 		argv = append(argv, g[0].digest, string(own))
 	}
+	if p.op == opSettle {
+		var b strings.Builder
+		for i, c := range g {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Itoa(p.acts[c.i]))
+		}
+		argv = append(argv, b.String())
+	}
 	return ks, argv, end
+}
+
+// groupCost is the cost argument of a script call on the calls g: the
+// calls' cost when they agree (n if g is empty), else each call's joined
+// by commas.
+func groupCost(g []call, n int) any {
+	same := true
+	for _, c := range g {
+		same = same && c.n == g[0].n
+	}
+	if len(g) == 0 {
+		return n
+	}
+	if same {
+		return g[0].n
+	}
+	var b strings.Builder
+	for i, c := range g {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(c.n, 10))
+	}
+	return b.String()
+}
+
+// sameCosts reports whether req.Costs charges every rule req.Cost (nil,
+// or each 0 or Cost).
+func sameCosts(req Request) bool {
+	for _, n := range req.Costs {
+		if n != 0 && n != max(req.Cost, 1) {
+			return false
+		}
+	}
+	return true
+}
+
+// withCosts sets each call's cost to what decision d charged its rule.
+func withCosts(calls []call, d Decision) {
+	for i := range calls {
+		calls[i].n = int64(d.cost)
+		if d.costs != nil {
+			calls[i].n = int64(d.costs[calls[i].i])
+		}
+	}
 }
 
 // digest names the rules a request of a set with a fair rule shares with
 // every other request whose booking of that rule it may take over: the
-// fair rule and the rules on their global key, with their limits. A
+// fair rule and the rules on their global key, with their limits and the
+// request's cost on each (when not 1). A
 // request takes over only the bookings of requests with the same digest,
 // and inherits their charges on exactly those rules.
 func digest(s *Set, calls []call) string {
@@ -454,6 +535,11 @@ func digest(s *Set, calls []call) string {
 	for _, c := range calls {
 		if c.key == "" || c.c.fair {
 			fmt.Fprintf(h, "%q %q %v %q;", s.rules[c.i].Name, s.rules[c.i].Limit, c.c.fair, c.key)
+			if c.n != 1 {
+				// Take-over and inheritance only between requests that
+				// charge the shared rules alike.
+				fmt.Fprintf(h, "n%d;", c.n)
+			}
 		}
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
@@ -756,7 +842,9 @@ func (l *Limiter) Status(ctx context.Context, s *Set, req Request) (Decision, er
 }
 
 func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horizon time.Duration) (Decision, error) {
-	if s == nil || s.prefetch == 0 {
+	if s == nil || s.prefetch == 0 || !sameCosts(req) {
+		// Per-rule costs that differ are decided one by one, without a
+		// pool.
 		return l.decideNow(ctx, s, req, op, horizon)
 	}
 	d, p, err := l.prefetched(ctx, s, req)
@@ -968,6 +1056,15 @@ func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
 		}
 		for j, c := range g {
 			st := r.rules[j]
+			if p.n > 0 && c.n != int64(p.n) {
+				if d.costs == nil {
+					d.costs = make([]int, len(s.rules))
+					for i := range d.costs {
+						d.costs[i] = p.n
+					}
+				}
+				d.costs[c.i] = int(c.n)
+			}
 			d.ats[c.i], d.undo[c.i] = r.at, [2]int64{st[3], st[4]}
 			d.Rules[c.i] = status(s, c, st)
 			if c.c.kind == kindConcurrency && st[3] > 0 {
@@ -1041,8 +1138,77 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 	if len(d.ats) != len(calls) {
 		return errors.New("quotas: the Decision is not from this Set")
 	}
+	withCosts(calls, d)
 	_, err = l.run(ctx, l.groups(calls), params{op: opRefund, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo, decided: d.decided()})
 	return err
+}
+
+// Settle changes the charges of an admitted or booked Decision d made for
+// req to what the request actually cost: actual holds, per rule of s in
+// order, the units really spent on it (0: nothing was spent); a negative
+// value leaves that rule's charge as it is, as do concurrency rules. Where
+// the actual cost is lower, the difference is given back as Refund would
+// give back a charge of that many units: a GCRA booking of its own shrinks
+// (a charge that extended the TAT moves it back, exactly if nothing was
+// charged since, otherwise less the time since the charge, and never while
+// later charges are booked beyond a burst ahead), a window un-counts it in
+// the window it was charged to, a sliding window drops that many of the
+// request's entries. Where it is higher, the difference is charged now
+// without a conformance check: the units were spent, and later requests
+// wait for them (a GCRA rule's TAT moves on from max(TAT, now), a window
+// counts them in the window of now, a sliding window logs them now).
+// Settle a Decision once, and do not Refund it afterwards: the charge it
+// describes has changed. A denied Decision is not settled. A Decision
+// admitted from prefetched units (Rule.Prefetch) cannot be settled (an
+// error). d may come from ParseReceipt.
+func (l *Limiter) Settle(ctx context.Context, s *Set, req Request, d Decision, actual []int) error {
+	if !d.Allowed {
+		return nil
+	}
+	if d.pf != nil {
+		return errors.New("quotas: a Decision admitted from prefetched units cannot be settled")
+	}
+	calls, err := l.bind(s, req, false)
+	if err != nil {
+		return err
+	}
+	p, err := settleParams(calls, req, d, actual)
+	if err != nil || p.op < 0 {
+		return err
+	}
+	var gs [][]call
+	for _, g := range l.groups(calls) {
+		if slices.ContainsFunc(g, func(c call) bool { return int64(p.acts[c.i]) != c.n }) {
+			gs = append(gs, g)
+		}
+	}
+	_, err = l.run(ctx, gs, p)
+	return err
+}
+
+// settleParams checks Settle's arguments and returns its params, with op
+// -1 when nothing changes.
+func settleParams(calls []call, req Request, d Decision, actual []int) (params, error) {
+	if len(d.ats) != len(calls) {
+		return params{}, errors.New("quotas: the Decision is not from this Set")
+	}
+	if len(actual) != len(calls) {
+		return params{}, fmt.Errorf("quotas: Settle has %d actual costs for %d rules", len(actual), len(calls))
+	}
+	withCosts(calls, d)
+	acts := make([]int, len(calls))
+	change := false
+	for i, c := range calls {
+		acts[i] = actual[i]
+		if acts[i] < 0 || c.c.kind == kindConcurrency {
+			acts[i] = int(c.n)
+		}
+		change = change || int64(acts[i]) != c.n
+	}
+	if !change {
+		return params{op: -1}, nil
+	}
+	return params{op: opSettle, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo, decided: d.decided(), acts: acts}, nil
 }
 
 // Held reports whether the booking an admitted or booked Decision d made
@@ -1067,6 +1233,7 @@ func (l *Limiter) Held(ctx context.Context, s *Set, req Request, d Decision) (bo
 	if len(d.ats) != len(calls) {
 		return false, errors.New("quotas: the Decision is not from this Set")
 	}
+	withCosts(calls, d)
 	var gs [][]call
 	for _, g := range l.groups(calls) {
 		if slices.ContainsFunc(g, func(c call) bool { return c.c.fair || c.c.learn != nil }) {

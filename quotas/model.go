@@ -94,7 +94,29 @@ func (m *Model) Refund(now time.Time, s *Set, req Request, d Decision) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	withCosts(calls, d)
 	m.m.refund(calls, us, int64(d.cost), d.ats, d.undo, req.Holder, d.nonce, d.decided())
+	return nil
+}
+
+// Settle changes, at time now, the charges of an admitted or booked
+// Decision d that m made for req to the actual costs per rule, as
+// Limiter.Settle does.
+func (m *Model) Settle(now time.Time, s *Set, req Request, d Decision, actual []int) error {
+	if !d.Allowed {
+		return nil
+	}
+	calls, us, err := m.charged(now, s, req, d, false)
+	if err != nil {
+		return err
+	}
+	p, err := settleParams(calls, req, d, actual)
+	if err != nil || p.op < 0 {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.m.settle(calls, us, p.acts, d.ats, d.undo, d.nonce, d.decided())
 	return nil
 }
 
@@ -109,6 +131,7 @@ func (m *Model) Held(now time.Time, s *Set, req Request, d Decision) (bool, erro
 	if err != nil {
 		return false, err
 	}
+	withCosts(calls, d)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.m.learnLoad(calls, us, false)
@@ -434,6 +457,13 @@ func (m *model) expire(k string, now int64) {
 // decide mirrors quotas.lua for one group of calls: op allow, reserve or
 // status. It returns the reply the script would give.
 func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, holder string, critical bool, nonce string) reply {
+	// cost is the units rule c is charged: its call's (Request.Costs), else n.
+	cost := func(c call) int64 {
+		if c.n > 0 {
+			return c.n
+		}
+		return n
+	}
 	m.housekeep(calls, now)
 	m.learnLoad(calls, now, op != opStatus)
 	m.load(calls, now, critical)
@@ -462,7 +492,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			if op == opReserve && c.c.kind == kindConcurrency {
 				continue
 			}
-			e := m.earliest(c, t, n, now, holder, critical)
+			e := m.earliest(c, t, cost(c), now, holder, critical)
 			if e < 0 {
 				return out(0, -1, int64(i+1), now, nil)
 			}
@@ -496,7 +526,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				continue
 			}
 			start, stop := m.window(c, from)
-			if t >= stop && stop-start > horizon && m.winEarliest(c, from, n) >= stop {
+			if t >= stop && stop-start > horizon && m.winEarliest(c, from, cost(c)) >= stop {
 				deny = &[2]int64{t - now, int64(i + 1)}
 				break
 			}
@@ -509,12 +539,12 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 		if deny == nil {
 			limit = t
 		}
-		m.takeable(calls[fair], max(now, notBefore), n, now, func(bt, x int64, i int) bool {
+		m.takeable(calls[fair], max(now, notBefore), cost(calls[fair]), now, func(bt, x int64, i int) bool {
 			if bt >= limit {
 				return true
 			}
 			for _, c := range calls {
-				if own(c) && c.c.kind != kindConcurrency && m.earliest(c, bt, n, now, holder, critical) != bt {
+				if own(c) && c.c.kind != kindConcurrency && m.earliest(c, bt, cost(c), now, holder, critical) != bt {
 					return false
 				}
 			}
@@ -533,7 +563,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 	}
 	undo := map[int][2]int64{}
 	for j, c := range calls {
-		k := c.keys[0]
+		k, n := c.keys[0], cost(c)
 		if victim >= 0 && j != fair && !own(c) {
 			// Inherited from the booking's owner.
 			switch c.c.kind {
@@ -791,6 +821,10 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 	taken := !m.held(calls, ats, undo, nonce)
 	for _, c := range calls {
 		k, t, u := c.keys[0], ats[c.i], undo[c.i]
+		n := n
+		if c.n > 0 {
+			n = c.n
+		}
 		if taken && !own(c) || c.c.learn != nil && decided > 0 && m.learned(c, now).d > decided {
 			// Taken over; or decided before a cut that reset the rule.
 			continue
@@ -847,6 +881,113 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 			m.logs[k] = log
 		case kindConcurrency:
 			m.release(k, holder, u[0])
+		}
+	}
+	m.flush()
+}
+
+// settle mirrors quotas.lua's settle op (gc_settle in booked.lua): each
+// call's charge (c.n units) becomes acts[c.i] units.
+func (m *model) settle(calls []call, now int64, acts []int, ats []int64, undo [][2]int64, nonce string, decided int64) {
+	m.housekeep(calls, now)
+	m.learnLoad(calls, now, false)
+	taken := !m.held(calls, ats, undo, nonce)
+	for _, c := range calls {
+		k, t, u, n := c.keys[0], ats[c.i], undo[c.i], c.n
+		d := n - int64(acts[c.i])
+		if d == 0 || c.c.kind == kindConcurrency || taken && !own(c) ||
+			d > 0 && c.c.learn != nil && decided > 0 && m.learned(c, now).d > decided {
+			continue
+		}
+		switch c.c.kind {
+		case kindGCRA:
+			cur, ok := m.tats[k]
+			if d < 0 {
+				if !ok {
+					cur = now
+				}
+				m.setTAT(k, max(cur, now)-d*c.em, now)
+				continue
+			}
+			if u[0] < 0 {
+				x := -u[0]
+				bs := m.books[k]
+				for i, b := range bs {
+					if b.x != x || b.tag != u[1] || b.t != t || b.g != c.digest || b.owner != nonce {
+						continue
+					}
+					ne := x + (b.e-x)/n*(n-d)
+					if ne <= x {
+						ne = x
+						m.books[k] = append(bs[:i:i], bs[i+1:]...)
+					} else {
+						m.books[k][i].e = ne
+					}
+					if ok && c.c.fair && ne < cur {
+						m.setTAT(k, max(ne, m.blocks[k]), now)
+					}
+					break
+				}
+				continue
+			}
+			back := max(0, min(d*c.em, u[0]-max(u[1], t)))
+			var tat int64
+			if ok && cur == u[0] {
+				tat = u[0] - back
+			} else {
+				if !ok {
+					cur = now
+				}
+				if tat = max(cur, now); tat <= now+c.em*c.c.burst {
+					low := tat - max(0, back-(now-t))
+					for _, b := range m.books[k] {
+						if b.e > low && b.x < tat {
+							low = max(low, b.e)
+						}
+					}
+					tat = min(tat, low)
+				}
+			}
+			m.setTAT(k, tat, now)
+		case kindFixed, kindCalendar:
+			if d > 0 {
+				s, _ := m.window(c, t)
+				if m.wins[k][s] <= d {
+					delete(m.wins[k], s)
+				} else {
+					m.wins[k][s] -= d
+				}
+				continue
+			}
+			s, _ := m.window(c, now)
+			if m.wins[k] == nil {
+				m.wins[k] = map[int64]int64{}
+			}
+			m.wins[k][s] -= d
+			if m.wins[k][s] == -d { // a new window: forget ended ones
+				for ws := range m.wins[k] {
+					if ws < s {
+						delete(m.wins[k], ws)
+					}
+				}
+			}
+		case kindSliding:
+			if d > 0 {
+				log := m.logs[k][:0]
+				removed := int64(0)
+				for _, e := range m.logs[k] {
+					if e.id == nonce && removed < d {
+						removed++
+						continue
+					}
+					log = append(log, e)
+				}
+				m.logs[k] = log
+				continue
+			}
+			log := m.logs[k]
+			i := sort.Search(len(log), func(i int) bool { return log[i].at > now })
+			m.logs[k] = slices.Insert(log, i, slices.Repeat([]logEntry{{at: now, id: nonce}}, int(-d))...)
 		}
 	}
 	m.flush()

@@ -26,18 +26,24 @@
 --          only if the previous request (of this call) was admitted or
 --          booked at its now; else nothing is read or charged and the
 --          reply is status -3 (Limiter.ReserveAndAllow: a task's slots
---          decided in the call that books its turn)
+--          decided in the call that books its turn),
+--          9 settle: a charge (undo values as for a refund) becomes its
+--          actual cost per rule: less gives the difference back as a
+--          refund would, more charges it now without a conformance check
+--          (gc_settle, win_refund/win_charge, sl_refund/sl_charge)
 --   +2     explicit now in microseconds, or -1 for the server's TIME (read
 --          for each request: each is decided at its own time)
 --   +3     TTL floor in milliseconds (0 in production)
---   +4     cost n
---   +5     reserve horizon, microseconds; refund, held: when the charge
+--   +4     cost: n, the same for every rule, or one per rule in rule order
+--          joined by commas ("3,1,2"), when they differ (concurrency rules
+--          ignore theirs); refund, held, settle: what the charge charged
+--   +5     reserve horizon, microseconds; refund, held, settle: when the charge
 --          was decided (0: unknown)
 --   +6     holder id (concurrency)
 --   +7     1 if the request may use a concurrency rule's critical reserve
 --   +8     nonce naming this request's GCRA bookings and sliding-window
 --          entries
---   +9     refund, held: the time the charge was made at (reply field t);
+--   +9     refund, held, settle: the time the charge was made at (reply field t);
 --          reserve: book no earlier than this time (0: now);
 --          block: until when the rules admit nothing
 --   +10    number of rules, then per rule its kind and its parameters, or
@@ -49,12 +55,13 @@
 --            5 concurrency  max, reserved, lease
 --            6 adaptive     min, max, start, per, burst (a GCRA rule
 --                           whose em is learned: learn.lua)
---          and, for a refund or held only, per rule the two undo values
+--          and, for a refund, held or settle only, per rule the two undo values
 --          u1, u2 the charge replied; then, per fair GCRA rule, the
 --          request's flow, and, if there is one, the digest g of the
 --          request's global rules and a string of one '1' per rule the
 --          request is charged on its own (keyed, not fair), else '0'
---          (booked.lua)
+--          (booked.lua); for a settle only, last, the actual cost per rule
+--          joined by commas
 --
 -- Reply: per request {status, wait, rule, now, t, then per rule: used,
 --   remaining, reset_after, u1, u2, em}; held replies only the first five
@@ -186,13 +193,13 @@ end
 -- (gc_takeable) at whose moment, before limit, the request's own rules
 -- admit it; it returns that moment, with the booking in the fair rule's
 -- table (victim, vowner: its member and owner), or false.
-local function take_over(rules, nrules, fair, t0, n, now, limit, critical, holder, g)
+local function take_over(rules, nrules, fair, t0, now, limit, critical, holder, g)
   local rf, took = rules[fair], false
-  gc_takeable(rf, t0, n, now, g, function(t, x, m, owner)
+  gc_takeable(rf, t0, rf.n, now, g, function(t, x, m, owner)
     if t >= limit then return true end
     for i = 1, nrules do
       local r = rules[i]
-      if r.own and r.kind ~= 5 and (earliest(r, t, n, now, critical, holder) ~= t or r.kind == 3 and win_at(r, t) < 0) then
+      if r.own and r.kind ~= 5 and (earliest(r, t, r.n, now, critical, holder) ~= t or r.kind == 3 and win_at(r, t) < 0) then
         return false
       end
     end
@@ -219,7 +226,8 @@ local function decide(k0, a0, prev)
     now = gcra_now(ARGV[a0 + 2])
   end
   local ttl_floor = tonumber(ARGV[a0 + 3])
-  local n = tonumber(ARGV[a0 + 4])
+  local costs = ARGV[a0 + 4]
+  local n = tonumber(costs)
   local horizon = tonumber(ARGV[a0 + 5])
   local holder = ARGV[a0 + 6]
   local critical = ARGV[a0 + 7] == '1'
@@ -237,7 +245,7 @@ local function decide(k0, a0, prev)
     -- later makes Lua grow and rehash the table.
     rules = {}
     for i = 1, nrules do
-      local r = {kind = tonumber(ARGV[a]), key = false, em = 0, burst = 0, limit = 0, p = false,
+      local r = {kind = tonumber(ARGV[a]), n = 0, key = false, em = 0, burst = 0, limit = 0, p = false,
         max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, fair = false,
         flow = false, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
         stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
@@ -270,11 +278,21 @@ local function decide(k0, a0, prev)
     end
     last_rules = rules
   end
+  -- Each rule's cost: the same for all, or one per rule.
+  if n then
+    for i = 1, nrules do rules[i].n = n end
+  else
+    local i = 0
+    for v in string.gmatch(costs, '[^,]+') do
+      i = i + 1
+      rules[i].n = tonumber(v)
+    end
+  end
   -- An adaptive rule's interval is its learned rate's, for every op.
   for i = 1, nrules do
     if rules[i].adapt and not skip then ad_load(rules[i], now, not dry and (op == 0 or op == 1 or op == 4)) end
   end
-  if op == 2 or op == 5 then
+  if op == 2 or op == 5 or op == 9 then
     for i = 1, nrules do
       rules[i].u1, rules[i].u2 = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
       a = a + 2
@@ -294,6 +312,12 @@ local function decide(k0, a0, prev)
     local own = ARGV[a + 1]
     for i = 1, nrules do rules[i].own = string.byte(own, i) == 49 end
     a = a + 2
+  end
+  local acts = false
+  if op == 9 then
+    acts = {}
+    for v in string.gmatch(ARGV[a], '[^,]+') do acts[#acts + 1] = tonumber(v) end
+    a = a + 1
   end
   if skip then
     return {-3, 0, 0, now, now}, k, a - 1
@@ -316,7 +340,7 @@ local function decide(k0, a0, prev)
     return {1, 0, 0, now, now}, k, a - 1
   end
 
-  if op ~= 2 then
+  if op ~= 2 and op ~= 9 then
     for i = 1, nrules do
       local r = rules[i]
       if r.kind == 3 and win_at(r, now) < 0 then
@@ -338,13 +362,48 @@ local function decide(k0, a0, prev)
         -- Decided before a cut, which reset the rule's time: nothing to
         -- give back.
       elseif kind == 1 then
-        gc_refund(r, t, n, now, ttl_floor, nonce, g)
+        gc_refund(r, t, r.n, now, ttl_floor, nonce, g)
       elseif kind == 2 or kind == 3 then
-        win_refund(r, t, n, now)
+        win_refund(r, t, r.n, now)
       elseif kind == 4 then
-        sl_refund(r, n, nonce)
+        sl_refund(r, 0, r.n, nonce)
       elseif r.u1 > 0 then
         cc_release(r.key, r.hkey, holder, r.u1, now, ttl_floor)
+      end
+    end
+    for i = 1, nrules do load(rules[i], now, critical) end
+    return reply(rules, nrules, now, 1, 0, 0, t), k, a - 1
+  end
+
+  if op == 9 then
+    -- Settle: each rule's charge becomes its actual cost. Less gives the
+    -- difference back as a refund would (never more than the charge still
+    -- holds); more charges the difference now, without a conformance
+    -- check: the units were spent, later requests wait for them.
+    local t = tonumber(ARGV[a0 + 9])
+    local taken = fair > 0 and not gc_held(rules[fair], nonce, t, g)
+    for i = 1, nrules do
+      local r = rules[i]
+      local kind, d = r.kind, r.n - acts[i]
+      if d == 0 or kind == 5 or taken and not r.own then
+      elseif d > 0 and r.adapt and horizon > 0 and r.ld > horizon then
+        -- Decided before a cut, which reset the rule's time.
+      elseif kind == 1 then
+        gc_settle(r, t, r.n, d, now, ttl_floor, nonce, g)
+      elseif kind == 2 or kind == 3 then
+        if d > 0 then
+          win_refund(r, t, d, now)
+        else
+          win_load(r, now)
+          local at = now
+          if win_at(r, now) < 0 then at = t end
+          win_charge(r, at, -d, now, ttl_floor)
+        end
+      elseif d > 0 then
+        sl_refund(r, r.n - d, r.n, nonce)
+      else
+        sl_load(r, now)
+        sl_charge(r, now, -d, now, ttl_floor, nonce, r.n)
       end
     end
     for i = 1, nrules do load(rules[i], now, critical) end
@@ -393,7 +452,7 @@ local function decide(k0, a0, prev)
     for i = 1, nrules do
       local r = rules[i]
       if not (op == 1 and r.kind == 5) then
-        local e = earliest(r, t, n, now, critical, holder)
+        local e = earliest(r, t, r.n, now, critical, holder)
         if e < 0 then
           return reply(rules, nrules, now, 0, -1, i, now), k, a - 1
         end
@@ -433,7 +492,7 @@ local function decide(k0, a0, prev)
         local r = rules[i]
         if r.kind == 2 or r.kind == 3 then
           local start, stop = win_at(r, from)
-          if t >= stop and stop - start > horizon and win_earliest(r, from, n) >= stop then
+          if t >= stop and stop - start > horizon and win_earliest(r, from, r.n) >= stop then
             deny = {t - now, i}
             break
           end
@@ -443,7 +502,7 @@ local function decide(k0, a0, prev)
     if fair > 0 then
       local limit = now + horizon + 1
       if not deny then limit = t end
-      local took = take_over(rules, nrules, fair, from, n, now, limit, critical, holder, g)
+      local took = take_over(rules, nrules, fair, from, now, limit, critical, holder, g)
       if took then t, deny = took, false end
     end
     if exact and t > from then
@@ -471,15 +530,15 @@ local function decide(k0, a0, prev)
       if kind == 1 then
         u1, u2 = gc_inherit(r, t, victim, nonce, g)
       elseif kind == 4 then
-        sl_inherit(r, n, victim, nonce)
+        sl_inherit(r, r.n, victim, nonce)
       end
     elseif kind == 1 then
-      u1, u2 = gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
+      u1, u2 = gc_charge(r, t, r.n, now, ttl_floor, nonce, critical, g)
       if r.adapt then ad_grow(r, now) end
     elseif kind == 2 or kind == 3 then
-      win_charge(r, t, n, now, ttl_floor)
+      win_charge(r, t, r.n, now, ttl_floor)
     elseif kind == 4 then
-      sl_charge(r, t, n, now, ttl_floor, nonce)
+      sl_charge(r, t, r.n, now, ttl_floor, nonce)
     elseif op == 0 then
       u1 = cc_acquire(r, holder, now, ttl_floor)
     end

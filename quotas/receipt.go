@@ -15,7 +15,9 @@ import (
 // throttled, or it comes back too late for its slot). ParseReceipt turns it
 // back into a Decision for Refund with the same Set and Request. Receipt
 // returns "" for a denied Decision. Leases are not part of a receipt: release
-// them with Release.
+// them with Release. The format is "r2 NOW COST NONCE" and per rule
+// "t,u1,u2", with ",c" added when the rule was charged c units other than
+// COST (Request.Costs).
 func (d Decision) Receipt() string {
 	if !d.Allowed {
 		return ""
@@ -38,6 +40,12 @@ func (d Decision) Receipt() string {
 		b.WriteString(strconv.FormatInt(d.undo[i][0], 10))
 		b.WriteByte(',')
 		b.WriteString(strconv.FormatInt(d.undo[i][1], 10))
+		if d.costs != nil && d.costs[i] != d.cost {
+			// A rule charged other than the request's cost
+			// (Request.Costs): its cost, as a fourth field.
+			b.WriteByte(',')
+			b.WriteString(strconv.Itoa(d.costs[i]))
+		}
 	}
 	return b.String()
 }
@@ -75,15 +83,33 @@ func ParseReceipt(s string) (Decision, error) {
 		d.nonce = ""
 	}
 	for _, rule := range f[3:] {
-		var v [3]int64
+		var v [4]int64
 		parts := strings.Split(rule, ",")
-		if len(parts) != 3 {
+		if len(parts) != 3 && len(parts) != 4 {
 			return Decision{}, errors.New("quotas: receipt: bad rule charge")
 		}
 		for i, p := range parts {
 			if v[i], err = strconv.ParseInt(p, 10, 64); err != nil {
 				return Decision{}, errors.New("quotas: receipt: bad rule charge")
 			}
+		}
+		if len(parts) == 4 {
+			if v[3] < 1 || v[3] > 1<<31-1 {
+				return Decision{}, errors.New("quotas: receipt: bad rule cost")
+			}
+			if d.costs == nil {
+				d.costs = make([]int, len(d.ats), len(f)-3)
+				for i := range d.costs {
+					d.costs[i] = cost
+				}
+			}
+		}
+		if d.costs != nil {
+			c := cost
+			if len(parts) == 4 {
+				c = int(v[3])
+			}
+			d.costs = append(d.costs, c)
 		}
 		d.ats = append(d.ats, v[0])
 		d.undo = append(d.undo, [2]int64{v[1], v[2]})

@@ -115,6 +115,10 @@ type differ struct {
 	// each other's bookings over; taken counts Held answering false.
 	booking bool
 	taken   int
+	// settling: sets whose rate and window rules have room for several
+	// charges, and steps that mostly allow, reserve and settle.
+	settling bool
+	settled  int // Settle calls compared
 }
 
 func newDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64) *differ {
@@ -200,6 +204,13 @@ func (d *differ) step(t testing.TB) {
 			req.Keys[i] = entities[d.rng.IntN(len(entities))]
 		}
 	}
+	if d.rng.IntN(3) == 0 {
+		// Per-rule costs, some above a rule's burst or limit.
+		req.Costs = make([]int, len(s.rules))
+		for i := range req.Costs {
+			req.Costs[i] = d.rng.IntN(4)
+		}
+	}
 	if d.booking {
 		req.Fair = make([]string, len(s.rules))
 		f := flows[d.rng.IntN(len(flows))]
@@ -215,8 +226,8 @@ func (d *differ) step(t testing.TB) {
 	same := func(name string, got, want Decision, err error) {
 		t.Helper()
 		if err != nil || !reflect.DeepEqual(got, want) {
-			t.Fatalf("op %d %s at %s on %v keys %q cost %d holder %s:\n redis %+v\n model %+v %v", d.ops, name,
-				d.l.now.Format(time.RFC3339Nano), s.rules, req.Keys, req.Cost, req.Holder, got, want, err)
+			t.Fatalf("op %d %s at %s on %v keys %q cost %d costs %v holder %s:\n redis %+v\n model %+v %v", d.ops, name,
+				d.l.now.Format(time.RFC3339Nano), s.rules, req.Keys, req.Cost, req.Costs, req.Holder, got, want, err)
 		}
 	}
 	// Allow and Reserve are compared on the model's state, given the
@@ -226,7 +237,9 @@ func (d *differ) step(t testing.TB) {
 		same(name, got, d.l.assemble(s, [][]call{calls}, []reply{want}, params{req: req, n: int(n), nonce: got.nonce}), nil)
 	}
 	x := d.rng.IntN(20)
-	if d.booking {
+	if d.settling {
+		x = []int{0, 0, 0, 0, 0, 0, 12, 12, 12, 15, 16, 17, 17, 17, 17, 17, 17, 17, 17, 19}[x]
+	} else if d.booking {
 		// Reserve far ahead (x 12-14) more than half the time, refund
 		// (x 16-17) a fifth of it.
 		x = []int{0, 0, 0, 12, 12, 12, 12, 12, 12, 12, 12, 12, 12, 12, 15, 16, 17, 17, 17, 17}[x]
@@ -281,6 +294,60 @@ func (d *differ) step(t testing.TB) {
 	case len(d.held) == 0:
 	case x < 18 && d.booking && d.rng.IntN(3) == 0:
 		d.checkHeld(t, d.held[d.rng.IntN(len(d.held))], now)
+	case x < 18 && (d.settling || d.rng.IntN(2) == 0):
+		// Settle a charge to random actual costs (-1: as charged): the
+		// latest one (nothing charged since), the one before it (a charge
+		// stacked on it, often at the same moment), or any.
+		i := len(d.held) - 1 - d.rng.IntN(min(len(d.held), 2))
+		if d.rng.IntN(3) == 0 {
+			i = d.rng.IntN(len(d.held))
+		}
+		h := d.held[i]
+		d.held = append(d.held[:i], d.held[i+1:]...)
+		if d.rng.IntN(2) == 0 {
+			// Two charges of the same request now, the first settled: it
+			// finds a charge stacked on its own, made at the same moment.
+			hc, err := d.l.bind(h.set, h.req, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var two [2]Decision
+			for k := range two {
+				got, err := d.l.Allow(d.ctx, h.set, h.req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := d.mod.m.decide(hc, opAllow, now, int64(max(h.req.Cost, 1)), 0, 0, h.req.Holder, h.req.Critical, got.nonce)
+				same("Allow before Settle", got, d.l.assemble(h.set, [][]call{hc}, []reply{want}, params{req: h.req, n: max(h.req.Cost, 1), nonce: got.nonce}), nil)
+				two[k] = got
+			}
+			if two[0].Allowed {
+				h.d = two[0]
+			}
+			if two[1].Allowed {
+				d.held = append(d.held, held{h.set, h.req, two[1]})
+			}
+		}
+		actual := make([]int, len(h.set.rules))
+		for j := range actual {
+			actual[j] = d.rng.IntN(6) - 1
+		}
+		if err := d.l.Settle(d.ctx, h.set, h.req, h.d, actual); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.mod.Settle(d.l.now, h.set, h.req, h.d, actual); err != nil {
+			t.Fatal(err)
+		}
+		d.settled++
+		// The state after it, on the request's keys.
+		got, err := d.l.Status(d.ctx, h.set, h.req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := d.mod.Status(d.l.now, h.set, h.req)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("op %d Settle %v of %+v on %v %+v:\n redis %+v\n model %+v %v", d.ops, actual, h.d, h.set.rules, h.req, got, want, err)
+		}
 	case x < 18:
 		i := d.rng.IntN(len(d.held))
 		h := d.held[i]
@@ -342,6 +409,59 @@ func TestDifferential(t *testing.T) {
 			d.step(t)
 		}
 	})
+	assertAllExpire(t, c, prefix)
+}
+
+// newSettleDiffer is a differ whose sets' rate and window rules have room
+// for several charges (a settle then often finds charges stacked on its
+// own) and whose steps mostly allow, reserve and settle.
+func newSettleDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64) *differ {
+	d := newDiffer(t, c, prefix, seed)
+	d.settling = true
+	d.sets = d.sets[:0]
+	for i := 0; i < 4; i++ {
+		var rules []Rule
+		for j := 0; j < 1+d.rng.IntN(3); j++ {
+			name := fmt.Sprintf("r%d", j)
+			limit, every := 4+d.rng.IntN(12), time.Duration(1+d.rng.IntN(10))*d.scale
+			switch d.rng.IntN(6) {
+			case 0:
+				rules = append(rules, Rule{Name: name, Limit: FixedWindow{Limit: limit, Every: every}})
+			case 1:
+				rules = append(rules, Rule{Name: name, Limit: SlidingWindow{Limit: limit, Every: every}})
+			case 2:
+				rules = append(rules, Rule{Name: name + "a", Limit: randomAdaptive(d.rng, limit, every)})
+			default:
+				fair := d.rng.IntN(3) == 0
+				if fair {
+					name += "f"
+				}
+				rules = append(rules, Rule{Name: name, Fair: fair, Limit: GCRA(gcra.Limit{Rate: float64(limit), Period: every, Burst: 3 + d.rng.IntN(8)})})
+			}
+		}
+		d.sets = append(d.sets, mustSet(rules...))
+	}
+	return d
+}
+
+// TestDifferentialSettle runs Settle (and per-rule costs) through the Lua
+// script and the Go model: charges settled to less and to more, alone, under
+// charges stacked on them at the same moment, and bookings of their own.
+func TestDifferentialSettle(t *testing.T) {
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	var settled atomic.Int64
+	redistest.Parallel(t, 8, func(t testing.TB, w int) {
+		d := newSettleDiffer(t, c, fmt.Sprintf("%sw%d:", prefix, w), uint64(w+300))
+		for i := 0; i < 2000; i++ {
+			d.step(t)
+		}
+		settled.Add(int64(d.settled))
+	})
+	t.Logf("%d settles compared", settled.Load())
+	if settled.Load() < 1000 {
+		t.Errorf("only %d settles", settled.Load())
+	}
 	assertAllExpire(t, c, prefix)
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -268,7 +269,7 @@ func (j *job) refund(d quotas.Decision) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(j.ctx), 5*time.Second)
 	defer cancel()
-	if err := j.m.limiter.Refund(ctx, j.sp.rates, quotas.Request{Keys: j.rates.Keys}, d); err != nil {
+	if err := j.m.limiter.Refund(ctx, j.sp.rates, quotas.Request{Keys: j.rates.Keys, Costs: j.rates.Costs}, d); err != nil {
 		j.m.cfg.Logger.Warn("taskrl: refunding an unused charge failed", "err", err)
 	}
 }
@@ -278,15 +279,24 @@ func (j *job) refund(d quotas.Decision) {
 // the FailLocal mode while Redis is unreachable.
 func (j *job) localTurn() error {
 	m := j.m
+	req := j.rates
+	if req.Costs != nil {
+		// A cost the whole rule admits may exceed its share's burst or
+		// limit: at most all of the share then.
+		req.Costs = slices.Clone(req.Costs)
+		for i, r := range j.sp.local[0].Rules() {
+			req.Costs[i] = min(req.Costs[i], capacity(r.Limit))
+		}
+	}
 	for {
-		d, err := m.local.Reserve(m.cfg.Clock.Now(), j.sp.local[0], j.rates, 24*time.Hour)
+		d, err := m.local.Reserve(m.cfg.Clock.Now(), j.sp.local[0], req, 24*time.Hour)
 		switch {
 		case err != nil:
 			return err
 		case d.Allowed:
 			if err := hold(j.ctx, d.Delay); err != nil {
 				// The task does not run: its turn goes back.
-				_ = m.local.Refund(m.cfg.Clock.Now(), j.sp.local[0], j.rates, d)
+				_ = m.local.Refund(m.cfg.Clock.Now(), j.sp.local[0], req, d)
 				return err
 			}
 			return nil
@@ -425,9 +435,9 @@ func hold(ctx context.Context, d time.Duration) error {
 // what gives the concurrency slots it took back when the task ends. Redis
 // failures are reported and otherwise ignored: a shadow rule never holds a
 // task.
-func (j *job) shadowDecide(fair []string) (release func()) {
+func (j *job) shadowDecide(rq quotas.Request) (release func()) {
 	m := j.m
-	req := quotas.Request{Keys: pick(j.keys, j.sp.shadowIdx), Fair: pick(fair, j.sp.shadowIdx), Critical: j.sp.critical, Holder: j.holder()}
+	req := quotas.Request{Keys: pick(j.keys, j.sp.shadowIdx), Fair: pick(rq.Fair, j.sp.shadowIdx), Costs: pick(rq.Costs, j.sp.shadowIdx), Critical: j.sp.critical, Holder: j.holder()}
 	d, err := guard(m, func() (quotas.Decision, error) { return m.limiter.Allow(j.ctx, j.sp.shadow, req) })
 	switch {
 	case err != nil:

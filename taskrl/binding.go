@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -20,6 +21,7 @@ type Binding struct {
 	set      *quotas.Set
 	rules    []*crule
 	payload  bool // some key template references a payload field
+	costs    bool // some rule has a Cost
 	critical bool
 	throttle []bool // per rule: the policy's throttle list names it
 
@@ -68,8 +70,11 @@ func (b *Binding) Keys(payload []byte) ([]string, error) {
 // Request returns the quotas.Request a task with payload makes of Set():
 // its Keys (see Keys), its Fair flows, rendered from the fair rules'
 // templates like keys (a flow that cannot be rendered, for want of a field
-// or an object, is ""), and Critical (see Critical). A nil *Binding
-// returns the zero Request.
+// or an object, is ""), Critical (see Critical) and, when a rule has a
+// Cost, its Costs (1 for rules without one); a cost that is not a whole
+// number of at least 1, or missing without a DefaultCost, is a *CostError.
+// Costs are not checked against the limits here: see CheckCosts. A nil
+// *Binding returns the zero Request.
 func (b *Binding) Request(payload []byte) (quotas.Request, error) {
 	if b == nil {
 		return quotas.Request{}, nil
@@ -85,7 +90,17 @@ func (b *Binding) Request(payload []byte) (quotas.Request, error) {
 		}
 		return obj, objErr
 	}
+	if b.costs {
+		req.Costs = make([]int, len(b.rules))
+	}
 	for i, r := range b.rules {
+		if b.costs {
+			n, err := r.renderCost(object)
+			if err != nil {
+				return quotas.Request{}, err
+			}
+			req.Costs[i] = n
+		}
 		if t := r.ftmpl; t != nil {
 			if !t.fields {
 				req.Fair[i] = r.Fair
@@ -118,6 +133,119 @@ func (b *Binding) Request(payload []byte) (quotas.Request, error) {
 	}
 	return req, nil
 }
+
+// renderCost returns the rule's cost for the payload object returns: 1
+// without a Cost, its literal, or its template's value.
+func (r *crule) renderCost(object func() (map[string]json.RawMessage, error)) (int, error) {
+	switch {
+	case r.Cost == "":
+		return 1, nil
+	case r.ctmpl == nil:
+		return r.cost, nil
+	}
+	o, err := object()
+	if err != nil {
+		return 0, fmt.Errorf("taskrl: rule %q: payload is not a JSON object: %v", r.Name, err)
+	}
+	v, err := r.ctmpl.render(o)
+	var missing *MissingFieldError
+	switch {
+	case errors.As(err, &missing) && r.DefaultCost > 0:
+		return r.DefaultCost, nil
+	case errors.As(err, &missing):
+		return 0, &CostError{Rule: r.Name, Field: missing.Field}
+	case err != nil:
+		return 0, &CostError{Rule: r.Name, Err: err}
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > maxCost {
+		return 0, &CostError{Rule: r.Name, Value: v}
+	}
+	return n, nil
+}
+
+// maxCost bounds a task's cost: far above any limit's capacity, and exact
+// in the scripts' doubles.
+const maxCost = 1 << 31
+
+// CheckCosts returns a *CostError for the first rule of Set(), shadow
+// rules aside, whose cost in costs (Request.Costs) exceeds what the rule
+// admits at once: a GCRA or adaptive burst, a window's limit (overrides
+// and soft raises included, as the binding's set has them). Such a task
+// can never pass. nil costs, and a nil *Binding, pass.
+func (b *Binding) CheckCosts(costs []int) error {
+	if b == nil || costs == nil {
+		return nil
+	}
+	for i, r := range b.set.Rules() {
+		if b.rules[i].Shadow {
+			continue
+		}
+		if err := checkCost(r, costs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkCosts is CheckCosts for the rules of set, costs holding theirs.
+func checkCosts(set *quotas.Set, costs []int) error {
+	if set == nil || costs == nil {
+		return nil
+	}
+	for i, r := range set.Rules() {
+		if err := checkCost(r, costs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkCost returns a *CostError if cost exceeds what r admits at once.
+func checkCost(r quotas.Rule, cost int) error {
+	if m := capacity(r.Limit); cost > m {
+		return &CostError{Rule: r.Name, Value: strconv.Itoa(cost), Max: m, Measure: capacityName(r.Limit)}
+	}
+	return nil
+}
+
+// CostError reports that a task's cost under a rule (Rule.Cost) is not one
+// the rule can charge: not a whole number of at least 1, missing from the
+// payload without a DefaultCost, or above what the rule admits at once.
+// The middleware archives such a task (asynq.SkipRetry), charging nothing.
+type CostError struct {
+	// Rule is the rule's name.
+	Rule string
+	// Value is the cost as the template rendered it; "" when Field is
+	// missing from the payload.
+	Value string
+	// Field is the payload field the template needs, when it is missing.
+	Field string
+	// Max is, when the cost exceeds it, the most the rule admits at once;
+	// Measure names it ("burst" or "limit"). 0 otherwise.
+	Max     int
+	Measure string
+	// Err is why the template could not be rendered, if it could not
+	// (a field that is an object, a payload that is not JSON).
+	Err error
+}
+
+// Error says what is wrong, naming the rule, e.g.
+// `taskrl: rule "points": cost 40 is above the rule's burst of 30: the task can never pass`.
+func (e *CostError) Error() string {
+	switch {
+	case e.Max > 0:
+		return fmt.Sprintf("taskrl: rule %q: cost %s is above the rule's %s of %d: the task can never pass", e.Rule, e.Value, e.Measure, e.Max)
+	case e.Field != "":
+		return fmt.Sprintf("taskrl: rule %q: cost: payload has no field %q and the rule has no default_cost", e.Rule, e.Field)
+	case e.Err != nil:
+		return fmt.Sprintf("taskrl: rule %q: cost: %v", e.Rule, e.Err)
+	}
+	return fmt.Sprintf("taskrl: rule %q: cost %q is not a whole number of at least 1", e.Rule, e.Value)
+}
+
+// Unwrap returns Err.
+func (e *CostError) Unwrap() error { return e.Err }
 
 // MissingFieldError reports that a task's payload lacks a field a rule's
 // key template needs and the rule has no DefaultKey.

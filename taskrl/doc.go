@@ -49,6 +49,14 @@
 // without spending a retry. A handler whose call succeeded but spent the
 // remote quota calls Pause to block the same rules without rescheduling.
 //
+// A rule with a Cost charges each task that many units of its limit,
+// rendered from the payload ("{{.units}}"); a cost the rule can never
+// admit is archived with the rule, the cost and the limit named. A
+// handler that learns what its call really cost calls Settle (or
+// SettleFromHeaders with the answer's headers): when it returns, the
+// difference from the estimate is given back to, or charged to, every rule
+// with a Cost, so that later tasks run that much sooner or later.
+//
 // When Redis cannot be reached, Policy.FailureMode decides: FailClosed
 // (the default) keeps the task waiting in the worker, retrying with backoff,
 // until Redis is back or the task's context ends (asynq itself needs Redis

@@ -47,6 +47,10 @@ const (
 	// RedisError: a call to Redis failed (Event.Err); reported once per
 	// failed call, beside the task's final outcome.
 	RedisError Outcome = "redis_error"
+	// Settled: the handler reported the task's actual cost (Settle) and
+	// the difference was given back or charged to its rules with a Cost;
+	// reported after the task ran, beside its Admitted.
+	Settled Outcome = "settled"
 )
 
 // Event is one report to an Observer.

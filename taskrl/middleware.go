@@ -339,8 +339,11 @@ func atShare(r quotas.Rule, share int) quotas.Rule {
 	return r
 }
 
-func pick(keys []string, idx []int) []string {
-	out := make([]string, len(idx))
+func pick[T any](keys []T, idx []int) []T {
+	if keys == nil {
+		return nil
+	}
+	out := make([]T, len(idx))
 	for i, j := range idx {
 		out[i] = keys[j]
 	}
@@ -463,8 +466,11 @@ func (j *job) process(b *Binding, next asynq.Handler) error {
 	if err != nil {
 		// No key, no limit to apply: archived with the reason.
 		var mf *MissingFieldError
+		var ce *CostError
 		if errors.As(err, &mf) {
 			j.observe(Event{Outcome: Refused, Rule: mf.Rule})
+		} else if errors.As(err, &ce) {
+			j.observe(Event{Outcome: Refused, Rule: ce.Rule})
 		}
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
@@ -472,18 +478,41 @@ func (j *job) process(b *Binding, next asynq.Handler) error {
 	if j.sp, err = j.m.split(b); err != nil {
 		return err
 	}
+	if err := checkCosts(j.sp.rates, pick(rq.Costs, j.sp.rateIdx)); err != nil {
+		// A cost above what an enforced rule admits at once (after
+		// overrides): no wait would ever admit it; nothing is charged.
+		j.observe(Event{Outcome: Refused, Rule: err.(*CostError).Rule, Wait: quotas.Never})
+		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
+	}
 	j.keys = rq.Keys
 	if j.sp.shadow != nil {
 		// Decided when the task runs: once per run, at its moment.
 		inner := next
 		next = asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			defer j.shadowDecide(rq.Fair)()
+			defer j.shadowDecide(rq)()
 			return inner.ProcessTask(ctx, t)
 		})
 	}
 	var admit Event // reported when the task is sure to run
 	if j.sp.rates != nil {
-		j.rates = quotas.Request{Keys: pick(j.keys, j.sp.rateIdx), Critical: j.sp.critical, Fair: pick(rq.Fair, j.sp.rateIdx)}
+		j.rates = quotas.Request{Keys: pick(j.keys, j.sp.rateIdx), Critical: j.sp.critical, Fair: pick(rq.Fair, j.sp.rateIdx), Costs: pick(rq.Costs, j.sp.rateIdx)}
+		if st := j.newSettlement(b); st != nil {
+			// The handler may report the actual cost (Settle); it is
+			// applied when the handler returns, unless the remote side
+			// throttled the call (backOff refunds the charge whole).
+			inner := next
+			next = asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+				err := inner.ProcessTask(context.WithValue(ctx, settleKey{}, st), t)
+				if errors.As(err, new(*ThrottledError)) {
+					st.mu.Lock()
+					st.done = true
+					st.mu.Unlock()
+				} else {
+					j.settle(st)
+				}
+				return err
+			})
+		}
 		if done, err := j.admitRates(&admit); done {
 			return err
 		}

@@ -292,7 +292,7 @@ func (b *Binding) forKeys(keys []string) *Binding {
 	if v, ok := b.variants.Load(sig.String()); ok {
 		return v.(*Binding)
 	}
-	v := &Binding{rules: append([]*crule(nil), b.rules...), payload: b.payload, critical: b.critical, throttle: b.throttle}
+	v := &Binding{rules: append([]*crule(nil), b.rules...), payload: b.payload, costs: b.costs, critical: b.critical, throttle: b.throttle}
 	qs := b.set.Rules()
 	for j, m := range b.over {
 		if l, ok := m[keys[j]]; ok {

@@ -92,6 +92,32 @@ type Rule struct {
 	// worth of the rate. Only a gcra rule that is not fair. Policy file:
 	// prefetch: 5ms.
 	Prefetch time.Duration
+	// Cost is how many units of the rule's limit one task takes: a
+	// template over the task's JSON payload like Key whose value is a
+	// whole number of at least 1 (e.g. "{{.units}}": a payload field
+	// "units": 3, or "3"), or a literal whole number ("3"). "" (the
+	// default) means 1. A GCRA rate then admits rate/cost tasks a second
+	// and burst/cost at once; a window counts cost per task. A task whose
+	// cost is not a whole number of at least 1, is missing without a
+	// DefaultCost, or exceeds what the rule admits at once (a GCRA or
+	// adaptive burst, a window's limit, or an override's for the task's
+	// key) is archived (asynq.SkipRetry) with a *CostError naming the
+	// rule, the cost and the limit, and nothing is charged. A handler may
+	// report the real cost afterwards with Settle. Not for concurrency
+	// rules, nor with Prefetch. Policy file: cost: "{{.units}}".
+	Cost string
+	// DefaultCost is the cost used when the payload lacks a field Cost
+	// references. 0 (the default) means such a task is archived with a
+	// *CostError. It requires a Cost that references a field. Policy
+	// file: default_cost: 1.
+	DefaultCost int
+	// SettleHeader names a response header that carries a call's actual
+	// cost under this rule (e.g. "X-Actual-Cost"), for handlers that
+	// settle from a response: SettleFromHeaders reads it, as the worker's
+	// http:call handler does after every call. "" (the default): none; a
+	// handler may still call Settle. It requires a Cost. Policy file:
+	// settle_header: X-Actual-Cost.
+	SettleHeader string
 	// Limit is the rule's limit, exactly one of quotas.GCRA,
 	// quotas.Adaptive, quotas.FixedWindow, quotas.CalendarWindow,
 	// quotas.SlidingWindow or quotas.Concurrency (a pointer to one is
@@ -191,11 +217,13 @@ type Policy struct {
 
 type bindKey struct{ taskType, queue string }
 
-// crule is a validated rule with its compiled key and fair templates.
+// crule is a validated rule with its compiled key, fair and cost templates.
 type crule struct {
 	Rule
 	tmpl  *keyTemplate // nil when Key == ""
 	ftmpl *keyTemplate // nil when Fair == ""
+	ctmpl *keyTemplate // nil when Cost == "" or a literal
+	cost  int          // a literal Cost; 0 when Cost is a template or ""
 }
 
 // NewPolicy validates rules and returns a Policy that fails closed when
@@ -464,6 +492,7 @@ func newBinding(all []*crule, idx []int, throttle []string, overrides []Override
 		}
 		qs[j] = quotas.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil, Prefetch: r.Prefetch}
 		b.payload = b.payload || (r.tmpl != nil && r.tmpl.fields)
+		b.costs = b.costs || r.Cost != ""
 	}
 	s, err := quotas.NewSet(qs...)
 	if err != nil {

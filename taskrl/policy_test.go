@@ -52,7 +52,7 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"rules not a list", "rules: {a: 1}\n", `policy: line 1: rules: must be a list of rules, got a mapping`},
 		{"bad redis_unavailable", "redis_unavailable: maybe\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: redis_unavailable: must be open, closed or local, got "maybe"`},
 		{"rule not a mapping", "rules: [5]\n", `policy: line 1: rule 1: must be a mapping, got the integer 5`},
-		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, fair, mode, soft, borrow, prefetch, gcra, adaptive, quota, sliding or concurrency`},
+		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, fair, mode, soft, borrow, prefetch, cost, default_cost, settle_header, gcra, adaptive, quota, sliding or concurrency`},
 		{"soft concurrency", doc("concurrency: {max: 2, lease: 30s}\n    soft: 10%"), `policy: line 5: rule "a": soft: only a gcra rate, a fixed quota window or a sliding window can be soft; this rule's limit is 2 at once, lease 30s (concurrency)`},
 		{"soft adaptive", doc("adaptive: {max: 40, per: 1s}\n    soft: 0.1"), `policy: line 5: rule "a": soft: only a gcra rate, a fixed quota window or a sliding window can be soft; this rule's limit is learned 0.4-40 per 1s (adaptive)`},
 		{"soft negative", doc("gcra: {rate: 1, per: 1s}\n    soft: -5%"), `policy: line 5: rule "a": soft: must be a share between 0 and 1000% (10), got -0.05`},

@@ -37,6 +37,13 @@ import (
 //	    soft: 10%                        # optional: see Rule.Soft (also 0.1)
 //	    prefetch: 5ms                    # optional, gcra only: see Rule.Prefetch
 //	    gcra: {rate: 18, per: 1s, burst: 3}
+//	  - name: vendor-points
+//	    match: {type: "http:call"}
+//	    cost: "{{.units}}"               # optional: units per task, a template or a
+//	                                     # whole number; not concurrency; see Rule.Cost
+//	    default_cost: 1                  # optional; see Rule.DefaultCost
+//	    settle_header: X-Actual-Cost     # optional; see Rule.SettleHeader
+//	    gcra: {rate: 30, per: 1s, burst: 30}
 //	  - name: vendor-window
 //	    match: {type: "http:call"}
 //	    quota: {limit: 190, every: 10s}  # fixed window aligned to the epoch
@@ -829,7 +836,7 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.Name = s
 		}
 	}
-	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "mode", "soft", "borrow", "prefetch", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
+	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "mode", "soft", "borrow", "prefetch", "cost", "default_cost", "settle_header", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
 		return r, ls, fe
 	}
 	var limitKey string
@@ -845,6 +852,12 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 			r.DefaultKey, _, fe = d.str(e.val, "default_key")
 		case "fair":
 			r.Fair, _, fe = d.str(e.val, "fair")
+		case "cost":
+			r.Cost, fe = d.cost(e.val, "cost")
+		case "default_cost":
+			r.DefaultCost, _, fe = d.integer(e.val, "default_cost")
+		case "settle_header":
+			r.SettleHeader, _, fe = d.str(e.val, "settle_header")
 		case "soft":
 			r.Soft, fe = d.share(e.val, "soft")
 		case "borrow":
@@ -874,6 +887,19 @@ func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
 		}
 	}
 	return r, ls, nil
+}
+
+// cost reads a rule's cost: a template string ("{{.units}}") or a whole
+// number (3), kept as text.
+func (d *yamlDoc) cost(n ast.Node, field string) (string, *ferr) {
+	if v, fe := d.resolve(n, field); fe == nil {
+		if _, ok := v.(*ast.IntegerNode); ok {
+			i, _, fe := d.integer(n, field)
+			return strconv.Itoa(i), fe
+		}
+	}
+	s, _, fe := d.str(n, field)
+	return s, fe
 }
 
 // share reads a share: a number (0.1) or a percentage ("10%").

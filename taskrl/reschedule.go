@@ -147,7 +147,7 @@ func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) 
 		}
 	}
 	if m.sweep != nil && j.sp != nil && j.sp.spacing > 0 && delay >= sweepAhead {
-		m.sweep.note(j.queue, j.sp.signature(j.keys), j.sp.spacing, slot)
+		m.sweep.note(j.queue, j.sp.signature(j.keys, j.rates.Costs), j.sp.costSpacing(j.rates.Costs), slot)
 	}
 	m.cfg.Logger.Debug("taskrl: rescheduled", "task", j.id, "copy", copyID, "in", delay, "booked", !booked.IsZero())
 	return nil

@@ -277,34 +277,55 @@ func (s *sweeper) backlogOf(p *Policy, queue, msg string) (sig string, deadline 
 	if err != nil || sp.spacing == 0 {
 		return "", 0, false
 	}
-	return sp.signature(rq.Keys), t.Deadline, true
+	return sp.signature(rq.Keys, pick(rq.Costs, sp.rateIdx)), t.Deadline, true
 }
 
 // signature names the backlog of a task of sp with keys (one per rule of
-// its binding): its rate and window rules, their limits and their keys.
-func (sp *split) signature(keys []string) string {
+// its binding) and costs (one per rate rule; nil: none has a Cost): its
+// rate and window rules, their limits, their keys and its costs.
+func (sp *split) signature(keys []string, costs []int) string {
 	h := fnv.New128a()
 	h.Write([]byte(sp.digest))
 	for i, r := range sp.rates.Rules() {
 		fmt.Fprintf(h, "\x00%s\x00%d\x00%s", r.Name, len(keys[sp.rateIdx[i]]), keys[sp.rateIdx[i]])
+		if costs != nil && costs[i] != 1 {
+			fmt.Fprintf(h, "\x00cost %d", costs[i])
+		}
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// costSpacing is sp.spacing for tasks of costs (one per rate rule; nil:
+// 1 each): each rule's interval times the task's cost on it.
+func (sp *split) costSpacing(costs []int) time.Duration {
+	if costs == nil || sp.spacing == 0 {
+		return sp.spacing
+	}
+	return spacingOf(sp.rates.Rules(), costs)
 }
 
 // spacing returns the least time between two tasks under rules, at the
 // tightest of them: a GCRA rule's interval, a fixed or sliding window's
 // length over its limit. 0 when none of them says (calendar windows,
 // concurrency), or an adaptive rule learns the rate.
-func spacing(rules []quotas.Rule) time.Duration {
+func spacing(rules []quotas.Rule) time.Duration { return spacingOf(rules, nil) }
+
+// spacingOf is spacing for tasks that cost costs[i] units of rules[i]
+// (nil: 1 each).
+func spacingOf(rules []quotas.Rule, costs []int) time.Duration {
 	var d time.Duration
-	for _, r := range rules {
+	for i, r := range rules {
+		n := time.Duration(1)
+		if costs != nil {
+			n = time.Duration(max(costs[i], 1))
+		}
 		switch l := r.Limit.(type) {
 		case quotas.GCRA:
-			d = max(d, time.Duration(float64(l.Period)/l.Rate))
+			d = max(d, n*time.Duration(float64(l.Period)/l.Rate))
 		case quotas.FixedWindow:
-			d = max(d, l.Every/time.Duration(l.Limit))
+			d = max(d, n*l.Every/time.Duration(l.Limit))
 		case quotas.SlidingWindow:
-			d = max(d, l.Every/time.Duration(l.Limit))
+			d = max(d, n*l.Every/time.Duration(l.Limit))
 		case quotas.Adaptive:
 			return 0
 		}

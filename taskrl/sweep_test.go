@@ -99,7 +99,7 @@ func testSweep(t *testing.T, c redis.UniversalClient, q string) {
 	}
 	slot := m.serverNow().Add(100 * time.Second)
 	start := time.Now()
-	m.sweep.remember(q, sp.signature(rq.Keys), sp.spacing, slot)
+	m.sweep.remember(q, sp.signature(rq.Keys, nil), sp.spacing, slot)
 	if err := m.sweep.sweep(q); err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func TestSweepLargePayloads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.sweep.remember(q, sp.signature(rq.Keys), sp.spacing, m.serverNow().Add(2*time.Minute))
+	m.sweep.remember(q, sp.signature(rq.Keys, nil), sp.spacing, m.serverNow().Add(2*time.Minute))
 	if err := m.sweep.sweep(q); err != nil {
 		t.Fatal(err)
 	}

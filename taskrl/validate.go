@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -194,6 +195,11 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		}
 		c.ftmpl = t
 	}
+	if r.Cost != "" || r.DefaultCost != 0 || r.SettleHeader != "" {
+		if field, msg := c.compileCost(lim); msg != "" {
+			return nil, field, msg
+		}
+	}
 	if r.Prefetch != 0 {
 		if err := (quotas.Rule{Name: r.Name, Limit: r.Raised(lim), Fair: r.Fair != "", Prefetch: r.Prefetch}).Validate(); err != nil {
 			var re *quotas.RuleError
@@ -204,6 +210,96 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		}
 	}
 	return c, "", ""
+}
+
+// compileCost validates the rule's Cost, DefaultCost and SettleHeader
+// under its limit lim; on failure it returns the field at fault and what
+// is wrong.
+func (c *crule) compileCost(lim quotas.Limit) (field, msg string) {
+	r := c.Rule
+	if r.Cost == "" {
+		if r.DefaultCost != 0 {
+			return "default_cost", "set, but the rule has no cost"
+		}
+		return "settle_header", "set, but the rule has no cost to settle"
+	}
+	if _, ok := lim.(quotas.Concurrency); ok {
+		return "cost", "a concurrency rule takes one slot per task; only gcra, adaptive, quota and sliding rules have a cost"
+	}
+	if r.Prefetch != 0 {
+		return "cost", "a rule with prefetch hands out one unit per task; remove prefetch or cost"
+	}
+	if n, err := strconv.Atoi(r.Cost); err == nil {
+		if n < 1 {
+			return "cost", fmt.Sprintf("must be a whole number of at least 1, got %d", n)
+		}
+		c.cost = n
+	} else {
+		t, err := parseKeyTemplate(r.Cost)
+		if err != nil {
+			return "cost", "bad template " + err.Error()
+		}
+		if !t.fields {
+			return "cost", fmt.Sprintf("must be a whole number of at least 1 or a template over the payload such as \"{{.units}}\", got %q", r.Cost)
+		}
+		c.ctmpl = t
+	}
+	if m := capacity(lim); c.cost > m {
+		return "cost", fmt.Sprintf("%d is above the rule's %s of %d: no task could ever pass", c.cost, capacityName(lim), m)
+	}
+	switch {
+	case r.DefaultCost < 0:
+		return "default_cost", fmt.Sprintf("must be a whole number of at least 1, got %d", r.DefaultCost)
+	case r.DefaultCost > 0 && c.ctmpl == nil:
+		return "default_cost", "set, but cost references no payload field that could be missing"
+	case r.DefaultCost > capacity(lim):
+		return "default_cost", fmt.Sprintf("%d is above the rule's %s of %d: no task could ever pass", r.DefaultCost, capacityName(lim), capacity(lim))
+	}
+	if h := r.SettleHeader; h != "" && !validHeaderName(h) {
+		return "settle_header", fmt.Sprintf("must be an HTTP header name such as X-Actual-Cost, got %q", h)
+	}
+	return "", ""
+}
+
+// capacity is the most units a rate or window limit admits at once: a
+// GCRA or adaptive burst, a window's limit.
+func capacity(l quotas.Limit) int {
+	switch l := l.(type) {
+	case quotas.GCRA:
+		return max(l.Burst, 1)
+	case quotas.Adaptive:
+		return max(l.Burst, 1)
+	case quotas.FixedWindow:
+		return l.Limit
+	case quotas.CalendarWindow:
+		return l.Limit
+	case quotas.SlidingWindow:
+		return l.Limit
+	}
+	return math.MaxInt
+}
+
+// capacityName names capacity's measure of l: "burst" or "limit".
+func capacityName(l quotas.Limit) string {
+	switch l.(type) {
+	case quotas.GCRA, quotas.Adaptive:
+		return "burst"
+	}
+	return "limit"
+}
+
+// validHeaderName reports whether h is an HTTP header field name (an RFC
+// 9110 token).
+func validHeaderName(h string) bool {
+	for _, c := range []byte(h) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return h != ""
 }
 
 // checkMatch validates m; on failure it returns the field at fault

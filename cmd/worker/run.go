@@ -237,6 +237,7 @@ func registerHandlers(mux *asynq.ServeMux, client redis.UniversalClient, deps ha
 	if deps.metrics != nil {
 		opts = append(opts, httpcall.WithResultHook(deps.metrics.HTTPCall))
 	}
+	opts = append(opts, httpcall.WithLogger(deps.logger))
 	mux.Handle(httpcall.TypeHTTPCall, httpcall.NewHandler(deps.httpClient, opts...))
 }
 

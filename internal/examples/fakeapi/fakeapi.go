@@ -8,7 +8,12 @@
 //   - a global GCRA rate (Limits.Global),
 //   - a GCRA rate per business, keyed by the X-Business-ID header
 //     (Limits.PerBusiness), and
-//   - a fixed-window quota aligned to the Unix epoch (Limits.Quota).
+//   - a fixed-window quota aligned to the Unix epoch (Limits.Quota), and
+//   - a GCRA rate over points (Limits.Points), each request costing the
+//     points its X-Cost header asks (a whole number; absent or not one: 1),
+//     as cost-based APIs (Shopify's GraphQL, HubSpot's) limit: when
+//     Limits.ActualCost is set, the answer carries X-Actual-Cost, what the
+//     request really cost, and the difference is given back at once.
 //
 // A request is admitted only if every limit admits it, and then every limit is
 // charged; a 429 charges nothing. Decisions use the API's own clock (the local
@@ -53,6 +58,11 @@ const (
 	HeaderBusinessID = "X-Business-ID"
 	// HeaderScope names the limit that denied a request (on 429 only).
 	HeaderScope = "X-RateLimit-Scope"
+	// HeaderCost is the points a request asks of Limits.Points.
+	HeaderCost = "X-Cost"
+	// HeaderActualCost is the points a request really cost (on 200, when
+	// Limits.ActualCost is set).
+	HeaderActualCost = "X-Actual-Cost"
 )
 
 // Scopes: the limit a 429 was answered for (Call.Scope, HeaderScope).
@@ -60,6 +70,7 @@ const (
 	ScopeGlobal   = "global"
 	ScopeBusiness = "business"
 	ScopeQuota    = "quota"
+	ScopePoints   = "points"
 	ScopeForced   = "forced"
 )
 
@@ -75,6 +86,14 @@ type Limits struct {
 	// Quota limits all requests together per fixed window. The zero Quota
 	// (default) disables it.
 	Quota Quota
+	// Points limits the points of all requests together, each request
+	// asking the points of its X-Cost header (1 when absent or not a whole
+	// number of at least 1). The zero Limit (default) disables it.
+	Points gcra.Limit
+	// ActualCost, when set, is what a request asking cost points really
+	// costs: answered in X-Actual-Cost on a 200, and the difference (when
+	// less) given back to Points at once. nil (default): the cost asked.
+	ActualCost func(cost int) int
 	// Latency is how long the API takes to answer each request, after it
 	// has decided (so the decision is made at arrival). Default 0. A request
 	// whose client goes away while it waits is still recorded as decided.
@@ -107,6 +126,11 @@ func (l Limits) Validate() error {
 			errs = append(errs, fmt.Errorf("fakeapi: Limits.PerBusiness: %w", err))
 		}
 	}
+	if l.Points != (gcra.Limit{}) {
+		if err := l.Points.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("fakeapi: Limits.Points: %w", err))
+		}
+	}
 	if l.Quota != (Quota{}) && (l.Quota.Limit < 1 || l.Quota.Every <= 0) {
 		errs = append(errs, fmt.Errorf("fakeapi: Limits.Quota: needs Limit >= 1 and Every > 0, got %d per %v", l.Quota.Limit, l.Quota.Every))
 	}
@@ -132,6 +156,9 @@ type Call struct {
 	// RetryAfter, on a 429, is the exact wait (Retry-After is this rounded
 	// up to whole seconds).
 	RetryAfter time.Duration
+	// Cost is the points the request asked (X-Cost, default 1); Actual
+	// what it really cost (Limits.ActualCost; Cost without it), on a 200.
+	Cost, Actual int
 }
 
 // Second is one bucket of the per-second histogram: the calls that arrived
@@ -181,6 +208,7 @@ type API struct {
 	mu          sync.Mutex
 	global      gcra.Model
 	business    gcra.Model
+	points      gcra.Model
 	window      int64 // start of the quota's current window, Unix ns
 	windowUsed  int
 	forcedUntil time.Time
@@ -315,6 +343,9 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	switch c.Status {
 	case http.StatusOK:
+		if a.limits.ActualCost != nil {
+			w.Header().Set(HeaderActualCost, strconv.Itoa(c.Actual))
+		}
 		w.WriteHeader(http.StatusOK)
 		writeJSON(w, map[string]any{"ok": true, "key": c.Key, "business": c.Business})
 	case http.StatusTooManyRequests:
@@ -349,12 +380,25 @@ func (a *API) decide(r *http.Request) Call {
 		Method:   r.Method,
 		Path:     r.URL.Path,
 		At:       now,
+		Cost:     1,
+	}
+	if n, err := strconv.Atoi(r.Header.Get(HeaderCost)); err == nil && n >= 1 {
+		c.Cost = n
 	}
 	switch {
 	case c.Key == "":
 		c.Status = http.StatusBadRequest
 	default:
-		c.Status, c.Scope, c.RetryAfter = a.admit(now, c.Business)
+		c.Status, c.Scope, c.RetryAfter = a.admit(now, c.Business, c.Cost)
+	}
+	if c.Status == http.StatusOK {
+		c.Actual = c.Cost
+		if a.limits.ActualCost != nil {
+			c.Actual = a.limits.ActualCost(c.Cost)
+			if l := a.limits.Points; l != (gcra.Limit{}) && c.Actual < c.Cost {
+				_, _ = a.points.Refund(now, "", l, c.Cost-c.Actual)
+			}
+		}
 	}
 	a.record(c)
 	return c
@@ -362,7 +406,7 @@ func (a *API) decide(r *http.Request) Call {
 
 // admit decides a request of business at now against every limit, charging
 // all of them or none. Called with a.mu held.
-func (a *API) admit(now time.Time, business string) (status int, scope string, wait time.Duration) {
+func (a *API) admit(now time.Time, business string, cost int) (status int, scope string, wait time.Duration) {
 	deny := func(s string, d time.Duration) {
 		if d > wait || scope == "" {
 			scope, wait = s, d
@@ -400,6 +444,14 @@ func (a *API) admit(now time.Time, business string) (status int, scope string, w
 			charged = append(charged, func() { _, _ = a.business.Refund(now, business, l, 1) })
 		} else {
 			deny(ScopeBusiness, res.RetryAfter)
+		}
+	}
+	if l := a.limits.Points; l != (gcra.Limit{}) {
+		res, _ := a.points.AllowN(now, "", l, cost)
+		if res.Allowed {
+			charged = append(charged, func() { _, _ = a.points.Refund(now, "", l, cost) })
+		} else {
+			deny(ScopePoints, res.RetryAfter)
 		}
 	}
 	if scope != "" {

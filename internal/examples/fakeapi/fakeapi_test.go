@@ -294,7 +294,7 @@ func TestStats(t *testing.T) {
 		t.Errorf("busiest %v", b)
 	}
 	calls := a.Calls()
-	if len(calls) != 6 || calls[2] != (Call{Key: "c", Business: "b1", Method: "POST", Path: "/v1/send", At: t0.Add(300 * time.Millisecond), Status: 429, Scope: ScopeGlobal, RetryAfter: 200 * time.Millisecond}) {
+	if len(calls) != 6 || calls[2] != (Call{Key: "c", Business: "b1", Method: "POST", Path: "/v1/send", At: t0.Add(300 * time.Millisecond), Status: 429, Scope: ScopeGlobal, RetryAfter: 200 * time.Millisecond, Cost: 1}) {
 		t.Errorf("calls %+v", calls)
 	}
 	// Snapshots are copies.
@@ -443,5 +443,57 @@ func TestCloseBeforeStart(t *testing.T) {
 	a, _ := New(Limits{})
 	if err := a.Close(); err != nil || a.URL() != "" {
 		t.Errorf("Close %v, URL %q", err, a.URL())
+	}
+}
+
+// TestPoints: a points limit of 30 a second, burst 30, charges each request
+// its X-Cost: 10 requests of 3 pass at once and the 11th is answered 429
+// (scope points) until 3 points have come back, 100ms later; with an
+// actual cost of 1 answered in X-Actual-Cost, 2 points of each come back
+// at once, so 28 requests of 3 pass (the 28th needs 27+3 ≤ 30).
+func TestPoints(t *testing.T) {
+	ask := func(a *API, key string, cost string) *http.Response {
+		req := httptest.NewRequest("POST", "/v1/x", nil)
+		req.Header.Set(HeaderIdempotencyKey, key)
+		req.Header.Set(HeaderCost, cost)
+		w := httptest.NewRecorder()
+		a.ServeHTTP(w, req)
+		return w.Result()
+	}
+	limit := gcra.Limit{Rate: 30, Period: time.Second, Burst: 30}
+	a, c := newAPI(t, Limits{Points: limit})
+	for i := 0; i < 10; i++ {
+		if r := ask(a, fmt.Sprint(i), "3"); r.StatusCode != 200 || r.Header.Get(HeaderActualCost) != "" {
+			t.Fatalf("request %d: %d %q", i, r.StatusCode, r.Header.Get(HeaderActualCost))
+		}
+	}
+	if r := ask(a, "x", "3"); r.StatusCode != 429 || r.Header.Get(HeaderScope) != ScopePoints {
+		t.Fatalf("11th: %d scope %q", r.StatusCode, r.Header.Get(HeaderScope))
+	}
+	c.add(99 * time.Millisecond)
+	if r := ask(a, "y", "3"); r.StatusCode != 429 {
+		t.Fatalf("99ms later: %d", r.StatusCode)
+	}
+	c.add(2 * time.Millisecond)
+	if r := ask(a, "z", "3"); r.StatusCode != 200 {
+		t.Fatalf("101ms later: %d", r.StatusCode)
+	}
+
+	a, _ = newAPI(t, Limits{Points: limit, ActualCost: func(int) int { return 1 }})
+	n := 0
+	for ; n < 40; n++ {
+		r := ask(a, fmt.Sprint(n), "3")
+		if r.StatusCode != 200 {
+			break
+		}
+		if got := r.Header.Get(HeaderActualCost); got != "1" {
+			t.Fatalf("X-Actual-Cost %q", got)
+		}
+	}
+	if n != 28 {
+		t.Errorf("%d requests of 3 costing 1 passed at once, want 28", n)
+	}
+	if cs := a.Calls(); cs[0].Cost != 3 || cs[0].Actual != 1 {
+		t.Errorf("recorded %+v", cs[0])
 	}
 }

@@ -392,6 +392,59 @@ local function gc_refund(r, t, n, now, ttl_floor, nonce, g)
   tat_set(r.key, tat, now, ttl_floor)
 end
 
+-- gc_settle changes a charge of cost n made at t (undo values r.u1, r.u2)
+-- by d units. d < 0 charges -d more now, without a conformance check: the
+-- TAT moves -d intervals on from max(TAT, now). d > 0 gives d back as
+-- gc_refund gives n back: a booking of its own still held shrinks to its
+-- first n - d intervals (removed at 0; a fair rule's TAT comes back to its
+-- new end, if beyond it); a charge that extended the TAT moves the TAT back
+-- d intervals if nothing was charged since, otherwise gives back d
+-- intervals less the time since t, while nothing stacked on it is booked
+-- beyond now + burst, never the interval of a booking the TAT has grown
+-- over. Never more than the TAT grew by.
+local function gc_settle(r, t, n, d, now, ttl_floor, nonce, g)
+  local cur = tat_get(r.key)
+  if d < 0 then
+    tat_set(r.key, max(cur or now, now) - d * r.em, now, ttl_floor)
+    return
+  end
+  if r.u1 < 0 then
+    local x = -r.u1
+    local m = member(x, r.u2, t, g, nonce)
+    local e = tonumber(call('ZSCORE', r.bkey, m))
+    if not e then return end
+    local ne = x + floor((e - x) / n) * (n - d)
+    if ne <= x then
+      ne = x
+      call('ZREM', r.bkey, m)
+    else
+      call('ZADD', r.bkey, 'XX', fmt(ne), m)
+    end
+    if r.fair and cur and ne < cur then
+      tat_set(r.key, max(ne, blocks[r.key]), now, ttl_floor)
+    end
+    return
+  end
+  local back = max(0, min(d * r.em, r.u1 - max(r.u2, t)))
+  local tat
+  if cur == r.u1 then
+    tat = r.u1 - back
+  else
+    tat = max(cur or now, now)
+    if tat <= now + r.em * r.burst then
+      local low = tat - max(0, back - (now - t))
+      if lasts[r.key] > low then
+        walk(r, low + 1, function(x, e)
+          if x >= tat then return true end
+          low = max(low, e)
+        end)
+      end
+      tat = min(tat, low)
+    end
+  end
+  tat_set(r.key, tat, now, ttl_floor)
+end
+
 -- gc_block makes the rule admit nothing before till, then resume at its
 -- rate: the TAT moves so that one unit conforms exactly then (and, for a
 -- fair rule, refunds do not bring it back before that).

@@ -221,11 +221,14 @@ local function sl_earliest(r, t, n, now)
   return t
 end
 
-local function sl_charge(r, t, n, now, ttl_floor, nonce)
+-- sl_charge adds n entries at t, named nonce .. from+1 to nonce .. from+n
+-- (from: 0 unless a settle adds to a charge of from units).
+local function sl_charge(r, t, n, now, ttl_floor, nonce, from)
+  from = from or 0
   local args = {}
   for i = 1, n do
     args[#args + 1] = fmt(t)
-    args[#args + 1] = nonce .. i
+    args[#args + 1] = nonce .. (from + i)
   end
   call('ZADD', r.key, unpack(args))
   -- The key lives until its newest entry leaves the window.
@@ -263,9 +266,10 @@ local function sl_inherit(r, n, victim, nonce)
   end
 end
 
-local function sl_refund(r, n, nonce)
+-- sl_refund removes the entries nonce .. from+1 to nonce .. to.
+local function sl_refund(r, from, to, nonce)
   local members = {}
-  for i = 1, n do members[i] = nonce .. i end
+  for i = from + 1, to do members[#members + 1] = nonce .. i end
   call('ZREM', r.key, unpack(members))
 end
 

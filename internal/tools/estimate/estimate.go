@@ -150,10 +150,18 @@ func Run(p *taskrl.Policy, c Campaign, opt Options) (*Report, error) {
 		rep.Rules = append(rep.Rules, RuleReport{Name: r.Name, Limit: r.Limit.String(), Key: templates[r.Name]})
 	}
 
-	// Render every task's keys once; nil marks a refused task.
+	// Render every task's keys (and costs, taskrl.Rule.Cost) once; nil
+	// keys mark a refused task: a key field or a cost missing, or a cost
+	// above what a rule admits at once.
 	keys := make([][]string, c.N)
+	costs := make([][]int, c.N)
 	for i := range keys {
-		k, err := b.Keys(c.Payload(i))
+		rq, err := b.Request(c.Payload(i))
+		if err == nil {
+			err = b.CheckCosts(rq.Costs)
+		}
+		k := rq.Keys
+		costs[i] = rq.Costs
 		if err != nil {
 			if rep.Refused == 0 {
 				rep.FirstRefused, rep.RefusedReason = i, err.Error()
@@ -176,7 +184,7 @@ func Run(p *taskrl.Policy, c Campaign, opt Options) (*Report, error) {
 		rep.Rules[j].Keys = len(seen)
 	}
 
-	s := simulation{rules: rules, keys: keys, start: opt.Start, taskDur: opt.TaskDuration}
+	s := simulation{rules: rules, keys: keys, costs: costs, start: opt.Start, taskDur: opt.TaskDuration}
 	all := make([]int, len(rules))
 	for j := range all {
 		all[j] = j
@@ -203,6 +211,7 @@ func Run(p *taskrl.Policy, c Campaign, opt Options) (*Report, error) {
 type simulation struct {
 	rules   []quotas.Rule
 	keys    [][]string // per task, per rule; nil for a refused task
+	costs   [][]int    // per task, per rule; nil when no rule has a cost
 	start   time.Time
 	taskDur time.Duration
 }
@@ -315,7 +324,14 @@ func (s simulation) run(use []int) (time.Duration, error) {
 			booked(i, now)
 			return nil
 		}
-		d, err := m.Reserve(now, rates, quotas.Request{Keys: pick(s.keys[i], rateIdx)}, forever)
+		req := quotas.Request{Keys: pick(s.keys[i], rateIdx)}
+		if s.costs[i] != nil {
+			req.Costs = make([]int, len(rateIdx))
+			for u, j := range rateIdx {
+				req.Costs[u] = s.costs[i][j]
+			}
+		}
+		d, err := m.Reserve(now, rates, req, forever)
 		switch {
 		case err != nil:
 			return fmt.Errorf("estimate: task %d: %w", i, err)

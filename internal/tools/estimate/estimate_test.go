@@ -382,3 +382,31 @@ func TestOptionsErrors(t *testing.T) {
 		t.Error("start in 2050 accepted")
 	}
 }
+
+// TestCost: 100 tasks of units 3 under 30/s burst 30 with cost
+// "{{.units}}": the first 10 at once, then one every 3 intervals: the last
+// starts (100·3 − 30) intervals after the start, 9 s at an interval of
+// 1s/30 rounded up to a whole µs (33,334µs: 9.00018s); a task of units 40,
+// above the burst, is refused, not waited for.
+func TestCost(t *testing.T) {
+	p := policy(t, `
+rules:
+  - name: points
+    match: {type: "http:call"}
+    cost: "{{.units}}"
+    gcra: {rate: 30, per: 1s, burst: 30}
+`)
+	want := (100*3 - 30) * ((time.Second/time.Microsecond + 29) / 30 * time.Microsecond)
+	r := run(t, p, 100, func(i int) []byte { return []byte(`{"units": 3}`) }, Options{})
+	check(t, r, want, "points")
+	r = run(t, p, 101, func(i int) []byte {
+		if i == 50 {
+			return []byte(`{"units": 40}`)
+		}
+		return []byte(`{"units": 3}`)
+	}, Options{})
+	check(t, r, want, "points")
+	if r.Refused != 1 || r.FirstRefused != 50 || !strings.Contains(r.RefusedReason, "cost 40 is above the rule's burst of 30") {
+		t.Errorf("refused %d, first %d: %q", r.Refused, r.FirstRefused, r.RefusedReason)
+	}
+}

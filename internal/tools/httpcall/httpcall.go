@@ -39,6 +39,14 @@
 //     or a redirect: nothing is sent; an error wrapping asynq.SkipRetry
 //     with the reason.
 //
+// Actual cost: whatever the status, once an answer came back, each of the
+// task's rules with a cost and a settle_header (taskrl.Rule.SettleHeader)
+// takes the whole number that header of the answer carries as the call's
+// actual cost (taskrl.SettleFromHeaders): the middleware gives the
+// difference from the estimate back, or charges it, when the handler
+// returns. An absent header, or one that is not a whole number of at least
+// 0, leaves the estimate (logged at debug level).
+//
 // Redirects are followed up to MaxRedirects hops, each checked by the
 // egress policy like the first. When a hop changes the host (or port, or
 // goes from https to http), the payload's headers and any Authorization,
@@ -55,6 +63,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -148,6 +157,12 @@ type Option func(*handler)
 // quick.
 func WithResultHook(f func(class string)) Option {
 	return func(h *handler) { h.hook = f }
+}
+
+// WithLogger makes the handler log with l (debug: a settle header that
+// could not be read); nil, the default, means slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(h *handler) { h.logger = l }
 }
 
 // NewClient returns the HTTP client the handler sends with: the given
@@ -252,6 +267,7 @@ func NewHandler(client *http.Client, opts ...Option) asynq.Handler {
 type handler struct {
 	client *http.Client
 	hook   func(string)
+	logger *slog.Logger // nil: slog.Default()
 }
 
 func (h *handler) report(class string) {
@@ -287,6 +303,14 @@ func (h *handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return fmt.Errorf("http:call: %s: %w", target, err)
 	}
 	snippet := drain(resp.Body, resp.StatusCode/100 != 2)
+	// The call was made: the answer may say what it actually cost.
+	if err := taskrl.SettleFromHeaders(ctx, resp.Header.Get); err != nil && !errors.Is(err, taskrl.ErrNoCost) {
+		logger := h.logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		logger.Debug("http:call: the answer's actual cost is unreadable", "target", target, "err", err)
+	}
 	code := resp.StatusCode
 	status := resp.Status
 	if status == "" {

@@ -636,3 +636,75 @@ func TestTooManyRequestsResetHeader(t *testing.T) {
 		t.Fatalf("got %v, want a throttle for 9s", err)
 	}
 }
+
+// TestSettleHeader: under the middleware, a rule of burst 10 refilling one
+// unit a minute with cost "{{.units}}" and settle_header X-Actual-Cost: a
+// call of 5 units answered "X-Actual-Cost: 1" leaves 9 units, so a call of
+// 9 units passes at once; answered without the header (or with a garbled
+// one), the estimate of 5 stands and a call of 9 would wait minutes.
+func TestSettleHeader(t *testing.T) {
+	for _, tc := range []struct {
+		answer string // X-Actual-Cost of the first call; "" none
+		runs   bool   // the second call of 9 runs at once
+	}{{"1", true}, {"", false}, {"abc", false}} {
+		t.Run("X-Actual-Cost="+tc.answer, func(t *testing.T) {
+			rc := redistest.Client(t)
+			queue := redistest.Queue(t, rc, "settle")
+			calls := make(chan string, 10)
+			srv := newRecorder(t, func(w http.ResponseWriter, r *http.Request) {
+				if tc.answer != "" {
+					w.Header().Set("X-Actual-Cost", tc.answer)
+				}
+				calls <- r.URL.Path
+			})
+			p, err := taskrl.ParsePolicy([]byte(`
+rules:
+  - name: points
+    match: {type: "http:call"}
+    cost: "{{.units}}"
+    settle_header: X-Actual-Cost
+    gcra: {rate: 1, per: 1m, burst: 10}
+`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := taskrl.New(taskrl.Config{Policy: p, Client: rc, Prefix: redistest.Prefix(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mux := asynq.NewServeMux()
+			mux.Use(m.Handler)
+			mux.Handle(TypeHTTPCall, NewHandler(nil))
+			as := asynq.NewServerFromRedisClient(rc, m.ServerConfig(asynq.Config{
+				Queues: map[string]int{queue: 1}, Concurrency: 1, LogLevel: asynq.ErrorLevel,
+				TaskCheckInterval: 50 * time.Millisecond,
+			}))
+			if err := as.Start(mux); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { as.Shutdown(); m.Close() }()
+			client := asynq.NewClientFromRedisClient(rc)
+			for i, units := range []int{5, 9} {
+				payload, _ := json.Marshal(map[string]any{"url": srv.URL + "/" + string(rune('a'+i)), "units": units})
+				if _, err := client.Enqueue(asynq.NewTask(TypeHTTPCall, payload), asynq.Queue(queue)); err != nil {
+					t.Fatal(err)
+				}
+				wait := 3 * time.Second
+				if i == 1 && !tc.runs {
+					wait = time.Second // at once means within milliseconds
+				}
+				select {
+				case <-calls:
+				case <-time.After(wait):
+					if i == 0 || tc.runs {
+						t.Fatalf("the call of %d units did not run within %v", units, wait)
+					}
+					return // the estimate stood: the call of 9 waits
+				}
+				if i == 1 && !tc.runs {
+					t.Errorf("the call of 9 ran at once: the estimate of 5 did not stand")
+				}
+			}
+		})
+	}
+}

@@ -8,7 +8,9 @@
 //	    One per middleware event (admitted: once per run of a task a rule
 //	    governs; rescheduled: each time one is moved). outcome is a
 //	    taskrl.Outcome: admitted, rescheduled, refused, upstream_throttled,
-//	    paused, unlimited, local, deferred (by the shed section); and for
+//	    paused, unlimited, local, deferred (by the shed section), settled
+//	    (a handler reported the task's actual cost, taskrl.Settle: once per
+//	    task, beside its admitted); and for
 //	    shadow rules (mode: shadow,
 //	    worker --shadow) would_admit and would_wait, once per task. rule is
 //	    the rule that made the task wait or refused it, "none" when none did

@@ -312,6 +312,9 @@ func (s *sim) bind() error {
 		for _, i := range idx {
 			r.Keys = append(r.Keys, req.Keys[i])
 			r.Fair = append(r.Fair, req.Fair[i])
+			if req.Costs != nil {
+				r.Costs = append(r.Costs, req.Costs[i])
+			}
 		}
 		return r
 	}
