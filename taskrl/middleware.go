@@ -353,6 +353,7 @@ func pick(keys []string, idx []int) []string {
 func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 	run := m.once(next) // made once, not per task
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) (err error) {
+		growStack(0) // the task's stack grows here, once (stack.go)
 		m.shed.inflight.Add(1)
 		defer m.shed.inflight.Add(-1)
 		queue, _ := asynq.GetQueueName(ctx)
