@@ -22,7 +22,8 @@ import (
 
 // commandStats returns Redis's count of commands processed by name (INFO
 // commandstats: calls, which include the commands scripts run) and their
-// total.
+// total; and, under "usec:NAME", the µs Redis spent in each (a script's
+// include those of the commands it ran).
 func commandStats(t *testing.T, c *redis.Client) (map[string]int64, int64) {
 	t.Helper()
 	s, err := c.Info(context.Background(), "commandstats").Result()
@@ -41,6 +42,10 @@ func commandStats(t *testing.T, c *redis.Client) (map[string]int64, int64) {
 				out[strings.TrimPrefix(name, "cmdstat_")] = n
 				total += n
 			}
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				out["usec:"+strings.TrimPrefix(name, "cmdstat_")] = n
+			}
 		}
 	}
 	return out, total
@@ -53,11 +58,16 @@ type commandCount struct {
 }
 
 // commandDeltas returns the commands that ran between two commandStats
-// readings (INFO itself excluded), the most frequent first.
-func commandDeltas(before, after map[string]int64) []commandCount {
+// readings (INFO itself excluded), the most frequent first; with usec, the
+// µs spent in them instead, the largest first.
+func commandDeltas(before, after map[string]int64, usec bool) []commandCount {
 	var top []commandCount
-	for name, n := range after {
-		if d := n - before[name]; d > 0 && name != "info" {
+	for key, n := range after {
+		name, isUsec := strings.CutPrefix(key, "usec:")
+		if isUsec != usec {
+			continue
+		}
+		if d := n - before[key]; d > 0 && name != "info" {
 			top = append(top, commandCount{name, d})
 		}
 	}
@@ -76,7 +86,7 @@ func commandsDuring(t *testing.T, warm, window time.Duration, start func() (stop
 	before, b := commandStats(t, env.Client)
 	time.Sleep(window)
 	after, a := commandStats(t, env.Client)
-	top := commandDeltas(before, after)
+	top := commandDeltas(before, after, false)
 	var parts []string
 	for _, x := range top[:min(len(top), 8)] {
 		parts = append(parts, fmt.Sprintf("%s %.1f/s", x.name, float64(x.n)/window.Seconds()))
@@ -316,6 +326,7 @@ func backlog(t *testing.T, name string, n, businesses int) (*fakeapi.API, string
 type fleetCost struct {
 	commands            float64
 	byName              string // commands per task by name, busiest first
+	timeByName          string // Redis µs per task by command, largest first
 	redisCPU, workerCPU time.Duration
 	perSec              float64
 }
@@ -324,7 +335,9 @@ type fleetCost struct {
 // then starts workers processes of bin (16 slots each) under policy and
 // waits until the API has answered all n. It measures while the workers
 // run (the enqueue excluded; the workers' CPU includes their start and
-// stop) and the tasks per second from the first call to the last. With
+// stop), Redis's time per task by command (INFO commandstats: usec, wall
+// time inside each command, a script's including the commands it ran) and
+// the tasks per second from the first call to the last. With
 // TASKRL_FLEET_MONITOR set to a directory it also writes Redis's MONITOR
 // stream of the run to DIR/NAME.mon.
 func fleetRun(t *testing.T, bin, name, policy string, n, workers int) fleetCost {
@@ -361,17 +374,24 @@ func fleetRun(t *testing.T, bin, name, policy string, n, workers int) fleetCost 
 		t.Fatalf("%s: %d calls answered 2xx, %d distinct, %d 429; want %d, %d, 0; workers:\n%s", name, st.OK, st.DistinctKeys, st.Throttled, n, n, logs.String())
 	}
 	var parts []string
-	for _, x := range commandDeltas(names0, names1) {
+	for _, x := range commandDeltas(names0, names1, false) {
 		if f := float64(x.n) / float64(n); f >= 0.05 {
 			parts = append(parts, fmt.Sprintf("%s %.2f", x.name, f))
 		}
 	}
+	var times []string
+	for _, x := range commandDeltas(names0, names1, true) {
+		if f := float64(x.n) / float64(n); f >= 0.5 {
+			times = append(times, fmt.Sprintf("%s %.1f", x.name, f))
+		}
+	}
 	return fleetCost{
-		commands:  float64(after-before-1) / float64(n),
-		byName:    strings.Join(parts, ", "),
-		redisCPU:  (cpu1 - cpu0) / time.Duration(n),
-		workerCPU: workerCPU / time.Duration(n),
-		perSec:    float64(n-1) / st.LastOK.Sub(st.FirstOK).Seconds(),
+		commands:   float64(after-before-1) / float64(n),
+		byName:     strings.Join(parts, ", "),
+		timeByName: strings.Join(times, ", "),
+		redisCPU:   (cpu1 - cpu0) / time.Duration(n),
+		workerCPU:  workerCPU / time.Duration(n),
+		perSec:     float64(n-1) / st.LastOK.Sub(st.FirstOK).Seconds(),
 	}
 }
 
@@ -430,7 +450,7 @@ func TestFleetCost(t *testing.T) {
 		return cases == "" || name == "none" || strings.Contains(","+cases+",", ","+name+",")
 	}
 	base := fleetRun(t, bin, "none", none, n, workers)
-	t.Logf("no rule: %.1f commands per task (%s), Redis CPU %v and workers' CPU %v per task, %.0f tasks/s", base.commands, base.byName, base.redisCPU, base.workerCPU, base.perSec)
+	t.Logf("no rule: %.1f commands per task (%s), Redis CPU %v (µs by command: %s) and workers' CPU %v per task, %.0f tasks/s", base.commands, base.byName, base.redisCPU, base.timeByName, base.workerCPU, base.perSec)
 	bins := []struct{ label, bin string }{{"", bin}}
 	if b := os.Getenv("TASKRL_WORKER_BASE"); b != "" {
 		bins = append(bins, struct{ label, bin string }{b + ": ", b})
@@ -441,8 +461,8 @@ func TestFleetCost(t *testing.T) {
 		}
 		for _, b := range bins {
 			f := fleetRun(t, b.bin, c.name, c.policy, n, workers)
-			t.Logf("%s%s: %.1f commands per task (%.2fx no rule; %s), Redis CPU %v (%.2fx) and workers' CPU %v (%.2fx) per task, %.0f tasks/s (%.2fx)", b.label, c.name,
-				f.commands, f.commands/base.commands, f.byName, f.redisCPU, float64(f.redisCPU)/float64(base.redisCPU),
+			t.Logf("%s%s: %.1f commands per task (%.2fx no rule; %s), Redis CPU %v (%.2fx; µs by command: %s) and workers' CPU %v (%.2fx) per task, %.0f tasks/s (%.2fx)", b.label, c.name,
+				f.commands, f.commands/base.commands, f.byName, f.redisCPU, float64(f.redisCPU)/float64(base.redisCPU), f.timeByName,
 				f.workerCPU, float64(f.workerCPU)/float64(base.workerCPU), f.perSec, f.perSec/base.perSec)
 		}
 	}

@@ -3,7 +3,6 @@ package quotas
 import (
 	"context"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 )
@@ -46,19 +45,19 @@ func (ps *pools) prune(now int64) {
 	}
 }
 
-// get returns the pool of key, made with a first batch of n if there is
-// none; ps.mu is held.
-func (ps *pools) get(key string, n, now int64) *pool {
+// get returns the pool of key (poolKey's bytes: looked up without a
+// copy), made with a first batch of n if there is none; ps.mu is held.
+func (ps *pools) get(key []byte, n, now int64) *pool {
 	if ps.m == nil {
 		ps.m = map[string]*pool{}
 	}
-	p := ps.m[key]
+	p := ps.m[string(key)]
 	if p == nil {
 		if len(ps.m) >= maxPools {
 			ps.prune(now)
 		}
 		p = &pool{batch: n}
-		ps.m[key] = p
+		ps.m[string(key)] = p
 	}
 	return p
 }
@@ -95,16 +94,20 @@ func (l *Limiter) local() int64 {
 // poolKey names a set's pool for req's keys: its rules' keys, which hold
 // the rule's name and limit.
 func poolKey(s *Set, req Request) string {
-	var b strings.Builder
+	return string(appendPoolKey(nil, s, req))
+}
+
+// appendPoolKey appends poolKey(s, req) to b.
+func appendPoolKey(b []byte, s *Set, req Request) []byte {
 	for i, c := range s.comp {
-		b.WriteString(c.tails[0])
-		b.WriteByte(0)
+		b = append(b, c.tails[0]...)
+		b = append(b, 0)
 		if i < len(req.Keys) {
-			b.WriteString(req.Keys[i])
+			b = append(b, req.Keys[i]...)
 		}
-		b.WriteByte(0)
+		b = append(b, 0)
 	}
-	return b.String()
+	return b
 }
 
 // prefetched admits req from s's pool, or takes a batch for it. When it
@@ -116,7 +119,8 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 		// Decided as usual: refused, or an error.
 		return Decision{}, nil, nil
 	}
-	key := poolKey(s, req)
+	var buf [128]byte // most keys fit: no allocation to find the pool
+	key := appendPoolKey(buf[:0], s, req)
 	l.pools.mu.Lock()
 	var p *pool
 	for {

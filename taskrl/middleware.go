@@ -354,7 +354,9 @@ func pick[T any](keys []T, idx []int) []T {
 // Redis call; if the remote side throttles one (Throttled), it is
 // rescheduled too, so that it never spends a retry or is archived for it.
 func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
+	run := m.once(next) // made once, not per task
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) (err error) {
+		growStack(0) // the task's stack grows here, once (stack.go)
 		m.shed.inflight.Add(1)
 		defer m.shed.inflight.Add(-1)
 		queue, _ := asynq.GetQueueName(ctx)
@@ -383,7 +385,6 @@ func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 				}
 			}
 		}
-		run := m.once(next)
 		b := p.Bind(t.Type(), queue)
 		if b == nil {
 			// No job for a task no rule governs unless it is throttled.

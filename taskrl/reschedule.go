@@ -173,7 +173,11 @@ func origin(t *asynq.Task, id string) string {
 
 // waited is how long the task has been rescheduled for so far.
 func waited(t *asynq.Task) time.Duration {
-	us, _ := strconv.ParseInt(t.Headers()[HeaderWaited], 10, 64)
+	v, ok := t.Headers()[HeaderWaited]
+	if !ok {
+		return 0 // not parsed: a failed parse allocates its error
+	}
+	us, _ := strconv.ParseInt(v, 10, 64)
 	return time.Duration(us) * time.Microsecond
 }
 

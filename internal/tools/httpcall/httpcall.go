@@ -520,6 +520,9 @@ func quotaSpent(h http.Header, now time.Time) (reset time.Duration, spent bool) 
 	if remaining == "" {
 		remaining, resetV = h.Get("X-RateLimit-Remaining"), h.Get("X-RateLimit-Reset")
 	}
+	if remaining == "" {
+		return 0, false // most answers: no parse, whose error allocates
+	}
 	if n, err := strconv.ParseInt(strings.TrimSpace(remaining), 10, 64); err != nil || n > 0 {
 		return 0, false
 	}

@@ -108,6 +108,21 @@ type Metrics struct {
 
 	pairs sync.Map // "queue\x00type" -> struct{}, the label pairs in use
 	npair atomic.Int64
+
+	// The children of the vectors that Observe uses per task, looked up
+	// once: a label lookup hashes its values each time.
+	mu       sync.RWMutex
+	counters map[decisionLabels]prometheus.Counter // pairs in use only
+	gauges   map[ruleGauge]prometheus.Gauge
+}
+
+// decisionLabels are the labels of a taskrl_decisions_total child.
+type decisionLabels struct{ rule, outcome, queue, typ string }
+
+// ruleGauge names a rule's child of a gauge vector.
+type ruleGauge struct {
+	vec  *prometheus.GaugeVec
+	rule string
 }
 
 // maxPairs bounds the (queue, type) label pairs of the decision counter.
@@ -217,19 +232,7 @@ func (m *Metrics) Observe(e taskrl.Event) {
 		m.redisErrors.Inc()
 		return
 	}
-	rule := e.Rule
-	if rule == "" {
-		rule = "none"
-	}
-	queue, typ := e.Queue, e.TaskType
-	if _, ok := m.pairs.Load(queue + "\x00" + typ); !ok {
-		if m.npair.Add(1) <= maxPairs {
-			m.pairs.Store(queue+"\x00"+typ, struct{}{})
-		} else {
-			queue, typ = "other", "other"
-		}
-	}
-	m.decisions.WithLabelValues(rule, string(e.Outcome), queue, typ).Inc()
+	m.decision(e).Inc()
 	switch e.Outcome {
 	case taskrl.Admitted:
 		m.hold.Observe(max(e.Wait, 0).Seconds())
@@ -243,11 +246,65 @@ func (m *Metrics) Observe(e taskrl.Event) {
 		}
 	}
 	for _, r := range e.Rules {
-		m.quotaRemaining.WithLabelValues(r.Name).Set(float64(r.Remaining))
+		m.gauge(m.quotaRemaining, r.Name).Set(float64(r.Remaining))
 		if r.Interval > 0 {
-			m.ruleRate.WithLabelValues(r.Name).Set(float64(time.Second) / float64(r.Interval))
+			m.gauge(m.ruleRate, r.Name).Set(float64(time.Second) / float64(r.Interval))
 		}
 	}
+}
+
+// decision returns e's taskrl_decisions_total child.
+func (m *Metrics) decision(e taskrl.Event) prometheus.Counter {
+	rule := e.Rule
+	if rule == "" {
+		rule = "none"
+	}
+	k := decisionLabels{rule, string(e.Outcome), e.Queue, e.TaskType}
+	m.mu.RLock()
+	c, ok := m.counters[k]
+	m.mu.RUnlock()
+	if ok {
+		return c
+	}
+	queue, typ := e.Queue, e.TaskType
+	if _, ok := m.pairs.Load(queue + "\x00" + typ); !ok {
+		if m.npair.Add(1) <= maxPairs {
+			m.pairs.Store(queue+"\x00"+typ, struct{}{})
+		} else {
+			queue, typ = "other", "other"
+		}
+	}
+	c = m.decisions.WithLabelValues(rule, string(e.Outcome), queue, typ)
+	if queue == e.Queue && typ == e.TaskType {
+		// A pair in use keeps its labels: its child is kept. Those
+		// counted as "other" are not, so that the map stays bounded.
+		m.mu.Lock()
+		if m.counters == nil {
+			m.counters = map[decisionLabels]prometheus.Counter{}
+		}
+		m.counters[k] = c
+		m.mu.Unlock()
+	}
+	return c
+}
+
+// gauge returns rule's child of vec.
+func (m *Metrics) gauge(vec *prometheus.GaugeVec, rule string) prometheus.Gauge {
+	k := ruleGauge{vec, rule}
+	m.mu.RLock()
+	g, ok := m.gauges[k]
+	m.mu.RUnlock()
+	if ok {
+		return g
+	}
+	g = vec.WithLabelValues(rule)
+	m.mu.Lock()
+	if m.gauges == nil {
+		m.gauges = map[ruleGauge]prometheus.Gauge{}
+	}
+	m.gauges[k] = g
+	m.mu.Unlock()
+	return g
 }
 
 // WatchShed makes the shed gauges read state, e.g. the middleware's
@@ -281,9 +338,12 @@ func (m *Metrics) Overrides(applied, skipped int) {
 
 // RedisHook returns a go-redis hook that times every round trip of the
 // client it is added to in taskrl_redis_roundtrip_seconds.
-func (m *Metrics) RedisHook() redis.Hook { return roundTripHook{m.roundTrip} }
+func (m *Metrics) RedisHook() redis.Hook {
+	return roundTripHook{m.roundTrip.WithLabelValues("script"), m.roundTrip.WithLabelValues("pipeline"), m.roundTrip.WithLabelValues("command")}
+}
 
-type roundTripHook struct{ h *prometheus.HistogramVec }
+// roundTripHook holds the histogram's children by call.
+type roundTripHook struct{ script, pipeline, command prometheus.Observer }
 
 func (roundTripHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -291,12 +351,12 @@ func (r roundTripHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		start := time.Now()
 		err := next(ctx, cmd)
-		call := "command"
+		call := r.command
 		switch cmd.Name() {
 		case "evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro":
-			call = "script"
+			call = r.script
 		}
-		r.h.WithLabelValues(call).Observe(time.Since(start).Seconds())
+		call.Observe(time.Since(start).Seconds())
 		return err
 	}
 }
@@ -305,7 +365,7 @@ func (r roundTripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		start := time.Now()
 		err := next(ctx, cmds)
-		r.h.WithLabelValues("pipeline").Observe(time.Since(start).Seconds())
+		r.pipeline.Observe(time.Since(start).Seconds())
 		return err
 	}
 }

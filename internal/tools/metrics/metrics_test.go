@@ -100,6 +100,10 @@ func TestLabelPairsBounded(t *testing.T) {
 	if got := testutil.ToFloat64(m.decisions.WithLabelValues("none", "admitted", "q", "t0")); got != 2 {
 		t.Errorf("t0: %v, want 2", got)
 	}
+	// The children kept for the next events are those of the pairs in use.
+	if got := len(m.counters); got != maxPairs {
+		t.Errorf("%d children kept, want %d", got, maxPairs)
+	}
 }
 
 func TestHistograms(t *testing.T) {
