@@ -813,6 +813,23 @@ func (m *model) flush() {
 	clear(m.changed)
 }
 
+// back mirrors booked.lua's gc_back: the TAT of c's key (cur, 0 if none)
+// after giving back up to back µs of a charge made at t that extended it,
+// when charges were made since.
+func (m *model) back(c call, cur, t, back, now int64) int64 {
+	tat := max(cur, now)
+	if tat > now+c.em*c.c.burst {
+		return tat
+	}
+	low := tat - max(0, back-(now-t))
+	for _, b := range m.books[c.keys[0]] {
+		if b.e > low && b.x < tat {
+			low = max(low, b.e)
+		}
+	}
+	return min(tat, low)
+}
+
 // refund mirrors quotas.lua's refund of a charge made at ats[rule].
 func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64, holder, nonce string, decided int64) {
 	m.housekeep(calls, now)
@@ -847,18 +864,7 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 			}
 			tat := u[1]
 			if cur, ok := m.tats[k]; !ok || cur != u[0] {
-				if !ok {
-					cur = now
-				}
-				if tat = max(cur, now); tat <= now+c.em*c.c.burst {
-					low := tat - max(0, min(n*c.em, u[0]-max(u[1], t))-(now-t))
-					for _, b := range m.books[k] {
-						if b.e > low && b.x < tat {
-							low = max(low, b.e)
-						}
-					}
-					tat = min(tat, low)
-				}
+				tat = m.back(c, cur, t, min(n*c.em, u[0]-max(u[1], t)), now)
 			}
 			m.setTAT(k, tat, now)
 		case kindFixed, kindCalendar:
@@ -931,22 +937,9 @@ func (m *model) settle(calls []call, now int64, acts []int, ats []int64, undo []
 				continue
 			}
 			back := max(0, min(d*c.em, u[0]-max(u[1], t)))
-			var tat int64
-			if ok && cur == u[0] {
-				tat = u[0] - back
-			} else {
-				if !ok {
-					cur = now
-				}
-				if tat = max(cur, now); tat <= now+c.em*c.c.burst {
-					low := tat - max(0, back-(now-t))
-					for _, b := range m.books[k] {
-						if b.e > low && b.x < tat {
-							low = max(low, b.e)
-						}
-					}
-					tat = min(tat, low)
-				}
+			tat := u[0] - back
+			if !ok || cur != u[0] {
+				tat = m.back(c, cur, t, back, now)
 			}
 			m.setTAT(k, tat, now)
 		case kindFixed, kindCalendar:

@@ -354,18 +354,36 @@ local function gc_held(r, nonce, t, g)
   return call('ZSCORE', r.bkey, member(-r.u1, r.u2, t, g, nonce)) ~= false
 end
 
+-- gc_back returns the TAT (now cur, nil if none) after giving back up to
+-- back µs of a charge made at t that extended it, when charges were made
+-- since: while any charge stacked on it is a booking still in the future
+-- (the TAT is beyond now + burst), its slot is fixed and nothing can be
+-- given back; once every stacked charge is in the past, the bucket could
+-- have refilled for at most the time since t without it, so back less
+-- that time, but never the interval of a booking the TAT has grown over.
+local function gc_back(r, cur, t, back, now)
+  local tat = max(cur or now, now)
+  if tat <= now + r.em * r.burst then
+    local low = tat - max(0, back - (now - t))
+    if lasts[r.key] > low then
+      walk(r, low + 1, function(x, e)
+        if x >= tat then return true end
+        low = max(low, e)
+      end)
+    end
+    tat = min(tat, low)
+  end
+  return tat
+end
+
 -- gc_refund gives back a charge of cost n made at t with undo values u1, u2
 -- (gc_charge's). A booking is removed if its owner still holds it (a fair
 -- rule's TAT then comes back to its start, if beyond it). A charge that
 -- extended the TAT restores the TAT before it if nothing was charged
--- since; otherwise, while any charge stacked on it is a booking still in
--- the future (the TAT is beyond now + burst), its slot is fixed and nothing
--- can be given back; once every stacked charge is in the past, the bucket
--- could have refilled for at most the time since this charge without it,
--- so it gives back n emissions less that time (no more than the TAT grew
--- by: an adaptive rule's interval may have grown since), but never the interval of a
--- booking the TAT has grown over: never more than this charge still holds,
--- however refunds interleave.
+-- since; otherwise it gives back what gc_back allows of n emissions (no
+-- more than the TAT grew by: an adaptive rule's interval may have grown
+-- since): never more than this charge still holds, however refunds
+-- interleave.
 local function gc_refund(r, t, n, now, ttl_floor, nonce, g)
   local cur = tat_get(r.key)
   if r.u1 < 0 then
@@ -376,19 +394,7 @@ local function gc_refund(r, t, n, now, ttl_floor, nonce, g)
     return
   end
   local tat = r.u2
-  if cur ~= r.u1 then
-    tat = max(cur or now, now)
-    if tat <= now + r.em * r.burst then
-      local low = tat - max(0, min(n * r.em, r.u1 - max(r.u2, t)) - (now - t))
-      if lasts[r.key] > low then
-        walk(r, low + 1, function(x, e)
-          if x >= tat then return true end
-          low = max(low, e)
-        end)
-      end
-      tat = min(tat, low)
-    end
-  end
+  if cur ~= r.u1 then tat = gc_back(r, cur, t, min(n * r.em, r.u1 - max(r.u2, t)), now) end
   tat_set(r.key, tat, now, ttl_floor)
 end
 
@@ -398,10 +404,8 @@ end
 -- gc_refund gives n back: a booking of its own still held shrinks to its
 -- first n - d intervals (removed at 0; a fair rule's TAT comes back to its
 -- new end, if beyond it); a charge that extended the TAT moves the TAT back
--- d intervals if nothing was charged since, otherwise gives back d
--- intervals less the time since t, while nothing stacked on it is booked
--- beyond now + burst, never the interval of a booking the TAT has grown
--- over. Never more than the TAT grew by.
+-- d intervals if nothing was charged since, otherwise gives back what
+-- gc_back allows of d intervals. Never more than the TAT grew by.
 local function gc_settle(r, t, n, d, now, ttl_floor, nonce, g)
   local cur = tat_get(r.key)
   if d < 0 then
@@ -426,22 +430,8 @@ local function gc_settle(r, t, n, d, now, ttl_floor, nonce, g)
     return
   end
   local back = max(0, min(d * r.em, r.u1 - max(r.u2, t)))
-  local tat
-  if cur == r.u1 then
-    tat = r.u1 - back
-  else
-    tat = max(cur or now, now)
-    if tat <= now + r.em * r.burst then
-      local low = tat - max(0, back - (now - t))
-      if lasts[r.key] > low then
-        walk(r, low + 1, function(x, e)
-          if x >= tat then return true end
-          low = max(low, e)
-        end)
-      end
-      tat = min(tat, low)
-    end
-  end
+  local tat = r.u1 - back
+  if cur ~= r.u1 then tat = gc_back(r, cur, t, back, now) end
   tat_set(r.key, tat, now, ttl_floor)
 end
 
