@@ -48,21 +48,32 @@ func Settle(ctx context.Context, actual int) error {
 	if actual < 0 {
 		return fmt.Errorf("taskrl: Settle: the actual cost must not be negative, got %d", actual)
 	}
-	st, _ := ctx.Value(settleKey{}).(*settlement)
-	if st == nil {
-		return ErrNoCost
+	st, err := openSettlement(ctx)
+	if err != nil {
+		return err
 	}
-	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.done {
-		return ErrNoCost
-	}
 	for i, c := range st.costs {
 		if c > 0 {
 			st.actual[i] = actual
 		}
 	}
 	return nil
+}
+
+// openSettlement returns the settlement of the task whose context ctx is,
+// locked, or ErrNoCost when there is none or it has been applied.
+func openSettlement(ctx context.Context) (*settlement, error) {
+	st, _ := ctx.Value(settleKey{}).(*settlement)
+	if st == nil {
+		return nil, ErrNoCost
+	}
+	st.mu.Lock()
+	if st.done {
+		st.mu.Unlock()
+		return nil, ErrNoCost
+	}
+	return st, nil
 }
 
 // SettleFromHeaders settles (see Settle) the task whose handler calls it
@@ -74,15 +85,11 @@ func Settle(ctx context.Context, actual int) error {
 // as Settle does, and nil when no rule of the task names a header.
 // SettleFromHeaders is safe for concurrent use.
 func SettleFromHeaders(ctx context.Context, get func(name string) string) error {
-	st, _ := ctx.Value(settleKey{}).(*settlement)
-	if st == nil {
-		return ErrNoCost
+	st, err := openSettlement(ctx)
+	if err != nil {
+		return err
 	}
-	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.done {
-		return ErrNoCost
-	}
 	var bad []string
 	for i, h := range st.headers {
 		if h == "" || st.costs[i] == 0 {
