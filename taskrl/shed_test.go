@@ -121,14 +121,17 @@ func TestShedLevel(t *testing.T) {
 // (a process gone) is dropped.
 func TestFleetBusy(t *testing.T) {
 	c := redistest.Client(t)
-	p, err := mustPolicy(t, Rule{Name: "a", Match: Match{Type: "x"}, Limit: rate1}).WithShed(Shed{Above: 0.8, Classes: []Match{{Queue: "bulk"}}})
+	// The processes run a policy without a shed section, so that their
+	// loops publish nothing of their own while the test reads.
+	plain := mustPolicy(t, Rule{Name: "a", Match: Match{Type: "x"}, Limit: rate1})
+	p, err := plain.WithShed(Shed{Above: 0.8, Classes: []Match{{Queue: "bulk"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	prefix := redistest.Prefix(t)
 	var ms []*Middleware
 	for _, conc := range []int{10, 30} {
-		m, err := New(Config{Policy: p, Client: c, Prefix: prefix, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		m, err := New(Config{Policy: plain, Client: c, Prefix: prefix, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +143,7 @@ func TestFleetBusy(t *testing.T) {
 	ms[1].shed.inflight.Store(20)
 	sh := p.shed
 	now := time.Now()
-	ms[1].shed.read(sh, now) // their loops may not have published these yet
+	ms[1].shed.read(sh, now) // publishes process 1's slots
 	for i, m := range ms {
 		if v, err := m.shed.read(sh, now); err != nil || v != 30.0/40 {
 			t.Fatalf("process %d reads %v, %v; want 30/40", i, v, err)
