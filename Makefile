@@ -69,7 +69,7 @@ fuzz-ci:
 	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzRetryAfter -fuzztime 30000x
 	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzQuotaSpent -fuzztime 30000x
 	$(GO) test ./internal/egress -run '^$$' -fuzz FuzzEgress -fuzztime 200000x
-	$(GO) test ./taskrl -run '^$$' -fuzz FuzzRequest -fuzztime 8000x
+	$(GO) test ./taskrl -run '^$$' -fuzz FuzzRequest -fuzztime 4000x
 
 # Peer comparison benchmarks (separate module; see BENCHMARKS.md).
 bench: redis-server
