@@ -848,11 +848,11 @@ func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horiz
 		return l.decideNow(ctx, s, req, op, horizon)
 	}
 	d, p, err := l.prefetched(ctx, s, req)
-	if p == nil || err != nil {
+	if err != nil || d.Allowed {
 		return d, err
 	}
 	d, err = l.decideNow(ctx, s, req, op, horizon)
-	if err == nil {
+	if err == nil && p != nil {
 		l.resume(p, d)
 	}
 	return d, err

@@ -111,8 +111,10 @@ func appendPoolKey(b []byte, s *Set, req Request) []byte {
 }
 
 // prefetched admits req from s's pool, or takes a batch for it. When it
-// did neither, it returns req's pool, or nil if req may not prefetch, and
-// req must be decided as usual.
+// did neither (the decision it returns is not Allowed), req must be
+// decided as usual; it then returns req's pool, to resume after that
+// decision, or nil if req may not prefetch (its cost above a batch, bad
+// keys: the usual decision refuses it or says what is wrong).
 func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision, *pool, error) {
 	n := int64(max(req.Cost, 1))
 	if n > s.batchMax || req.Cost < 0 || req.Keys != nil && len(req.Keys) != len(s.rules) || req.Fair != nil && len(req.Fair) != len(s.rules) {

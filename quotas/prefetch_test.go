@@ -64,6 +64,25 @@ func TestPrefetchValidation(t *testing.T) {
 // a limiter hands it out, and no span of time may hold more than the
 // rule's Burst plus one per interval elapsed, checked on the times alone.
 // Below the limit most requests must need no script call.
+// TestPrefetchCostAboveBatch: a request of a prefetching set whose cost no
+// batch can carry (above the lowered burst) is decided as usual: denied
+// for good (Never), naming the rule; an error for keys that do not fit the
+// set.
+func TestPrefetchCostAboveBatch(t *testing.T) {
+	l, err := New(Config{Client: redistest.Client(t), Prefix: redistest.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := mustSet(Rule{Name: "hot", Limit: GCRA{Rate: 1000, Period: time.Second, Burst: 100}, Prefetch: 10 * time.Millisecond})
+	d, err := l.Allow(context.Background(), s, Request{Cost: 95})
+	if err != nil || d.Allowed || d.RetryAfter != Never || d.Rule != "hot" {
+		t.Fatalf("cost 95 over a lowered burst of 90: %+v, %v; want denied, Never, rule hot", d, err)
+	}
+	if _, err := l.Allow(context.Background(), s, Request{Keys: []string{"a", "b"}}); err == nil {
+		t.Fatal("two keys for one rule: no error")
+	}
+}
+
 func TestPrefetchExact(t *testing.T) {
 	c := redistest.Client(t)
 	cc := redis.NewClient(&redis.Options{Addr: c.Options().Addr})
