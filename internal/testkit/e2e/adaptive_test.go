@@ -40,9 +40,6 @@ rules:
 // above the limit: about 50 % of calls 429 and 5 % of the rate used).
 func TestAdaptive(t *testing.T) {
 	if os.Getenv("TASKRL_LONG") == "" {
-		// Light at this length (at most 20 calls a second): it runs beside
-		// the other light end-to-end tests (doc.go).
-		t.Parallel()
 		runAdaptive(t, 3, 40, []float64{20, 5, 20}, 25*time.Second, 0.5, 0.04)
 		return
 	}
