@@ -830,6 +830,31 @@ func (m *model) back(c call, cur, t, back, now int64) int64 {
 	return min(tat, low)
 }
 
+// uncount takes n units off the window of c that holds t (win_refund).
+func (m *model) uncount(c call, t, n int64) {
+	k := c.keys[0]
+	s, _ := m.window(c, t)
+	if m.wins[k][s] <= n {
+		delete(m.wins[k], s)
+	} else {
+		m.wins[k][s] -= n
+	}
+}
+
+// unlog removes n of the sliding log k's entries named nonce (sl_refund).
+func (m *model) unlog(k, nonce string, n int64) {
+	log := m.logs[k][:0]
+	removed := int64(0)
+	for _, e := range m.logs[k] {
+		if e.id == nonce && removed < n {
+			removed++
+			continue
+		}
+		log = append(log, e)
+	}
+	m.logs[k] = log
+}
+
 // refund mirrors quotas.lua's refund of a charge made at ats[rule].
 func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64, holder, nonce string, decided int64) {
 	m.housekeep(calls, now)
@@ -868,23 +893,9 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 			}
 			m.setTAT(k, tat, now)
 		case kindFixed, kindCalendar:
-			s, _ := m.window(c, t)
-			if m.wins[k][s] <= n {
-				delete(m.wins[k], s)
-			} else {
-				m.wins[k][s] -= n
-			}
+			m.uncount(c, t, n)
 		case kindSliding:
-			log := m.logs[k][:0]
-			removed := int64(0)
-			for _, e := range m.logs[k] {
-				if e.id == nonce && removed < n {
-					removed++
-					continue
-				}
-				log = append(log, e)
-			}
-			m.logs[k] = log
+			m.unlog(k, nonce, n)
 		case kindConcurrency:
 			m.release(k, holder, u[0])
 		}
@@ -944,12 +955,7 @@ func (m *model) settle(calls []call, now int64, acts []int, ats []int64, undo []
 			m.setTAT(k, tat, now)
 		case kindFixed, kindCalendar:
 			if d > 0 {
-				s, _ := m.window(c, t)
-				if m.wins[k][s] <= d {
-					delete(m.wins[k], s)
-				} else {
-					m.wins[k][s] -= d
-				}
+				m.uncount(c, t, d)
 				continue
 			}
 			s, _ := m.window(c, now)
@@ -966,16 +972,7 @@ func (m *model) settle(calls []call, now int64, acts []int, ats []int64, undo []
 			}
 		case kindSliding:
 			if d > 0 {
-				log := m.logs[k][:0]
-				removed := int64(0)
-				for _, e := range m.logs[k] {
-					if e.id == nonce && removed < d {
-						removed++
-						continue
-					}
-					log = append(log, e)
-				}
-				m.logs[k] = log
+				m.unlog(k, nonce, d)
 				continue
 			}
 			log := m.logs[k]
