@@ -34,6 +34,7 @@ type job struct {
 	// rates now (quotas.Limiter.ReserveAndAllow), for runHolding to use
 	// instead of deciding them again; nil if none.
 	slots      *quotas.Decision
+	w          parked       // what the task's headers said of its last wait
 	holderOnce string       // the holder of the task's slots (holder), once chosen
 	pause      atomic.Int64 // the longest Pause the handler asked for, ns
 }
@@ -54,7 +55,7 @@ func (j *job) step(s step) step {
 	if dl, ok := j.ctx.Deadline(); ok {
 		s.left = time.Until(dl) // the context's deadline is on the wall clock
 	}
-	s.waited = waited(j.t)
+	s.waited = j.w.waited
 	return s
 }
 
@@ -66,11 +67,11 @@ func (j *job) step(s step) step {
 // the Admitted event to report once the task is sure to run.
 func (j *job) admitRates(admit *Event) (done bool, err error) {
 	// A retry after a failure is charged again: the booking paid for the
-	// copy's first attempt only.
-	if booked, ok := bookedAt(j.t); ok && retryCount(j.ctx) == 0 {
-		receipt := j.t.Headers()[HeaderCharge]
+	// run after the wait only (asynq's retry keeps no headers of ours).
+	if booked := j.w.booked; !booked.IsZero() {
+		receipt := j.w.charge
 		j.charge, _ = quotas.ParseReceipt(receipt) // none: nothing to refund
-		stale := j.t.Headers()[HeaderLimits] != j.sp.digest
+		stale := j.w.limits != j.sp.digest
 		a := plan(j.lim, j.step(step{stage: stageBooked, booked: booked, stale: stale}))
 		switch a.verb {
 		case decide:
@@ -79,7 +80,7 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 			}
 		case reschedule:
 			j.observe(Event{Outcome: Rescheduled, Wait: a.wait})
-			return true, j.reschedule(a.wait, a.booked, receipt)
+			return true, j.reschedule(a.rule, a.wait, a.booked, receipt)
 		default:
 			// A cancelled wait keeps the booking: the redelivered copy
 			// still holds it.
@@ -143,9 +144,9 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 		case reschedule:
 			j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait, Rules: d.Rules})
 			if a.booked.IsZero() {
-				return true, j.reschedule(a.wait, time.Time{}, "")
+				return true, j.reschedule(a.rule, a.wait, time.Time{}, "")
 			}
-			if err := j.reschedule(a.wait, a.booked, d.Receipt()); err != nil {
+			if err := j.reschedule(a.rule, a.wait, a.booked, d.Receipt()); err != nil {
 				j.refund(d)
 				return true, err
 			}
@@ -192,7 +193,7 @@ func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, 
 		// made under the old limits (kept, as for a stale copy,
 		// planBooked), and it decides again under the new ones at once.
 		j.observe(Event{Outcome: Rescheduled})
-		return true, false, j.reschedule(0, time.Time{}, "")
+		return true, false, j.reschedule("", 0, time.Time{}, "")
 	}
 	if checkHeld && !j.held() {
 		return false, true, nil
@@ -203,7 +204,7 @@ func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, 
 		if a.verb == reschedule {
 			j.refund(j.charge)
 			j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait})
-			return true, false, j.reschedule(a.wait, time.Time{}, "")
+			return true, false, j.reschedule(a.rule, a.wait, time.Time{}, "")
 		}
 	}
 	if j.m.serverNow().Sub(slot) > lateBooking {
@@ -379,7 +380,7 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 			// The rate charge already made stays, as the booking of the
 			// copy's slot then, so only the slots are tried again.
 			j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait, Rules: d.Rules})
-			return j.reschedule(a.wait, a.booked, j.charge.Receipt())
+			return j.reschedule(a.rule, a.wait, a.booked, j.charge.Receipt())
 		case wait:
 			if err := hold(j.ctx, a.wait); err != nil {
 				return err
@@ -483,12 +484,11 @@ func (j *job) releaseSlots() {
 	j.slots = nil
 }
 
-// holder names the task as the holder of concurrency slots: the ID it was
-// first enqueued with, or, when asynq did not run it (no task ID), a
-// random one.
+// holder names the task as the holder of concurrency slots: its ID, or,
+// when asynq did not run it (no task ID), a random one.
 func (j *job) holder() string {
-	if h := origin(j.t, j.id); h != "" {
-		return h
+	if j.id != "" {
+		return j.id
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])

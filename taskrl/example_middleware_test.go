@@ -87,7 +87,7 @@ rules:
 
 // A handler whose remote API answered 429 returns Throttled: every worker
 // backs off the task's rules until Retry-After, and the task runs again then
-// without spending a retry (it has none here). OriginID stays the same, so
+// without spending a retry (it has none here). It keeps its asynq ID, so
 // the API sees one Idempotency-Key for both attempts.
 func ExampleThrottled() {
 	var calls atomic.Int32
@@ -126,7 +126,8 @@ rules:
 	done := make(chan struct{})
 	mux.HandleFunc("vendor:call", func(ctx context.Context, t *asynq.Task) error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, api.URL, nil)
-		req.Header.Set("Idempotency-Key", taskrl.OriginID(ctx, t))
+		id, _ := asynq.GetTaskID(ctx)
+		req.Header.Set("Idempotency-Key", id)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return err

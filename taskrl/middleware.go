@@ -99,6 +99,7 @@ type Middleware struct {
 	skew    clock.Skew // of the server's clock, from the last decision
 	shed    *shedder
 	renew   *renewer
+	parked  parkedSet // tasks parked in the last minute (asynqlog.go)
 }
 
 // New validates cfg and returns a Middleware.
@@ -140,7 +141,7 @@ func New(cfg Config) (*Middleware, error) {
 	}
 	m := &Middleware{cfg: cfg, local: quotas.NewModel(), limits: limits{maxHold: cfg.MaxHold, budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}
 	m.policy.Store(cfg.Policy)
-	m.pace = newPacer(pacerDeps{client: cfg.Client, inspect: m.inspect, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
+	m.pace = newPacer(pacerDeps{client: cfg.Client, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
 	if !cfg.KeepOrder {
 		m.sweep = newSweeper(m)
 	}
@@ -359,28 +360,32 @@ func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 		growStack(0) // the task's stack grows here, once (stack.go)
 		m.shed.inflight.Add(1)
 		defer m.shed.inflight.Add(-1)
+		w := takeParked(t)
+		if w.round > 0 {
+			ctx = context.WithValue(ctx, parkedKey{}, w.name())
+		}
 		queue, _ := asynq.GetQueueName(ctx)
 		p := m.policy.Load()
 		if sh := p.shed; sh != nil {
-			if _, booked := bookedAt(t); !booked && m.shed.deferring() {
+			if w.booked.IsZero() && m.shed.deferring() {
 				if d, ok := m.shed.deferFor(sh, p.shedClass(sh, t.Type(), queue)); ok {
-					j := m.newJob(ctx, t, queue, p)
+					j := m.newJob(ctx, t, queue, p, w)
 					j.observe(Event{Outcome: Deferred, Wait: d})
-					return j.reschedule(d, time.Time{}, "")
+					return j.reschedule("", d, time.Time{}, "")
 				}
 			}
 			if sh.Signal == ShedUpstreamErrors {
 				defer func() { m.shed.ended(err, m.cfg.Clock.Now()) }()
 			}
 		}
-		if due, ok := dueAt(t); ok {
-			// A copy the pacer moved ahead of its due time waits for it
-			// here; one far earlier (run by hand) is rescheduled again.
-			switch w := due.Sub(m.serverNow()); {
-			case w > admission.EarlyBooking(m.pace.leadTime(), m.cfg.MaxHold):
-				return m.newJob(ctx, t, queue, p).reschedule(w, time.Time{}, "")
-			case w > 0:
-				if err := hold(ctx, w); err != nil {
+		if !w.due.IsZero() {
+			// A task the pacer moved ahead of its due time waits for it
+			// here; one far earlier (run by hand) waits again.
+			switch d := w.due.Sub(m.serverNow()); {
+			case d > admission.EarlyBooking(m.pace.leadTime(), m.cfg.MaxHold):
+				return m.newJob(ctx, t, queue, p, w).reschedule("", d, time.Time{}, "")
+			case d > 0:
+				if err := hold(ctx, d); err != nil {
 					return err
 				}
 			}
@@ -390,37 +395,41 @@ func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 			// No job for a task no rule governs unless it is throttled.
 			err := run.ProcessTask(ctx, t)
 			if te := (*ThrottledError)(nil); errors.As(err, &te) {
-				return m.newJob(ctx, t, queue, p).backOff(te)
+				return m.newJob(ctx, t, queue, p, w).backOff(te)
 			}
 			return err
 		}
-		return m.newJob(ctx, t, queue, p).process(b, run)
+		return m.newJob(ctx, t, queue, p, w).process(b, run)
 	})
 }
 
-// onceTimeout is how long once waits for Redis to mark a copy.
+// parkedKey is the context key of the name of the wait a task runs after
+// (parked.name), for once.
+type parkedKey struct{}
+
+// onceTimeout is how long once waits for Redis to mark a run.
 const onceTimeout = 100 * time.Millisecond
 
-// once wraps next so that a rescheduled copy's first attempt runs once:
-// asynq may deliver one copy twice (a Redis failover loses the pacer's
-// move to pending, and the copy is moved again on the new primary), and
-// both deliveries would wait for the same slot and call at once. Just
-// before the first attempt runs, it marks the copy's ID (SET NX, one
-// minute); a delivery that finds the mark ends without running, as done.
-// If Redis cannot say within onceTimeout, or failed a moment ago, the
-// attempt runs. Retries and original tasks are not marked: asynq gives
-// those to one worker at a time.
+// once wraps next so that a task's run after a wait happens once: asynq
+// may deliver the task twice (a Redis failover loses the pacer's move to
+// pending, and the task is moved again on the new primary), and both
+// deliveries would wait for the same slot and call at once. Just before
+// the run, it marks the task's ID and wait (SET NX, one minute); a
+// delivery that finds the mark ends without running, as done. If Redis
+// cannot say within onceTimeout, or failed a moment ago, the run goes on.
+// Tasks that did not wait are not marked: asynq gives those to one worker
+// at a time.
 func (m *Middleware) once(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		// Real time: whether Redis failed a moment ago (guard).
-		if _, copied := t.Headers()[HeaderOrigin]; copied && retryCount(ctx) == 0 && time.Now().UnixNano() >= m.down.Load() {
+		if wait, ok := ctx.Value(parkedKey{}).(string); ok && time.Now().UnixNano() >= m.down.Load() {
 			id, _ := asynq.GetTaskID(ctx)
 			queue, _ := asynq.GetQueueName(ctx)
 			mctx, cancel := context.WithTimeout(ctx, onceTimeout)
-			first, err := m.cfg.Client.SetNX(mctx, keys.Ran(m.prefix, queue, id), 1, time.Minute).Result()
+			first, err := m.cfg.Client.SetNX(mctx, keys.Ran(m.prefix, queue, id, wait), 1, time.Minute).Result()
 			cancel()
 			if err == nil && !first {
-				m.cfg.Logger.Info("taskrl: a second delivery of a rescheduled task ends without running; another worker started it", "task", id)
+				m.cfg.Logger.Info("taskrl: a second delivery of a task after its wait ends without running; another worker started it", "task", id)
 				return nil
 			}
 		}
@@ -430,8 +439,8 @@ func (m *Middleware) once(next asynq.Handler) asynq.Handler {
 
 // newJob returns the job of a delivery of t from queue under policy p; its
 // context carries it, for Pause.
-func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p *Policy) *job {
-	j := &job{m: m, t: t, queue: queue, lim: m.limits, policy: p}
+func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p *Policy, w parked) *job {
+	j := &job{m: m, t: t, queue: queue, lim: m.limits, policy: p, w: w}
 	j.lim.mode = p.FailureMode()
 	j.lim.early = admission.EarlyBooking(m.pace.leadTime(), j.lim.maxHold)
 	j.ctx = context.WithValue(ctx, jobKey{}, j)
@@ -439,8 +448,13 @@ func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p 
 	return j
 }
 
-// ServerConfig returns cfg unchanged and starts pacing its queues now
-// rather than when a task of theirs is first rescheduled here. It reads
+// ServerConfig returns cfg with its Logger wrapped, and starts pacing its
+// queues now rather than when a task of theirs is first rescheduled here.
+// The wrapped Logger (asynq's default logger when cfg.Logger is nil) drops
+// one line asynq writes for each task the middleware makes wait: asynq's
+// own write after the handler finds the task waiting rather than active,
+// which it must (the task's record stays as it is), and asynq logs "Could
+// not remove task id=... NOT FOUND"; every other line passes. It reads
 // cfg.TaskCheckInterval (asynq's default 1s when zero): an idle worker
 // looks for pending tasks after sleeping up to 1.5 times that, so a copy
 // rescheduled to a booked slot is moved to pending that long and 100ms
@@ -455,6 +469,13 @@ func (m *Middleware) ServerConfig(cfg asynq.Config) asynq.Config {
 	m.pace.setLead(admission.PaceLead(cfg.TaskCheckInterval))
 	for q := range cfg.Queues {
 		m.pace.serve(q)
+	}
+	if _, ok := cfg.Logger.(asynqLogger); !ok {
+		next := cfg.Logger
+		if next == nil {
+			next = newStderrLogger()
+		}
+		cfg.Logger = asynqLogger{next: next, parked: &m.parked}
 	}
 	return cfg
 }

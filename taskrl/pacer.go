@@ -4,39 +4,33 @@ import (
 	"container/heap"
 	"context"
 	_ "embed"
-	"errors"
 	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/admission"
+	"github.com/taskrl/taskrl/internal/asynqmsg"
 	"github.com/taskrl/taskrl/internal/clock"
 	"github.com/taskrl/taskrl/internal/keys"
-	"github.com/taskrl/taskrl/internal/script"
 )
 
-//go:embed pace.lua
-var paceLua string
-
-var paceScript = script.New(paceLua, "gcra")
-
-// pacer moves rescheduled tasks from asynq's scheduled set to pending a
-// lead before their booked slot (admission.PaceLead: longer than an idle
-// worker sleeps between two looks at its queues), so that a worker has
-// picked each up by its slot and waits for it there, instead of asynq
-// moving it at the next check of its scheduled set, seconds later. The
-// pacer of the process that booked a copy claims it then (and with it
-// any other copy then due, whoever booked it); every pacer also looks
-// every paceIdle, with one cheap command, for due copies of processes that
-// died before their slot. Each copy is also scheduled in asynq itself a
-// little after its slot, so if no pacer runs (every worker down), the task
-// still runs, only late. One pacer runs per Middleware, for every queue
-// the middleware has served or been configured for.
+// pacer moves waiting tasks from asynq's scheduled set to pending a lead
+// before their booked slot (admission.PaceLead: longer than an idle worker
+// sleeps between two looks at its queues), so that a worker has picked
+// each up by its slot and waits for it there, instead of asynq moving it
+// at the next check of its scheduled set, seconds later. The pacer of the
+// process that parked a task claims it then, once asynq is done with the
+// run that parked it (and with it any other task then due that was parked
+// paceFence ago or more, whoever parked it); every pacer also looks every
+// paceIdle, with one cheap command, for due tasks of processes that died
+// before their slot. Each task is also scheduled in asynq itself a little
+// after its slot, so if no pacer runs (every worker down), it still runs,
+// only late. One pacer runs per Middleware, for every queue the middleware
+// has served or been configured for.
 type pacer struct {
 	pacerDeps
 	lead atomic.Int64 // admission.PaceLead, ns
@@ -48,35 +42,41 @@ type pacer struct {
 // paceQueue is the pacer's state for one queue.
 type paceQueue struct {
 	key  string
-	own  slots     // slots of the copies this process booked, server µs
+	own  slots     // the tasks this process parked, by when to move them
 	poll time.Time // when to look for others' due copies next
 	hold time.Time // after a failed claim: no claim before then
 }
 
-// paceSlack is how long after its booked slot asynq itself runs a copy that
+// paceSlack is how long after its booked slot asynq itself runs a task that
 // no pacer moved.
 const paceSlack = 2 * time.Second
 
-// paceUnbooked is how far ahead at most an unbooked copy is paced.
+// paceFence is how long after a task was parked a pacer that did not park
+// it may move it. The pacer that parked it moves it as soon as asynq is
+// done with the run that parked it: asynq's write after that run (Done,
+// MarkAsComplete) must find the task gone from its active list, not back
+// in it, or it would end the task's next run.
+const paceFence = paceSlack
+
+// paceUnbooked is how far ahead at most an unbooked task is paced.
 const paceUnbooked = time.Minute
 
-// paceIdle is how often a pacer looks for due copies it did not book.
+// paceIdle is how often a pacer looks for due tasks it did not park.
 const paceIdle = 2 * time.Second
 
 // paceKeep is how long a pacing set outlives its last slot.
 const paceKeep = time.Minute
 
-// paceBatch is the most copies one claim moves.
+// paceBatch is the most tasks one claim looks at.
 const paceBatch = 100
 
 // pacerDeps is what a pacer uses of its middleware.
 type pacerDeps struct {
-	client  redis.UniversalClient
-	inspect *asynq.Inspector
-	logger  *slog.Logger
-	clock   Clock
-	skew    *clock.Skew // of the server's clock
-	prefix  string
+	client redis.UniversalClient
+	logger *slog.Logger
+	clock  Clock
+	skew   *clock.Skew // of the server's clock
+	prefix string
 }
 
 func (p *pacer) serverNow() time.Time { return p.skew.Server(p.clock.Now()) }
@@ -112,31 +112,24 @@ func (p *pacer) serve(queue string) {
 	p.mu.Unlock()
 }
 
-// add records the copy's booked slot and wakes the pacer to claim it then.
-func (p *pacer) add(ctx context.Context, queue, id string, booked time.Time) error {
+// add notes a task this process parked, to move at server µs at, once
+// done is closed (nil: at once): asynq is done with the run that parked
+// it. The park itself recorded the task in the queue's pacing set.
+func (p *pacer) add(queue, id string, at int64, done <-chan struct{}) {
 	p.mu.Lock()
 	q := p.queue(queue)
+	heap.Push(&q.own, own{at: at, id: id, done: done})
 	p.mu.Unlock()
-	// The set lives until a minute after its last slot: each add sets that
-	// expiry if the set has none (NX) or an earlier one (GT). Three plain
-	// commands in one round trip cost Redis a fifth of a script's time.
-	expire := max(booked.UnixMilli(), p.serverNow().UnixMilli()) + paceKeep.Milliseconds()
-	_, err := p.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		pipe.ZAdd(ctx, q.key, redis.Z{Score: float64(booked.UnixMicro()), Member: id})
-		pipe.Do(ctx, "PEXPIREAT", q.key, expire, "NX")
-		pipe.Do(ctx, "PEXPIREAT", q.key, expire, "GT")
-		return nil
-	})
-	if err == nil {
-		p.mu.Lock()
-		heap.Push(&q.own, booked.UnixMicro())
-		p.mu.Unlock()
-	}
 	p.loop.poke()
-	return err
+	if done != nil {
+		go func() {
+			<-done
+			p.loop.poke()
+		}()
+	}
 }
 
-// pass claims the copies due in every queue where this process booked
+// pass claims the tasks due in every queue where this process parked
 // some, looks for others' where that is due, and returns when to look
 // again.
 func (p *pacer) pass() time.Duration {
@@ -151,14 +144,14 @@ func (p *pacer) pass() time.Duration {
 	for name, q := range qs {
 		now, serverNow := p.clock.Now(), p.serverNow().UnixMicro()
 		p.mu.Lock()
-		ownDue := q.own.Len() > 0 && q.own[0]-lead.Microseconds() <= serverNow
+		mine, waiting := q.own.due(serverNow + lead.Microseconds())
 		p.mu.Unlock()
-		if !now.Before(q.hold) && (ownDue || !now.Before(q.poll) && p.othersDue(name, q, serverNow+lead.Microseconds())) {
-			p.claim(name, q, lead)
+		if !now.Before(q.hold) && (len(mine) > 0 || !now.Before(q.poll) && p.othersDue(name, q, serverNow+lead.Microseconds())) {
+			p.claim(name, q, lead, mine)
 		}
 		p.mu.Lock()
-		if q.own.Len() > 0 {
-			next = min(next, max(time.Duration(q.own[0]-lead.Microseconds()-serverNow)*time.Microsecond, q.hold.Sub(p.clock.Now())))
+		if q.own.Len() > 0 && !waiting {
+			next = min(next, max(time.Duration(q.own[0].at-lead.Microseconds()-serverNow)*time.Microsecond, q.hold.Sub(p.clock.Now())))
 		}
 		p.mu.Unlock()
 		next = min(next, max(q.poll.Sub(p.clock.Now()), q.hold.Sub(p.clock.Now())))
@@ -166,7 +159,7 @@ func (p *pacer) pass() time.Duration {
 	return next
 }
 
-// othersDue reports whether queue has a copy due by server time by (µs),
+// othersDue reports whether queue has a task due by server time by (µs),
 // with one command, and sets the next look paceIdle from now.
 func (p *pacer) othersDue(queue string, q *paceQueue, by int64) bool {
 	q.poll = p.clock.Now().Add(paceIdle)
@@ -174,61 +167,85 @@ func (p *pacer) othersDue(queue string, q *paceQueue, by int64) bool {
 	defer cancel()
 	due, err := p.client.ZRangeByScore(ctx, q.key, &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(by, 10), Count: 1}).Result()
 	if err != nil {
-		p.logger.Debug("taskrl: pacer could not look for due copies", "queue", queue, "err", err)
+		p.logger.Debug("taskrl: pacer could not look for due tasks", "queue", queue, "err", err)
 		return false
 	}
 	return len(due) > 0
 }
 
-// claim moves the copies of one queue due within lead to pending and
-// forgets this process's slots that are now due.
-func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration) {
+// claim moves the tasks of one queue due within lead to pending: mine,
+// parked here, whose runs asynq is done with, and any parked paceFence ago
+// or more. Those of mine it could not move are noted again.
+func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration, mine []own) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	v, err := paceScript.Run(ctx, p.client, []string{q.key}, -1, paceBatch, lead.Microseconds()).StringSlice()
+	ids := make([]string, len(mine))
+	for i, o := range mine {
+		ids[i] = o.id
+	}
+	looked, _, err := asynqmsg.Unpark(ctx, p.client, asynqmsg.Claim{
+		Queue: queue, PaceKey: q.key, Now: -1, Most: paceBatch, Lead: lead.Microseconds(),
+		Fence: paceFence.Microseconds(), Mine: ids,
+	})
 	if err != nil {
-		if !errors.Is(err, redis.Nil) {
-			p.logger.Warn("taskrl: pacer", "queue", queue, "err", err)
+		p.logger.Warn("taskrl: pacer", "queue", queue, "err", err)
+		p.mu.Lock()
+		for _, o := range mine {
+			heap.Push(&q.own, o)
 		}
+		p.mu.Unlock()
 		q.hold = p.clock.Now().Add(200 * time.Millisecond)
 		return
 	}
-	for _, id := range v {
-		// A copy that asynq already moved, or that is gone, needs nothing.
-		if err := p.inspect.RunTask(queue, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-			p.logger.Debug("taskrl: pacer could not run a task", "queue", queue, "task", id, "err", err)
-		}
-	}
-	if len(v) >= paceBatch {
+	if looked >= paceBatch {
 		q.poll = p.clock.Now() // more may be due
-		return
-	}
-	p.mu.Lock()
-	p.dropDue(q, p.clock.Now(), lead)
-	p.mu.Unlock()
-}
-
-// dropDue forgets this process's slots due by local time t plus the lead:
-// a claim has just moved them. p.mu must be held.
-func (p *pacer) dropDue(q *paceQueue, t time.Time, lead time.Duration) {
-	limit := p.skew.Server(t).Add(lead).UnixMicro()
-	for q.own.Len() > 0 && q.own[0] <= limit {
-		heap.Pop(&q.own)
 	}
 }
 
-// slots is a min-heap of booked slots in server microseconds.
-type slots []int64
+// own is a task this process parked: when to move it (server µs), and
+// when asynq is done with the run that parked it (done closed, or nil).
+type own struct {
+	at   int64
+	id   string
+	done <-chan struct{}
+}
+
+// slots is a min-heap of the tasks this process parked, by when to move
+// them.
+type slots []own
 
 func (s slots) Len() int           { return len(s) }
-func (s slots) Less(i, j int) bool { return s[i] < s[j] }
+func (s slots) Less(i, j int) bool { return s[i].at < s[j].at }
 func (s slots) Swap(i, j int)      { s[i], s[j] = s[j], s[i] }
-func (s *slots) Push(x any)        { *s = append(*s, x.(int64)) }
+func (s *slots) Push(x any)        { *s = append(*s, x.(own)) }
 func (s *slots) Pop() any {
 	old := *s
 	x := old[len(old)-1]
 	*s = old[:len(old)-1]
 	return x
+}
+
+// due takes the tasks due by server µs by whose runs asynq is done with;
+// waiting reports that a due task's run is not done yet (its done wakes
+// the pacer).
+func (s *slots) due(by int64) (mine []own, waiting bool) {
+	var later []own
+	for s.Len() > 0 && (*s)[0].at <= by {
+		o := heap.Pop(s).(own)
+		if o.done != nil {
+			select {
+			case <-o.done:
+			default:
+				later, waiting = append(later, o), true
+				continue
+			}
+		}
+		mine = append(mine, o)
+	}
+	for _, o := range later {
+		heap.Push(s, o)
+	}
+	return mine, waiting
 }
 
 // close stops the pacer and waits for it.

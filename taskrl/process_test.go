@@ -191,7 +191,7 @@ func fleetWorker(t *testing.T) {
 	mux.Use(m.Handler)
 	logKey := env.Prefix + "ran"
 	mux.HandleFunc("job", func(ctx context.Context, task *asynq.Task) error {
-		b, _ := bookedAt(task)
+		b, _ := Booked(ctx)
 		return asynqClient.RPush(ctx, logKey, fmt.Sprintf("%s %d %d", task.Payload(), time.Now().UnixMicro(), b.UnixMicro())).Err()
 	})
 	if err := srv.Start(mux); err != nil {

@@ -2,203 +2,216 @@ package taskrl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/taskrl/taskrl/internal/asynqmsg"
+	"github.com/taskrl/taskrl/internal/keys"
 )
 
-// Headers the middleware keeps on a rescheduled copy of a task.
+// Headers the middleware keeps on a task while it waits for its limits
+// (asynq's TaskInfo.Headers shows them). The middleware takes them off the
+// task before its handler runs: the handler, and asynq's own record of the
+// run (a retry, Retention), see the task's headers as it was enqueued.
 const (
-	// HeaderOrigin holds the ID of the task a copy was rescheduled from.
-	HeaderOrigin = "taskrl-origin"
-	// HeaderRound counts how often the task has been rescheduled.
+	// HeaderRound counts how often the task has waited.
 	HeaderRound = "taskrl-round"
 	// HeaderBooked holds the server time, in Unix microseconds, of the slot
-	// booked for the copy: its rate and window rules are already charged.
+	// booked for the task: its rate and window rules are already charged.
 	HeaderBooked = "taskrl-booked"
-	// HeaderWaited holds how long, in microseconds, the task has been
-	// rescheduled for in total, for Config.ThrottleBudget.
+	// HeaderWaited holds how long, in microseconds, the task has waited
+	// in all, for Config.ThrottleBudget.
 	HeaderWaited = "taskrl-waited"
 	// HeaderCharge holds the receipt of the booked slot's charges
-	// (quotas.Decision.Receipt), so that the worker that runs the copy can
-	// refund them when the task does not happen in that slot.
+	// (quotas.Decision.Receipt), so that the worker that runs the task
+	// can refund them when it does not happen in that slot.
 	HeaderCharge = "taskrl-charge"
 	// HeaderLimits identifies the limits of the rate and window rules the
-	// booked slot was charged under: a copy whose rules' limits have
+	// booked slot was charged under: a task whose rules' limits have
 	// changed since (a reloaded policy, an override) gives up its slot and
 	// decides again.
 	HeaderLimits = "taskrl-limits"
-	// HeaderDue holds the server time, in Unix microseconds, a copy
-	// rescheduled without a booking (to decide again, or after an upstream
-	// block) is due: the pacer moves it to pending a little before, and
-	// the worker that picks it up waits until then.
+	// HeaderDue holds the server time, in Unix microseconds, a task
+	// waiting without a booking (to decide again, or after an upstream
+	// block) is due: the pacer moves it to pending then, and the worker
+	// that picks it up earlier waits until then.
 	HeaderDue = "taskrl-due"
 )
 
-// reschedule enqueues a copy of the task to run after delay and lets the
-// original complete, so that waiting for a limit never spends a retry or
-// archives the task (asynq archives a failing task whose retries are spent
-// before it asks whether the error was a failure). The copy keeps the
-// task's payload, headers, queue, timeout, deadline and retention, and the
-// retries it had left. Its ID is derived from the original's and the round,
-// so a redelivered original cannot make two copies. booked, if set, is the
-// slot already charged for it (receipt: the charge's quotas receipt, for a
-// refund). The pacer moves the copy to pending a lead before its slot or
-// due time, and asynq itself paceSlack after it if no pacer does; a copy
-// not booked and due more than paceUnbooked ahead is left to asynq.
-func (j *job) reschedule(delay time.Duration, booked time.Time, receipt string) error {
-	t, m := j.t, j.m
-	round := 0
-	if v, ok := t.Headers()[HeaderRound]; ok {
-		round, _ = strconv.Atoi(v)
+// parked is what a task's headers say of its last wait (zero: it has not
+// waited, or failed for real since: asynq's retry keeps no headers of
+// ours).
+type parked struct {
+	round          int
+	waited         time.Duration
+	booked, due    time.Time // zero: none
+	charge, limits string
+}
+
+// takeParked reads the middleware's headers of t and takes them off: asynq
+// hands the handler the message's own header map, so what the handler
+// sees, and what asynq writes back after the run, has none of them.
+func takeParked(t *asynq.Task) parked {
+	h := t.Headers()
+	var p parked
+	v, ok := h[HeaderRound]
+	if !ok {
+		return p // a task that never waited: nothing to take
 	}
-	headers := make(map[string]string, len(t.Headers())+3)
-	for k, v := range t.Headers() {
-		headers[k] = v
+	p.round, _ = strconv.Atoi(v)
+	p.waited = time.Duration(micros(h[HeaderWaited])) * time.Microsecond
+	if us := micros(h[HeaderBooked]); us > 0 {
+		p.booked = time.UnixMicro(us)
 	}
-	org := origin(t, j.id)
-	headers[HeaderOrigin] = org
-	headers[HeaderRound] = strconv.Itoa(round + 1)
-	delete(headers, HeaderBooked)
-	delete(headers, HeaderCharge)
-	delete(headers, HeaderLimits)
-	delete(headers, HeaderDue)
-	headers[HeaderWaited] = strconv.FormatInt((waited(t) + max(delay, 0)).Microseconds(), 10)
+	if us := micros(h[HeaderDue]); us > 0 {
+		p.due = time.UnixMicro(us)
+	}
+	p.charge, p.limits = h[HeaderCharge], h[HeaderLimits]
+	for _, k := range []string{HeaderRound, HeaderWaited, HeaderBooked, HeaderDue, HeaderCharge, HeaderLimits} {
+		delete(h, k)
+	}
+	return p
+}
+
+// name tells this wait from the task's others: its round and its moment
+// (a real failure starts the rounds again: asynq's retry keeps no headers
+// of ours).
+func (p parked) name() string {
+	at := p.booked
+	if at.IsZero() {
+		at = p.due
+	}
+	return strconv.Itoa(p.round) + "~" + strconv.FormatInt(at.UnixMicro(), 10)
+}
+
+func micros(s string) int64 {
+	if s == "" {
+		return 0 // not parsed: a failed parse allocates its error
+	}
+	us, _ := strconv.ParseInt(s, 10, 64)
+	return us
+}
+
+// reschedule makes the task wait, in asynq, until delay from now, under
+// its own ID: the running task becomes a scheduled task again (Park), with
+// the rule it waits for and the moment in its LastErr and the middleware's
+// state in its headers, and the handler returns nil, which asynq then
+// records as nothing at all (its write finds the task no longer active).
+// So waiting keeps the task's ID, unique lock, retry count and options,
+// spends no retry, never archives, and counts as neither processed nor
+// failed. booked, if set, is the slot already charged for it (receipt: the
+// charge's quotas receipt, for a refund). The pacer moves it to pending a
+// lead before its slot or at its due time, and asynq itself paceSlack
+// after it if no pacer does; a task not booked and due more than
+// paceUnbooked ahead is left to asynq.
+func (j *job) reschedule(rule string, delay time.Duration, booked time.Time, receipt string) error {
+	m := j.m
+	delay = max(delay, 0)
+	h := map[string]string{
+		HeaderRound:  strconv.Itoa(j.w.round + 1),
+		HeaderWaited: strconv.FormatInt((j.w.waited + delay).Microseconds(), 10),
+	}
 	slot, paced := booked, true
 	if booked.IsZero() {
-		slot = m.serverNow().Add(max(delay, 0))
-		headers[HeaderDue] = strconv.FormatInt(slot.UnixMicro(), 10)
+		slot = m.serverNow().Add(delay)
+		h[HeaderDue] = strconv.FormatInt(slot.UnixMicro(), 10)
 		// Far off, asynq's own forwarder is punctual enough (it looks
 		// every 5 s), and a backlog pushed past MaxReserve saves a call
 		// per task.
 		paced = delay <= paceUnbooked
 	} else {
-		headers[HeaderBooked] = strconv.FormatInt(booked.UnixMicro(), 10)
+		h[HeaderBooked] = strconv.FormatInt(booked.UnixMicro(), 10)
 		if receipt != "" {
-			headers[HeaderCharge] = receipt
+			h[HeaderCharge] = receipt
 		}
-		headers[HeaderLimits] = j.sp.digest
+		h[HeaderLimits] = j.sp.digest
 	}
-	in := delay
+	p := asynqmsg.Parking{
+		Queue: j.queue, ID: j.id, Reason: j.waitReason(rule, slot, !booked.IsZero()), Headers: h,
+		Forward: time.Now().Add(delay), // asynq's forwarder scores the workers' clocks
+		PaceKey: keys.Pace(m.prefix, j.queue), PaceAt: -1,
+	}
 	if paced {
-		in += paceSlack // the pacer runs it in time
+		// A booked task is moved to pending a lead before its slot and
+		// waits for it in the worker that picks it up: the slot is a
+		// charge the limits hold for it. An unbooked one only decides
+		// again, so it is moved at its due time and holds no worker slot
+		// meanwhile: a fleet of tasks waiting for a concurrency slot or
+		// beyond an adaptive rule's horizon would otherwise fill the
+		// workers with tasks waiting for their moment.
+		at := slot
+		if booked.IsZero() {
+			at = slot.Add(m.pace.leadTime())
+		}
+		p.Forward = p.Forward.Add(paceSlack) // the pacer runs it in time
+		p.PaceAt = at.UnixMicro()
+		p.PaceExpire = max(at.UnixMilli(), m.serverNow().UnixMilli()) + paceKeep.Milliseconds()
 	}
-	maxRetry, _ := asynq.GetMaxRetry(j.ctx)
-	copyID := formatID(org, round+1)
-	at := time.Now().Add(in) // asynq's own clock, once: retries of the enqueue keep it
-	opts := []asynq.Option{asynq.Queue(j.queue), asynq.TaskID(copyID), asynq.MaxRetry(max(0, maxRetry-retryCount(j.ctx))), asynq.ProcessAt(at)}
-	// inherit adds the original's timeout, deadline and retention, once.
-	inherited := false
-	inherit := func() {
-		info, err := m.inspect.GetTaskInfo(j.queue, j.id)
-		if err != nil {
-			return
-		}
-		inherited = true
-		if info.Timeout > 0 {
-			opts = append(opts, asynq.Timeout(info.Timeout))
-		}
-		if !info.Deadline.IsZero() {
-			opts = append(opts, asynq.Deadline(info.Deadline))
-		}
-		if info.Retention > 0 {
-			opts = append(opts, asynq.Retention(info.Retention))
-		}
-	}
+	// Until it is parked the task must not end: asynq would record the
+	// run as done and delete it. So a park that fails (Redis is down:
+	// asynq could not record the task's end either) is tried again until
+	// it works or the task's context ends.
 	wctx := context.WithoutCancel(j.ctx)
-	copyTask := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
-	// Until the copy is enqueued the task must not end: a failed task
-	// would spend a retry or, with none left, be archived. So an enqueue
-	// that fails (Redis is down: asynq could not record the task's end
-	// either) is tried again until it works or the task's context ends.
 	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
-		if !inherited {
-			inherit()
+		ok, err := asynqmsg.Park(wctx, m.cfg.Client, p)
+		if err == nil && !ok {
+			// Its lease ended (the worker stalled for asynq's 30 s):
+			// asynq's recoverer took it back and delivers it again.
+			m.cfg.Logger.Warn("taskrl: a task to reschedule is no longer active in asynq; it runs when asynq delivers it again", "task", j.id)
+			return nil
 		}
-		_, err := m.client.EnqueueContext(wctx, copyTask, opts...)
 		if err == nil {
 			break
-		}
-		if errors.Is(err, asynq.ErrTaskIDConflict) {
-			return nil // a redelivery of this task already rescheduled it
 		}
 		m.cfg.Logger.Warn("taskrl: rescheduling failed; trying again", "task", j.id, "err", err)
 		if herr := hold(j.ctx, backoff); herr != nil {
 			return fmt.Errorf("taskrl: rescheduling: %w (then %w)", err, herr)
 		}
 	}
+	m.parked.add(j.id)
 	if paced {
-		// A booked copy is moved to pending a lead before its slot and
-		// waits for it in the worker that picks it up: the slot is a
-		// charge the limits hold for it. An unbooked copy only decides
-		// again, so it is moved at its due time and holds no worker slot
-		// meanwhile: a fleet of copies waiting for a concurrency slot or
-		// beyond an adaptive rule's horizon would otherwise fill the
-		// workers with copies waiting for their moment.
-		at := slot
-		if booked.IsZero() {
-			at = slot.Add(m.pace.leadTime())
-		}
-		if err := m.pace.add(wctx, j.queue, copyID, at); err != nil {
-			m.cfg.Logger.Warn("taskrl: pacing a rescheduled task failed; it runs a little late", "task", copyID, "err", err)
-		}
+		m.pace.add(j.queue, j.id, p.PaceAt, j.ctx.Done())
 	}
 	if m.sweep != nil && j.sp != nil && j.sp.spacing > 0 && delay >= sweepAhead {
 		m.sweep.note(j.queue, j.sp.signature(j.keys, j.rates.Costs), j.sp.costSpacing(j.rates.Costs), slot)
 	}
-	m.cfg.Logger.Debug("taskrl: rescheduled", "task", j.id, "copy", copyID, "in", delay, "booked", !booked.IsZero())
+	m.cfg.Logger.Debug("taskrl: rescheduled", "task", j.id, "in", delay, "booked", !booked.IsZero())
 	return nil
 }
 
-// OriginID returns the ID the task had when it was first enqueued: the
-// task's own ID (asynq.GetTaskID), or, for a copy the middleware
-// rescheduled, the ID of the task it was copied from. It stays the same
-// however often the task is rescheduled, so it is the key to deduplicate on,
-// e.g. as an Idempotency-Key header. It returns "" when ctx is not a task's
-// context. Safe for concurrent use.
-func OriginID(ctx context.Context, t *asynq.Task) string {
-	id, _ := asynq.GetTaskID(ctx)
-	return origin(t, id)
-}
-
-func origin(t *asynq.Task, id string) string {
-	if o, ok := t.Headers()[HeaderOrigin]; ok && o != "" {
-		return o
+// waitReason is a waiting task's LastErr in asynq: the rule it waits for
+// (for a booking, the rate and window rules charged for its slot) and the
+// moment, on the server's clock.
+func (j *job) waitReason(rule string, at time.Time, booked bool) string {
+	when := at.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+	if booked && j.sp != nil && j.sp.rates != nil {
+		var names []string
+		for _, r := range j.sp.rates.Rules() {
+			names = append(names, strconv.Quote(r.Name))
+		}
+		return fmt.Sprintf("taskrl: waiting for rule %s: booked for %s", strings.Join(names, ", "), when)
 	}
-	return id
-}
-
-// waited is how long the task has been rescheduled for so far.
-func waited(t *asynq.Task) time.Duration {
-	v, ok := t.Headers()[HeaderWaited]
-	if !ok {
-		return 0 // not parsed: a failed parse allocates its error
+	if rule != "" {
+		return fmt.Sprintf("taskrl: waiting for rule %q until %s", rule, when)
 	}
-	us, _ := strconv.ParseInt(v, 10, 64)
-	return time.Duration(us) * time.Microsecond
+	return "taskrl: waiting until " + when
 }
 
-// bookedAt returns the booked slot of a copy (HeaderBooked).
-func bookedAt(t *asynq.Task) (time.Time, bool) { return timeHeader(t, HeaderBooked) }
-
-// dueAt returns the due time of an unbooked copy (HeaderDue).
-func dueAt(t *asynq.Task) (time.Time, bool) { return timeHeader(t, HeaderDue) }
-
-// timeHeader reads a header holding Unix microseconds.
-func timeHeader(t *asynq.Task, name string) (time.Time, bool) {
-	v, ok := t.Headers()[name]
-	if !ok {
+// Booked returns the slot, on the Redis server's clock, that the task whose
+// context is ctx was booked for when it waited: its rate and window rules
+// were charged for that moment, and it runs at it. ok is false for a task
+// that runs without a booking (it did not wait, or decided again after
+// its wait) and for a context that is not a task's under the middleware.
+// The task keeps its asynq ID (asynq.GetTaskID) however often it waits.
+// Safe for concurrent use.
+func Booked(ctx context.Context) (slot time.Time, ok bool) {
+	j, _ := ctx.Value(jobKey{}).(*job)
+	if j == nil || j.w.booked.IsZero() {
 		return time.Time{}, false
 	}
-	us, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return time.Time{}, false
-	}
-	return time.UnixMicro(us), true
+	return j.w.booked, true
 }
-
-// formatID is the ID of round n's copy of the task whose first ID is origin.
-func formatID(origin string, n int) string { return origin + "~" + strconv.Itoa(n) }

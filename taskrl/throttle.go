@@ -108,7 +108,7 @@ func (j *job) backOff(te *ThrottledError) error {
 	}
 	j.m.cfg.Logger.Info("taskrl: upstream throttled; backing off", "task", j.id, "retry_after", wait, "err", te.Err)
 	j.observe(Event{Outcome: UpstreamThrottled, Wait: wait})
-	return j.reschedule(wait, time.Time{}, "")
+	return j.reschedule("", wait, time.Time{}, "")
 }
 
 // block stops the task's rules in the throttle scope for every worker

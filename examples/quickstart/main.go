@@ -12,7 +12,7 @@
 //   - a policy just under those limits, written as the YAML policy file a
 //     worker reads (printed at start);
 //   - three asynq servers ("workers"), each with its own taskrl middleware,
-//     whose handler calls the vendor with Idempotency-Key = taskrl.OriginID
+//     whose handler calls the vendor with Idempotency-Key = the asynq task ID
 //     and turns a 429 into taskrl.Throttled;
 //   - a fan-out campaign: 600 tasks over 20 businesses, half of them with
 //     asynq.MaxRetry(0), all enqueued at once.
@@ -171,12 +171,12 @@ func (c *counters) Observe(e taskrl.Event) {
 }
 
 // charge counts a task that runs against the policy window it was charged
-// to: its booked slot (taskrl.HeaderBooked) if the middleware booked one,
+// to: its booked slot (taskrl.Booked) if the middleware booked one,
 // otherwise now.
-func (c *counters) charge(t *asynq.Task) {
+func (c *counters) charge(ctx context.Context) {
 	at := time.Now()
-	if us, err := strconv.ParseInt(t.Headers()[taskrl.HeaderBooked], 10, 64); err == nil {
-		at = time.UnixMicro(us)
+	if slot, ok := taskrl.Booked(ctx); ok {
+		at = slot
 	}
 	c.mu.Lock()
 	c.byWindow[windowStart(at)]++
@@ -196,13 +196,13 @@ func windowStart(t time.Time) int64 {
 }
 
 // vendorHandler calls the vendor for one task. The Idempotency-Key is the
-// task's origin ID, the same for every copy taskrl reschedules, so the
-// vendor can tell a repeated call; a 429 becomes taskrl.Throttled, which
+// asynq task ID, which a task keeps however often taskrl makes it wait, so
+// the vendor can tell a repeated call; a 429 becomes taskrl.Throttled, which
 // backs every worker off and reschedules the task without spending a retry.
 func vendorHandler(client *http.Client, url string, c *counters) asynq.HandlerFunc {
 	return func(ctx context.Context, t *asynq.Task) error {
 		c.ran.Add(1)
-		c.charge(t)
+		c.charge(ctx)
 		var p payload
 		if err := json.Unmarshal(t.Payload(), &p); err != nil {
 			return fmt.Errorf("bad payload: %v: %w", err, asynq.SkipRetry)
@@ -211,7 +211,8 @@ func vendorHandler(client *http.Client, url string, c *counters) asynq.HandlerFu
 		if err != nil {
 			return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 		}
-		req.Header.Set("Idempotency-Key", taskrl.OriginID(ctx, t))
+		id, _ := asynq.GetTaskID(ctx)
+		req.Header.Set("Idempotency-Key", id)
 		req.Header.Set("X-Business-ID", p.BusinessID)
 		resp, err := client.Do(req)
 		if err != nil {

@@ -8,11 +8,13 @@ package keys
 //	gcra.Limiter    PREFIX "gcra:{" Encode(key) "}"
 //	quotas.Limiter  PREFIX "q:{" Tag(key) "}:" RULE ":" KIND...
 //	block markers   PREFIX "block:{" Tag(key) "}:" RULE
-//	pacer           PREFIX "pace:{" Encode(queue) "}"
+//	pacer           PREFIX "pace:{" queue "}" (asynq's own tag for the
+//	                queue's keys, like the sweep's; a minute past its last
+//	                slot)
 //	sweep           PREFIX "sweep:{" queue "}" (asynq's own tag for the
 //	                queue's keys, the slot its scripts share with them; a
 //	                minute past its last estimated slot)
-//	copy started    PREFIX "ran:{" Encode(queue) "}:" Encode(copy ID) (one minute)
+//	run started     PREFIX "ran:{" Encode(queue) "}:" Encode(ID "~" wait) (one minute)
 //	live overrides  PREFIX "overrides:{o}" and that + ":version" (no TTL:
 //	                configuration, kept until removed)
 
@@ -42,8 +44,10 @@ func Block(prefix, rule, entity string) string {
 	return prefix + "block:{" + Tag(entity) + "}:" + rule
 }
 
-// Pace returns the pacer's sorted set of booked copies in queue.
-func Pace(prefix, queue string) string { return prefix + "pace:{" + Encode(queue) + "}" }
+// Pace returns the pacer's sorted set of the waiting tasks of queue. Its
+// hash tag is asynq's for the queue's keys, as for Sweep: the scripts that
+// park a task and move it back touch both.
+func Pace(prefix, queue string) string { return prefix + "pace:{" + queue + "}" }
 
 // Sweep returns the hash of the sweep's lock and cursors for queue. Its
 // hash tag is asynq's for the queue's keys ("asynq:{" queue "}:..."), raw
@@ -52,10 +56,10 @@ func Pace(prefix, queue string) string { return prefix + "pace:{" + Encode(queue
 // queue's name.
 func Sweep(prefix, queue string) string { return prefix + "sweep:{" + queue + "}" }
 
-// Ran returns the mark that the rescheduled copy with asynq task ID id in
-// queue started its first attempt.
-func Ran(prefix, queue, id string) string {
-	return prefix + "ran:{" + Encode(queue) + "}:" + Encode(id)
+// Ran returns the mark that the task with asynq task ID id in queue
+// started its run after the wait that wait names.
+func Ran(prefix, queue, id, wait string) string {
+	return prefix + "ran:{" + Encode(queue) + "}:" + Encode(id+"~"+wait)
 }
 
 // Busy returns the hash of the fleet's busy and total worker slots, one

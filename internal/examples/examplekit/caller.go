@@ -23,8 +23,9 @@ var defaultClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Tra
 // Caller is the asynq handler of a task that makes one call to a
 // rate-limited HTTP API, as examples/quickstart's vendorHandler does. It
 // sends the task's payload with
-//   - Idempotency-Key set to taskrl.OriginID, the same for every copy
-//     taskrl reschedules, so that the API can tell a repeated call;
+//   - Idempotency-Key set to the asynq task ID, which the task keeps
+//     however often taskrl makes it wait, so that the API can tell a
+//     repeated call;
 //   - X-Business-ID set to the payload's "business_id", when it has one.
 //
 // A 429 becomes taskrl.Throttled with the answer's Retry-After (whole
@@ -64,7 +65,8 @@ func (c *Caller) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
-	req.Header.Set("Idempotency-Key", taskrl.OriginID(ctx, t))
+	id, _ := asynq.GetTaskID(ctx)
+	req.Header.Set("Idempotency-Key", id)
 	if p.BusinessID != "" {
 		req.Header.Set("X-Business-ID", p.BusinessID)
 	}

@@ -20,7 +20,7 @@
 //     processes would be; Fleet.Stop shuts the servers down, then closes
 //     the middlewares.
 //   - Caller is the handler of a task that calls a rate-limited HTTP API:
-//     Idempotency-Key = taskrl.OriginID, X-Business-ID from the payload,
+//     Idempotency-Key = the asynq task ID, X-Business-ID from the payload,
 //     and a 429 turned into taskrl.Throttled.
 //   - Problems, CheckQueue and Answered build an example's verdict; Main
 //     runs an example and exits 1 when it fails.

@@ -9,8 +9,8 @@
 //	 "body": {"any": "JSON"}}
 //
 // The request carries the payload's headers, Idempotency-Key set to the
-// task's origin ID (taskrl.OriginID: the asynq task ID, the same for every
-// copy the middleware reschedules), X-Business-ID when business_id is set,
+// asynq task ID (which a task keeps however often the middleware makes it
+// wait), X-Business-ID when business_id is set,
 // and, when there is a body, the raw JSON of "body" with Content-Type
 // application/json (unless the payload's headers set another). The two
 // handler-set headers win over payload headers of the same name; a "Host"
@@ -420,7 +420,7 @@ func newRequest(ctx context.Context, t *asynq.Task) (*http.Request, string, erro
 	if req.Header.Get("User-Agent") == "" {
 		req.Header.Set("User-Agent", "taskrl-worker")
 	}
-	if id := taskrl.OriginID(ctx, t); id != "" {
+	if id := taskID(ctx); id != "" {
 		req.Header.Set("Idempotency-Key", id)
 	}
 	if p.BusinessID != "" {
@@ -618,4 +618,11 @@ func validValue(s string) bool {
 		}
 	}
 	return true
+}
+
+// taskID is the Idempotency-Key of a call: the asynq task ID (a variable
+// so that tests can call the handler without an asynq server).
+var taskID = func(ctx context.Context) string {
+	id, _ := asynq.GetTaskID(ctx)
+	return id
 }

@@ -1,0 +1,193 @@
+package asynqmsg_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/taskrl/taskrl/internal/asynqmsg"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
+)
+
+// TestParkAgainstAsynq runs real tasks on a pinned-asynq server whose
+// handler parks each on its first run: while parked, asynq's Inspector
+// sees the same task (ID, retries, options, user headers) scheduled with
+// the reason as LastErr; a second enqueue of its TaskID or Unique key is
+// refused; no counter moved. After Unpark it runs again under the same ID,
+// with the error it had before, and asynq counts one run.
+func TestParkAgainstAsynq(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs an asynq server")
+	}
+	c := redistest.Client(t)
+	q := redistest.Queue(t, c, "park")
+	pace := "test:pace:{" + q + "}"
+	client := asynq.NewClientFromRedisClient(c)
+	insp := asynq.NewInspectorFromRedisClient(c)
+	ctx := t.Context()
+
+	type run struct {
+		id      string
+		retried int
+		headers map[string]string
+	}
+	var mu sync.Mutex
+	var runs []run
+	parked := make(chan string, 10)
+	srv := asynq.NewServerFromRedisClient(c, asynq.Config{
+		Concurrency: 2, Queues: map[string]int{q: 1}, TaskCheckInterval: 20 * time.Millisecond,
+		DelayedTaskCheckInterval: 100 * time.Millisecond, LogLevel: asynq.FatalLevel,
+		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return 0 },
+	})
+	err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		n, _ := asynq.GetRetryCount(ctx)
+		mu.Lock()
+		runs = append(runs, run{id, n, task.Headers()})
+		mu.Unlock()
+		switch {
+		case task.Type() == "fails" && n == 0:
+			return errors.New("remote said no")
+		case task.Headers()["taskrl-round"] != "":
+			return nil // the run after its wait
+		}
+		ok, err := asynqmsg.Park(ctx, c, asynqmsg.Parking{
+			Queue: q, ID: id, Reason: "waiting for rule r",
+			Headers: map[string]string{"taskrl-round": "1", "taskrl-booked": "123"},
+			Forward: time.Now().Add(time.Hour), PaceKey: pace, PaceAt: 0, PaceExpire: time.Now().Add(time.Hour).UnixMilli(),
+		})
+		if err != nil || !ok {
+			t.Errorf("Park(%s) = %v, %v", id, ok, err)
+		}
+		parked <- id
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+
+	// Retention keeps the completed task for the end; "fails" spends its
+	// only retry before it waits; "zero" has none.
+	a, err := client.Enqueue(asynq.NewTaskWithHeaders("plain", []byte("a"), map[string]string{"x": "1", "taskrl-old": "stale"}),
+		asynq.Queue(q), asynq.TaskID("task-a"), asynq.Retention(time.Hour), asynq.Timeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := client.Enqueue(asynq.NewTask("fails", []byte("b")), asynq.Queue(q), asynq.MaxRetry(1), asynq.Retention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	z, err := client.Enqueue(asynq.NewTask("zero", []byte("z")), asynq.Queue(q), asynq.MaxRetry(0), asynq.Unique(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for len(got) < 3 {
+		select {
+		case id := <-parked:
+			got[id] = true
+		case <-time.After(15 * time.Second):
+			t.Fatalf("parked %v of 3", got)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // asynq's write after each handler
+
+	for _, tc := range []struct {
+		info    *asynq.TaskInfo
+		retried int
+	}{{a, 0}, {b, 1}, {z, 0}} {
+		info, err := insp.GetTaskInfo(q, tc.info.ID)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.info.ID, err)
+		}
+		if info.State != asynq.TaskStateScheduled || info.LastErr != "waiting for rule r" || info.Retried != tc.retried || info.MaxRetry != tc.info.MaxRetry ||
+			info.Timeout != tc.info.Timeout || info.Retention != tc.info.Retention || info.Headers["taskrl-round"] != "1" || info.Headers["taskrl-old"] != "" {
+			t.Errorf("parked %s: %+v", tc.info.ID, info)
+		}
+	}
+	if info, _ := insp.GetTaskInfo(q, a.ID); info.Headers["x"] != "1" {
+		t.Errorf("user header lost: %v", info.Headers)
+	}
+	if _, err := client.Enqueue(asynq.NewTask("plain", []byte("a")), asynq.Queue(q), asynq.TaskID("task-a")); !errors.Is(err, asynq.ErrTaskIDConflict) {
+		t.Errorf("second enqueue of task-a: %v, want ErrTaskIDConflict", err)
+	}
+	if _, err := client.Enqueue(asynq.NewTask("zero", []byte("z")), asynq.Queue(q), asynq.Unique(time.Hour)); !errors.Is(err, asynq.ErrDuplicateTask) {
+		t.Errorf("second enqueue of the unique task: %v, want ErrDuplicateTask", err)
+	}
+	qi, err := insp.GetQueueInfo(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if qi.Processed != 1 || qi.Failed != 1 || qi.Scheduled != 3 || qi.Active != 0 {
+		t.Errorf("while parked: processed %d failed %d scheduled %d active %d, want 1 1 3 0 (b's real failure only)", qi.Processed, qi.Failed, qi.Scheduled, qi.Active)
+	}
+
+	// Parked a moment ago: no move without naming the task, then its own
+	// pacer's claim moves it.
+	claim := asynqmsg.Claim{Queue: q, PaceKey: pace, Now: -1, Most: 100, Lead: 0, Fence: int64(time.Hour / time.Microsecond)}
+	if looked, moved, err := asynqmsg.Unpark(ctx, c, claim); err != nil || looked != 3 || moved != 0 {
+		t.Fatalf("Unpark inside the fence = %d, %d, %v; want 3, 0", looked, moved, err)
+	}
+	if err := insp.DeleteTask(q, z.ID); err != nil {
+		t.Fatalf("DeleteTask(parked) = %v", err)
+	}
+	claim.Mine = []string{a.ID, b.ID, z.ID}
+	if looked, moved, err := asynqmsg.Unpark(ctx, c, claim); err != nil || looked != 3 || moved != 2 {
+		t.Fatalf("Unpark = %d, %d, %v; want 3, 2 (z deleted)", looked, moved, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ia, _ := insp.GetTaskInfo(q, a.ID)
+		ib, _ := insp.GetTaskInfo(q, b.ID)
+		if ia != nil && ib != nil && ia.State == asynq.TaskStateCompleted && ib.State == asynq.TaskStateCompleted {
+			if ia.LastErr != "" || ib.LastErr != "remote said no" || ib.Retried != 1 {
+				t.Errorf("completed: a LastErr %q, b LastErr %q retried %d; want \"\", the failure, 1", ia.LastErr, ib.LastErr, ib.Retried)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not completed: %+v %+v", ia, ib)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	qi, _ = insp.GetQueueInfo(q)
+	if qi.Processed != 3 || qi.Failed != 1 || qi.Completed != 2 {
+		t.Errorf("at the end: processed %d failed %d completed %d; want 3 1 2", qi.Processed, qi.Failed, qi.Completed)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	count := map[string]int{}
+	for _, r := range runs {
+		count[r.id]++
+		if r.id == a.ID && r.headers["taskrl-round"] == "1" && (r.headers["x"] != "1" || r.headers["taskrl-booked"] != "123") {
+			t.Errorf("a's run after its wait had headers %v", r.headers)
+		}
+	}
+	if count[a.ID] != 2 || count[b.ID] != 3 || count[z.ID] != 1 {
+		t.Errorf("runs %v; want a 2 (park, run), b 3 (fail, park, run), z 1 (parked, then deleted)", count)
+	}
+}
+
+// TestParkNotActive: a task that is not in the active list (its lease
+// ended, it was deleted) is not parked and nothing changes.
+func TestParkNotActive(t *testing.T) {
+	c := redistest.Client(t)
+	q := redistest.Queue(t, c, "gone")
+	info, err := asynq.NewClientFromRedisClient(c).Enqueue(asynq.NewTask("x", nil), asynq.Queue(q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, err := asynqmsg.Park(t.Context(), c, asynqmsg.Parking{Queue: q, ID: info.ID, Forward: time.Now(), PaceKey: "test:pace:{" + q + "}", PaceAt: -1})
+	if err != nil || ok {
+		t.Fatalf("Park(pending task) = %v, %v; want false, nil", ok, err)
+	}
+	got, err := asynq.NewInspectorFromRedisClient(c).GetTaskInfo(q, info.ID)
+	if err != nil || got.State != asynq.TaskStatePending {
+		t.Fatalf("after: %+v, %v", got, err)
+	}
+}
