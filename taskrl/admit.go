@@ -82,7 +82,7 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 			j.observe(Event{Outcome: Rescheduled, Wait: a.wait})
 			return true, j.reschedule(a.rule, a.wait, a.booked, receipt)
 		default:
-			// A cancelled wait keeps the booking: the redelivered copy
+			// A cancelled wait keeps the booking: the redelivered task
 			// still holds it.
 			if done, again, err := j.await(a.wait, true, false); done || !again {
 				if !done {
@@ -190,7 +190,7 @@ func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, 
 	}
 	if j.limitsChanged() {
 		// Reloaded or overridden while the task waited: its charge was
-		// made under the old limits (kept, as for a stale copy,
+		// made under the old limits (kept, as for a stale booking,
 		// planBooked), and it decides again under the new ones at once.
 		j.observe(Event{Outcome: Rescheduled})
 		return true, false, j.reschedule("", 0, time.Time{}, "")
@@ -219,7 +219,7 @@ func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, 
 
 // limitsChanged reports whether the task's rate rules have other limits
 // now than those it was decided under (a reload or an override since),
-// which a copy's HeaderLimits would tell the same way.
+// which a waiting task's HeaderLimits would tell the same way.
 func (j *job) limitsChanged() bool {
 	cur := j.m.policy.Load()
 	if cur == j.policy {
@@ -378,7 +378,7 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		case reschedule:
 			// Slots stay busy: try again later without holding the worker.
 			// The rate charge already made stays, as the booking of the
-			// copy's slot then, so only the slots are tried again.
+			// task's slot then, so only the slots are tried again.
 			j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait, Rules: d.Rules})
 			return j.reschedule(a.rule, a.wait, a.booked, j.charge.Receipt())
 		case wait:

@@ -28,15 +28,18 @@
 // bookings of one ahead of its share, whose task then decides again before
 // it runs. Tasks the policy's critical list selects may use reserved
 // concurrency slots and come first at fair rules. Rescheduling
-// enqueues a copy (same payload, headers, queue, timeout, deadline,
-// retention and the retries it had left, with an ID derived from the
-// original's so a redelivery cannot copy it twice) and lets the original
-// complete: waiting for a limit never spends a retry, never archives a task
-// (even with MaxRetry(0) or its retries spent) and never counts as a
-// failure. asynq keeps scheduled tasks by whole seconds, so a pacer in every
-// middleware moves each copy to pending at its booked slot, to the
-// millisecond; the copy is also scheduled in asynq a little later, so it
-// still runs if no pacer does. Concurrency rules are taken when the task
+// parks the task in place: it becomes a scheduled task of asynq's again
+// under the ID Enqueue returned, with its unique lock, retry count, options
+// and headers, and the rule and moment it waits for as its LastErr. So
+// asynq's guarantees hold while it waits (TaskID and Unique deduplication,
+// Inspector.GetTaskInfo and DeleteTask by its ID, processed and failed
+// counting real runs), and waiting for a limit never spends a retry, never
+// archives a task (even with MaxRetry(0) or its retries spent) and never
+// counts as a failure. asynq keeps scheduled tasks by whole seconds, so a
+// pacer in every middleware moves each waiting task to pending at its
+// booked slot, to the millisecond; it is also scheduled in asynq a little
+// later, so it still runs if no pacer does. The handler never sees the
+// middleware's taskrl-* headers; Booked tells it its slot. Concurrency rules are taken when the task
 // runs, renewed while it runs and released when it returns or panics. A
 // payload without a key field the policy needs is archived with the rule
 // and field named.
@@ -44,7 +47,7 @@
 // A handler whose remote side answered 429 returns Throttled(retryAfter,
 // err): the middleware blocks the task's rate rules (those the policy's
 // throttle list names, Policy.WithThrottle) for every worker until then
-// (new decisions through quotas.Limiter.Block, booked and waiting copies
+// (new decisions through quotas.Limiter.Block, booked and waiting tasks
 // through a marker they read before they run) and reschedules the task,
 // without spending a retry. A handler whose call succeeded but spent the
 // remote quota calls Pause to block the same rules without rescheduling.

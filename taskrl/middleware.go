@@ -456,7 +456,7 @@ func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p 
 // which it must (the task's record stays as it is), and asynq logs "Could
 // not remove task id=... NOT FOUND"; every other line passes. It reads
 // cfg.TaskCheckInterval (asynq's default 1s when zero): an idle worker
-// looks for pending tasks after sleeping up to 1.5 times that, so a copy
+// looks for pending tasks after sleeping up to 1.5 times that, so a task
 // rescheduled to a booked slot is moved to pending that long and 100ms
 // before its slot (admission.PaceLead: 1.6s by default) and waits for it
 // in the worker that picks it up, holding one of its Concurrency slots

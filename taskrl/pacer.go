@@ -43,7 +43,7 @@ type pacer struct {
 type paceQueue struct {
 	key  string
 	own  slots     // the tasks this process parked, by when to move them
-	poll time.Time // when to look for others' due copies next
+	poll time.Time // when to look for others' due tasks next
 	hold time.Time // after a failed claim: no claim before then
 }
 
@@ -88,7 +88,7 @@ func newPacer(deps pacerDeps) *pacer {
 	return p
 }
 
-// setLead sets how long before its slot a copy is moved to pending.
+// setLead sets how long before its slot a task is moved to pending.
 func (p *pacer) setLead(d time.Duration) { p.lead.Store(int64(d)) }
 
 func (p *pacer) leadTime() time.Duration { return time.Duration(p.lead.Load()) }

@@ -7,7 +7,7 @@ import (
 	"github.com/taskrl/taskrl/quotas"
 )
 
-// The middleware admits a task in steps (see admit.go): a booked copy
+// The middleware admits a task in steps (see admit.go): a booked task
 // arrives, its rate rules are decided, it is checked for an upstream block
 // after a wait, its concurrency slots are taken. At each step plan says
 // what to do from what is known then; it does no I/O and reads no clock, so
@@ -18,7 +18,7 @@ import (
 type stage int
 
 const (
-	// stageBooked: a copy arrives with a slot booked for it (step.booked).
+	// stageBooked: a task arrives with a slot booked for it (step.booked).
 	stageBooked stage = iota
 	// stageRates: the task's rate and window rules were decided
 	// (step.decision, or step.err when Redis failed).
@@ -37,7 +37,7 @@ type step struct {
 	now      time.Time       // the server's clock, estimated
 	left     time.Duration   // until the task's context deadline (noDeadline: none)
 	waited   time.Duration   // rescheduled for so far (ThrottleBudget)
-	booked   time.Time       // stageBooked: the copy's slot
+	booked   time.Time       // stageBooked: the task's slot
 	stale    bool            // stageBooked: booked under other limits
 	decision quotas.Decision // stageRates, stageSlots
 	err      error           // stageRates, stageSlots: Redis failed
@@ -76,7 +76,7 @@ const (
 type action struct {
 	verb   verb
 	wait   time.Duration
-	booked time.Time // reschedule: the copy's slot, charged already
+	booked time.Time // reschedule: the task's slot, charged already
 	refund bool      // give back the current charge first
 	rule   string    // the rule that made the task wait, for the event
 	reason string    // refuse: why
@@ -86,7 +86,7 @@ type action struct {
 type limits struct {
 	maxHold, budget time.Duration
 	mode            FailureMode
-	// early is how far before its slot a booked copy may arrive and wait
+	// early is how far before its slot a booked task may arrive and wait
 	// for it (admission.EarlyBooking).
 	early time.Duration
 }
@@ -116,12 +116,12 @@ func plan(c limits, s step) action {
 	}
 }
 
-// planBooked: a booking pays for the copy's first attempt only, at its
-// slot. A copy that comes back well after it (the worker or Redis stalled)
-// gives it back and decides again, so that late copies do not all start at
+// planBooked: a booking pays for the task's run after its wait only, at its
+// slot. A task that comes back well after it (the worker or Redis stalled)
+// gives it back and decides again, so that late tasks do not all start at
 // once; one far too early is rescheduled again, still booked.
 //
-// A copy booked under other limits than its rules have now decides again
+// A task booked under other limits than its rules have now decides again
 // without a refund: a changed GCRA limit is a new schedule (its key names
 // the limit) where the old charge is not, and a window keeps the old
 // charge, the safe side.
@@ -165,7 +165,7 @@ func planRates(c limits, s step) action {
 
 // planSlots acts on the concurrency slots: run when they are the task's,
 // wait for them in the worker briefly, or reschedule in slotRetry keeping
-// the rate charge as the copy's booking then. A wait longer than any lease
+// the rate charge as the task's booking then. A wait longer than any lease
 // is a block (an upstream throttle): the task is rescheduled to its end.
 func planSlots(c limits, s step) action {
 	if s.err != nil {

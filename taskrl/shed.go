@@ -52,7 +52,7 @@ const (
 // goes from none deferred to all within Ramp at full pressure, then the
 // next, and so on; recovery runs the same way back. Tasks that no class
 // matches, and critical tasks (Policy.WithCritical), are never deferred,
-// nor copies holding a booked slot. A deferred task comes back after a
+// nor tasks holding a booked slot. A deferred task comes back after a
 // random Ramp/2 to 3·Ramp/2.
 type Shed struct {
 	// Signal is where the pressure comes from. Default ShedFleetBusy.

@@ -81,7 +81,7 @@ const (
 // at a time moves a queue's tasks (a lock in Redis), and the estimates
 // continue from one fleet-wide cursor per backlog, so that sweeps by
 // different processes do not give two tasks one slot. Tasks with a
-// deadline before their estimated slot, booked or due copies, and tasks
+// deadline before their estimated slot, booked or due tasks, and tasks
 // with an adaptive or a critical binding are left in place.
 type sweeper struct {
 	m     *Middleware

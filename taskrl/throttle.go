@@ -113,7 +113,7 @@ func (j *job) backOff(te *ThrottledError) error {
 
 // block stops the task's rules in the throttle scope for every worker
 // until the given time: new decisions through the limiter, and booked
-// copies through a marker per rule key that they read before their slot.
+// tasks through a marker per rule key that they read before their slot.
 func (j *job) block(until time.Time) error {
 	ctx := context.WithoutCancel(j.ctx)
 	ks := pick(j.keys, j.sp.throttleIdx)

@@ -10,8 +10,8 @@
 // every attempt decides the task's rate and window rules with Reserve
 // (horizon MaxReserve, at most 1 s for a task with an adaptive rule);
 // a turn within MaxHold is waited for in the worker slot, a later one is
-// booked and the copy comes back 1.6 s before its slot (the pacer's lead
-// at asynq's default TaskCheckInterval) and waits for it; a copy more than 25 ms late decides again; before a
+// booked and the task comes back 1.6 s before its slot (the pacer's lead
+// at asynq's default TaskCheckInterval) and waits for it; a task more than 25 ms late decides again; before a
 // call that waited, Held (fair and adaptive rules) and the block markers
 // are checked; a 429 refunds the call's charge, blocks the throttle scope
 // (cutting adaptive rules) until Retry-After and reschedules the task
@@ -176,7 +176,7 @@ func (s *Spec) defaults() error {
 
 // task is one task in the simulation.
 type task struct {
-	booked time.Time       // the copy's booked slot; zero: none
+	booked time.Time       // the task's booked slot; zero: none
 	charge quotas.Decision // the rate charge it runs or is booked under
 	taken  int             // decisions again after a booking was not held
 }
