@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +23,7 @@ import (
 )
 
 const statusUsage = `Usage: worker status --policy FILE [--key K] [--json] [flags]
+       worker status --policy FILE --waiting [--rule R [--key K]] [--queues LIST] [--limit N] [--json] [flags]
 
 What the limits of a policy are doing now, as every worker sharing the Redis
 and the --prefix sees them: per rule its limit (after the file's and the live
@@ -29,10 +31,22 @@ overrides), used, remaining, when it resets, until when an upstream throttle
 blocks it, and the rate it decides at (learned, for an adaptive rule). A rule
 keyed by a payload field shows its 10 busiest keys, or, with --key, that key.
 
+With --waiting, the tasks that wait for the limits instead: each under the ID
+its producer got from Enqueue, in asynq's scheduled set of --queues, with its
+rules' keys, how long until its booked slot (or until it decides again) and
+the reason asynq shows as its last error; all of them, those of --rule, or
+those of --rule whose key is --key. At most 100,000 scheduled tasks are read
+per queue.
+
 Flags (before or after the arguments):
   --policy FILE  the workers' policy file. Required.
   --key K        the key to show for keyed rules (e.g. a business id).
   --json         print JSON (the same as a worker's /limits) instead of a table.
+  --waiting      list the waiting tasks instead (see above).
+  --rule R       with --waiting: only the tasks of rule R.
+  --queues LIST  with --waiting: the queues to look in, NAME[=WEIGHT],... as for
+                 the worker. Default "default".
+  --limit N      with --waiting: list at most N tasks. Default 100.
   --redis URL, --redis-cluster NODES, --redis-sentinel M@NODES, --redis-password P, --redis-tls,
   --redis-tls-ca FILE
                  the workers' Redis, as for the worker (defaults $REDIS_URL,
@@ -53,6 +67,10 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 	policyPath := fs.String("policy", "", "")
 	key := fs.String("key", "", "")
 	asJSON := fs.Bool("json", false, "")
+	waitingOnly := fs.Bool("waiting", false, "")
+	rule := fs.String("rule", "", "")
+	queueList := fs.String("queues", "default", "")
+	limit := fs.Int("limit", 100, "")
 	usage := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "worker status: "+format+"\nRun worker status --help for usage.\n", a...)
 		return exitUsage
@@ -70,10 +88,26 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 	if *policyPath == "" {
 		return usage("--policy is required: the workers' policy file")
 	}
+	_, queues, err := parseQueues(*queueList)
+	if err != nil {
+		return usage("%v", err)
+	}
+	if !*waitingOnly && (*rule != "" || *limit != 100 || *queueList != "default") {
+		return usage("--rule, --queues and --limit go with --waiting")
+	}
+	if *waitingOnly && *key != "" && *rule == "" {
+		return usage("--key with --waiting names the tasks of one rule: give --rule too")
+	}
+	if *limit < 1 {
+		return usage("--limit must be at least 1, got %d", *limit)
+	}
 	policy, err := taskrl.LoadPolicyFile(*policyPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "worker status: %v\n", err)
 		return exitUsage
+	}
+	if *rule != "" && !slices.ContainsFunc(policy.Rules(), func(r taskrl.Rule) bool { return r.Name == *rule }) {
+		return usage("--rule: the policy has no rule %q", *rule)
 	}
 	target, err := rf.target(fs)
 	if err != nil {
@@ -92,6 +126,28 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 				}
 			}
 		}
+	}
+	if *waitingOnly {
+		ws, err := status.Waiting(ctx, client, policy, queues, *rule, *key, *limit)
+		if err != nil {
+			fmt.Fprintf(stderr, "worker status: %v\n", err)
+			return exitRuntime
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(ws); err != nil {
+				return exitRuntime
+			}
+			return exitOK
+		}
+		now, err := client.Time(ctx).Result()
+		if err != nil {
+			fmt.Fprintf(stderr, "worker status: %v\n", err)
+			return exitRuntime
+		}
+		io.WriteString(stdout, status.WaitingText(ws, now))
+		return exitOK
 	}
 	rep, err := status.Collect(ctx, client, *prefix, policy, *key)
 	if err != nil {

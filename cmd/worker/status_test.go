@@ -152,6 +152,11 @@ func TestStatusUsage(t *testing.T) {
 		{[]string{"--policy", policy, "--bogus"}, "flag provided but not defined: --bogus"},
 		{[]string{"--policy", writePolicy(t, "rules: []\n")}, "policy"},
 		{[]string{"--policy", policy, "--redis-tls-ca", policy}, "--redis-tls-ca: a CA file is for TLS, which is not on"},
+		{[]string{"--policy", policy, "--rule", "x"}, "--rule, --queues and --limit go with --waiting"},
+		{[]string{"--policy", policy, "--waiting", "--key", "b1"}, "give --rule too"},
+		{[]string{"--policy", policy, "--waiting", "--rule", "nope"}, `--rule: the policy has no rule "nope"`},
+		{[]string{"--policy", policy, "--waiting", "--limit", "0"}, "--limit must be at least 1, got 0"},
+		{[]string{"--policy", policy, "--waiting", "--queues", "a,,b"}, "--queues: empty entry"},
 		{[]string{"--policy", policy, "--redis-tls", "--redis-tls-ca", policy + ".missing"}, "--redis-tls-ca: open " + policy + ".missing: no such file"},
 	} {
 		var stdout, stderr bytes.Buffer
@@ -166,5 +171,50 @@ func TestStatusUsage(t *testing.T) {
 	var stdout bytes.Buffer
 	if code := cli(context.Background(), []string{"status", "--help"}, noEnv, &stdout, io.Discard); code != exitOK || stdout.String() != statusUsage {
 		t.Errorf("--help: exit %d", code)
+	}
+}
+
+// TestStatusWaiting: worker status --waiting lists, from asynq's scheduled
+// set, the tasks that carry the middleware's wait headers (as a parked task
+// does), with their keys and reason; --rule and --key narrow it; a task
+// scheduled by its producer is not listed.
+func TestStatusWaiting(t *testing.T) {
+	c := redistest.Client(t)
+	queue := redistest.Queue(t, c, "status-waiting")
+	policy := writePolicy(t, statusPolicy)
+	client := asynq.NewClientFromRedisClient(c)
+	slot := time.Now().Add(time.Minute)
+	ids := map[string]string{}
+	for _, biz := range []string{"b1", "b2"} {
+		h := map[string]string{"taskrl-round": "1", "taskrl-booked": fmt.Sprint(slot.UnixMicro())}
+		info, err := client.Enqueue(asynq.NewTaskWithHeaders("http:call", []byte(`{"url":"http://x","business_id":"`+biz+`"}`), h), asynq.Queue(queue), asynq.ProcessIn(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[biz] = info.ID
+	}
+	if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(`{"url":"http://x","business_id":"b1"}`)), asynq.Queue(queue), asynq.ProcessIn(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	run := func(extra ...string) string {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"status", "--policy", policy, "--redis", "redis://" + redistest.Addr(t), "--waiting", "--queues", queue}, extra...)
+		if code := cli(context.Background(), args, noEnv, &stdout, &stderr); code != exitOK {
+			t.Fatalf("worker status %q: exit %d: %s", extra, code, stderr.String())
+		}
+		return stdout.String()
+	}
+	all := run()
+	t.Log("\n" + all)
+	if !strings.Contains(all, ids["b1"]) || !strings.Contains(all, ids["b2"]) || !strings.Contains(all, "per-business=b1") || !strings.Contains(all, "2 waiting") {
+		t.Errorf("worker status --waiting:\n%s", all)
+	}
+	if b1 := run("--rule", "per-business", "--key", "b1"); !strings.Contains(b1, ids["b1"]) || strings.Contains(b1, ids["b2"]) || !strings.Contains(b1, "1 waiting") {
+		t.Errorf("worker status --waiting --rule per-business --key b1:\n%s", b1)
+	}
+	var ws []status.WaitingTask
+	if err := json.Unmarshal([]byte(run("--json")), &ws); err != nil || len(ws) != 2 || !ws[0].Booked || ws[0].Until.UnixMicro() != slot.UnixMicro() {
+		t.Errorf("worker status --waiting --json: %+v, %v", ws, err)
 	}
 }

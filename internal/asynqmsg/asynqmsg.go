@@ -1,14 +1,19 @@
-// Package asynqmsg reads what the middleware's sweep needs of asynq's own
-// data in Redis: the key names of a queue's pending list, scheduled set
-// and task hashes, and the fields of a task message. It follows asynq
-// v0.26 (internal/base and internal/proto/asynq.proto there); the tests
-// check it against messages and keys the pinned asynq writes, so an asynq
-// upgrade that changes either fails them.
+// Package asynqmsg is the one place that knows asynq's own data in Redis:
+// the key names of a queue's lists, sets and task hashes, the fields of a
+// task message, and the scripts that park a running task in place and move
+// it back (Park, Unpark), for the middleware, its sweep and worker status.
+// It follows asynq v0.26 (internal/base, internal/rdb and
+// internal/proto/asynq.proto there); the tests check it against what the
+// pinned asynq writes, reads and counts, so an asynq upgrade that changes
+// any of it fails them.
 package asynqmsg
 
 import (
+	"context"
 	"errors"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -30,7 +35,8 @@ type Msg struct {
 	Payload  []byte
 	ID       string
 	Headers  map[string]string
-	Deadline int64 // Unix seconds; 0: none
+	Deadline int64  // Unix seconds; 0: none
+	ErrorMsg string // asynq's TaskInfo.LastErr
 }
 
 // Field numbers of asynq's TaskMessage.
@@ -38,6 +44,7 @@ const (
 	fieldType     = 1
 	fieldPayload  = 2
 	fieldID       = 3
+	fieldErrorMsg = 7
 	fieldDeadline = 9
 	fieldHeaders  = 15
 )
@@ -55,7 +62,7 @@ func Decode(b []byte) (Msg, error) {
 		}
 		b = b[n:]
 		switch {
-		case typ == protowire.BytesType && (num == fieldType || num == fieldPayload || num == fieldID || num == fieldHeaders):
+		case typ == protowire.BytesType && (num == fieldType || num == fieldPayload || num == fieldID || num == fieldErrorMsg || num == fieldHeaders):
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
 				return Msg{}, errBad
@@ -68,6 +75,8 @@ func Decode(b []byte) (Msg, error) {
 				m.Payload = v
 			case fieldID:
 				m.ID = string(v)
+			case fieldErrorMsg:
+				m.ErrorMsg = string(v)
 			case fieldHeaders:
 				k, val, err := entry(v)
 				if err != nil {
@@ -124,4 +133,43 @@ func entry(b []byte) (k, v string, err error) {
 		}
 	}
 	return k, v, nil
+}
+
+// A Stored is a task of a queue's scheduled set.
+type Stored struct {
+	Msg
+	Due time.Time // when asynq's forwarder moves it (whole seconds)
+}
+
+// ReadScheduled returns up to count tasks of queue's scheduled set, the
+// soonest due first, from the offset-th: two round trips. A task whose hash
+// is gone, or whose message does not decode, is left out; more reports
+// whether the set may hold tasks past these.
+func ReadScheduled(ctx context.Context, c redis.UniversalClient, queue string, offset, count int) (tasks []Stored, more bool, err error) {
+	zs, err := c.ZRangeWithScores(ctx, Scheduled(queue), int64(offset), int64(offset+count-1)).Result()
+	if err != nil || len(zs) == 0 {
+		return nil, false, err
+	}
+	cmds := make([]*redis.StringCmd, len(zs))
+	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, z := range zs {
+			cmds[i] = p.HGet(ctx, TaskPrefix(queue)+z.Member.(string), "msg")
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, false, err
+	}
+	for i, z := range zs {
+		b, err := cmds[i].Bytes()
+		if err != nil {
+			continue
+		}
+		m, err := Decode(b)
+		if err != nil {
+			continue
+		}
+		tasks = append(tasks, Stored{Msg: m, Due: time.Unix(int64(z.Score), 0)})
+	}
+	return tasks, len(zs) == count, nil
 }
