@@ -44,7 +44,7 @@ chromium:
 FUZZTIME ?= 30s
 fuzz: redis-server
 	$(GO) test ./internal/keys -run '^$$' -fuzz FuzzEncode -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/asynqmsg -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/asynqstore -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./gcra -run '^$$' -fuzz FuzzDifferential -fuzztime $(FUZZTIME)
 	$(GO) test ./quotas -run '^$$' -fuzz FuzzDifferential -fuzztime $(FUZZTIME)
 	$(GO) test ./quotas -run '^$$' -fuzz FuzzKeys -fuzztime $(FUZZTIME)

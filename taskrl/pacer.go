@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/admission"
-	"github.com/taskrl/taskrl/internal/asynqmsg"
+	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/clock"
 	"github.com/taskrl/taskrl/internal/keys"
 )
@@ -183,7 +183,7 @@ func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration, mine []own
 	for i, o := range mine {
 		ids[i] = o.id
 	}
-	looked, _, err := asynqmsg.Unpark(ctx, p.client, asynqmsg.Claim{
+	looked, _, err := asynqstore.Unpark(ctx, p.client, asynqstore.Claim{
 		Queue: queue, PaceKey: q.key, Now: -1, Most: paceBatch, Lead: lead.Microseconds(),
 		Fence: paceFence.Microseconds(), Mine: ids,
 	})

@@ -9,7 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/internal/asynqmsg"
+	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/keys"
 )
 
@@ -130,7 +130,7 @@ func (j *job) reschedule(rule string, delay time.Duration, booked time.Time, rec
 		}
 		h[HeaderLimits] = j.sp.digest
 	}
-	p := asynqmsg.Parking{
+	p := asynqstore.Parking{
 		Queue: j.queue, ID: j.id, Reason: j.waitReason(rule, slot, !booked.IsZero()), Headers: h,
 		Forward: time.Now().Add(delay), // asynq's forwarder scores the workers' clocks
 		PaceKey: keys.Pace(m.prefix, j.queue), PaceAt: -1,
@@ -157,7 +157,7 @@ func (j *job) reschedule(rule string, delay time.Duration, booked time.Time, rec
 	// it works or the task's context ends.
 	wctx := context.WithoutCancel(j.ctx)
 	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
-		ok, err := asynqmsg.Park(wctx, m.cfg.Client, p)
+		ok, err := asynqstore.Park(wctx, m.cfg.Client, p)
 		if err == nil && !ok {
 			// Its lease ended (the worker stalled for asynq's 30 s):
 			// asynq's recoverer took it back and delivers it again.

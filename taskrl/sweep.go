@@ -3,30 +3,15 @@ package taskrl
 import (
 	"context"
 	"crypto/rand"
-	_ "embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/taskrl/taskrl/internal/asynqmsg"
+	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/keys"
-	"github.com/taskrl/taskrl/internal/script"
 	"github.com/taskrl/taskrl/quotas"
-)
-
-var (
-	//go:embed sweep_read.lua
-	sweepReadLua string
-	//go:embed sweep_move.lua
-	sweepMoveLua string
-
-	sweepRead = script.New(sweepReadLua, "gcra")
-	sweepMove = script.New(sweepMoveLua, "gcra")
 )
 
 // The sweep's constants.
@@ -180,14 +165,15 @@ func (s *sweeper) sweep(queue string) error {
 	}
 	s.mu.Unlock()
 	c, p := s.m.cfg.Client, s.m.policy.Load()
-	pending, sched, prefix, key := asynqmsg.Pending(queue), asynqmsg.Scheduled(queue), asynqmsg.TaskPrefix(queue), keys.Sweep(s.m.prefix, queue)
-	read := func(off, window, least int, hold time.Duration) ([]any, error) {
-		return sweepRead.Run(ctx, c, []string{pending, key}, s.m.serverNow().UnixMicro(), s.token, hold.Microseconds(), prefix, off, window, least, sweepBytes).Slice()
+	key := keys.Sweep(s.m.prefix, queue)
+	read := func(off, window, least int, hold time.Duration) (bool, bool, []asynqstore.Listed, error) {
+		return asynqstore.SweepRead(ctx, c, asynqstore.Look{Queue: queue, Lock: key, Now: s.m.serverNow().UnixMicro(), Token: s.token, Hold: hold,
+			Offset: off, Window: window, Least: least, Bytes: sweepBytes})
 	}
 	locked := false
 	defer func() {
 		if locked { // let the next sweeper in
-			_, _ = read(0, 0, 0, 0)
+			_, _, _, _ = read(0, 0, 0, 0)
 		}
 	}()
 	off, total := 0, 0
@@ -201,27 +187,20 @@ func (s *sweeper) sweep(queue string) error {
 		if pass > 0 {
 			least = 1
 		}
-		raw, err := read(off, sweepWindow, least, sweepLock)
-		if errors.Is(err, redis.Nil) {
-			return nil // another process is sweeping the queue
-		}
-		if err != nil || len(raw) == 0 {
-			return err
+		mine, full, listed, err := read(off, sweepWindow, least, sweepLock)
+		if err != nil || !mine || len(listed) == 0 {
+			return err // another process is sweeping the queue, or nothing to do
 		}
 		locked = true
-		full, _ := raw[0].(int64)
-		raw = raw[1:]
-		window := len(raw) / 2
+		window := len(listed)
 		group := map[string]int{}
-		args := []any{s.m.serverNow().UnixMicro(), s.token, prefix, off + window, 0, sweepLead.Microseconds(), sweepAhead.Microseconds(), 0}
-		var tasks []any
-		for i := 0; i+1 < len(raw); i += 2 {
-			id, _ := raw[i].(string)
-			msg, _ := raw[i+1].(string)
-			if id == "" || msg == "" {
+		var backlogs []asynqstore.Backlog
+		var tasks []asynqstore.Swept
+		for _, l := range listed {
+			if l.ID == "" || l.Msg == "" {
 				continue
 			}
-			sig, deadline, ok := s.backlogOf(p, queue, msg)
+			sig, deadline, ok := s.backlogOf(p, queue, l.Msg)
 			n, noted := notes[sig]
 			if !ok || !noted {
 				continue
@@ -230,22 +209,25 @@ func (s *sweeper) sweep(queue string) error {
 			if !ok {
 				g = len(group) + 1
 				group[sig] = g
-				args = append(args, sig, n.slot+n.spacing, n.spacing)
+				backlogs = append(backlogs, asynqstore.Backlog{Sig: sig, First: n.slot + n.spacing, Spacing: n.spacing})
 			}
-			tasks = append(tasks, id, g, deadline)
+			tasks = append(tasks, asynqstore.Swept{ID: l.ID, Backlog: g, Deadline: deadline})
 		}
 		if len(tasks) == 0 {
 			return nil
 		}
 		serverNow := s.m.serverNow()
-		args[0], args[4], args[7] = serverNow.UnixMicro(), time.Now().UnixMicro()-serverNow.UnixMicro(), len(group)
-		moved, err := sweepMove.Run(ctx, c, []string{pending, sched, key}, append(args, tasks...)...).Int()
-		if err != nil {
-			return err // redis.Nil: the lock lapsed
+		moved, ok, err := asynqstore.SweepMove(ctx, c, asynqstore.Sweep{
+			Queue: queue, Lock: key, Now: serverNow.UnixMicro(), Token: s.token, Look: off + window,
+			Skew: time.Now().UnixMicro() - serverNow.UnixMicro(), Lead: sweepLead.Microseconds(), Soon: sweepAhead.Microseconds(),
+			Backlogs: backlogs, Tasks: tasks,
+		})
+		if err != nil || !ok {
+			return err // !ok: the lock lapsed
 		}
 		total += moved
 		off += window - moved
-		if moved == 0 || full == 0 || off > sweepKept {
+		if moved == 0 || !full || off > sweepKept {
 			return nil
 		}
 	}
@@ -255,7 +237,7 @@ func (s *sweeper) sweep(queue string) error {
 // backlogOf returns the backlog signature, and the deadline, of a pending
 // task's message; ok is false for a task the sweep leaves in place.
 func (s *sweeper) backlogOf(p *Policy, queue, msg string) (sig string, deadline int64, ok bool) {
-	t, err := asynqmsg.Decode([]byte(msg))
+	t, err := asynqstore.Decode([]byte(msg))
 	if err != nil {
 		return "", 0, false
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/asynqmsg"
+	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 	"github.com/taskrl/taskrl/quotas"
@@ -104,7 +104,7 @@ func testSweep(t *testing.T, c redis.UniversalClient, q string) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	pending, err := c.LRange(ctx, asynqmsg.Pending(q), 0, -1).Result()
+	pending, err := c.LRange(ctx, asynqstore.Pending(q), 0, -1).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func testSweep(t *testing.T, c redis.UniversalClient, q string) {
 	}
 	insp := asynq.NewInspectorFromRedisClient(c)
 	for i, id := range noisy {
-		score, err := c.ZScore(ctx, asynqmsg.Scheduled(q), id).Result()
+		score, err := c.ZScore(ctx, asynqstore.Scheduled(q), id).Result()
 		if err != nil {
 			t.Fatalf("noisy task %d not scheduled: %v", i, err)
 		}
@@ -132,7 +132,7 @@ func testSweep(t *testing.T, c redis.UniversalClient, q string) {
 			}
 		}
 	}
-	if n, _ := c.ZCard(ctx, asynqmsg.Scheduled(q)).Result(); int(n) != len(noisy) {
+	if n, _ := c.ZCard(ctx, asynqstore.Scheduled(q)).Result(); int(n) != len(noisy) {
 		t.Fatalf("%d scheduled, want %d", n, len(noisy))
 	}
 	if ttl := c.PTTL(ctx, keys.Sweep(prefix, q)).Val(); ttl < time.Minute || ttl > 25*time.Minute {
@@ -142,7 +142,7 @@ func testSweep(t *testing.T, c redis.UniversalClient, q string) {
 	if err := m.sweep.sweep(q); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := c.LLen(ctx, asynqmsg.Pending(q)).Result(); int(n) != len(others) {
+	if n, _ := c.LLen(ctx, asynqstore.Pending(q)).Result(); int(n) != len(others) {
 		t.Fatalf("a second sweep left %d pending, want %d", n, len(others))
 	}
 	// A task set aside comes back (as asynq's forwarder moves it) behind
@@ -158,7 +158,7 @@ func testSweep(t *testing.T, c redis.UniversalClient, q string) {
 		t.Fatal(err)
 	}
 	for _, id := range more {
-		if _, err := c.ZScore(ctx, asynqmsg.Scheduled(q), id).Result(); err != nil {
+		if _, err := c.ZScore(ctx, asynqstore.Scheduled(q), id).Result(); err != nil {
 			t.Fatalf("a later task of the backlog was not set aside: %v", err)
 		}
 	}
@@ -172,13 +172,13 @@ func testSweep(t *testing.T, c redis.UniversalClient, q string) {
 	for i := 0; i < 300; i++ {
 		enqueue(call("noisy"))
 	}
-	if err := sweepRead.Run(ctx, c, []string{asynqmsg.Pending(q), keys.Sweep(prefix, q)}, m.serverNow().UnixMicro(), "other", sweepLock.Microseconds(), asynqmsg.TaskPrefix(q), 0, 1, 1, sweepBytes).Err(); err != nil {
-		t.Fatal(err)
+	if locked, _, _, err := asynqstore.SweepRead(ctx, c, asynqstore.Look{Queue: q, Lock: keys.Sweep(prefix, q), Now: m.serverNow().UnixMicro(), Token: "other", Hold: sweepLock, Window: 1, Least: 1, Bytes: sweepBytes}); err != nil || !locked {
+		t.Fatal(locked, err)
 	}
 	if err := m.sweep.sweep(q); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := c.LLen(ctx, asynqmsg.Pending(q)).Result(); int(n) != len(others)+300 {
+	if n, _ := c.LLen(ctx, asynqstore.Pending(q)).Result(); int(n) != len(others)+300 {
 		t.Fatalf("with another's lock held the sweep left %d pending, want %d", n, len(others)+300)
 	}
 }
@@ -301,12 +301,12 @@ func TestSweepLargePayloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	if n := c.LLen(ctx, asynqmsg.Pending(q)).Val(); n != 0 {
+	if n := c.LLen(ctx, asynqstore.Pending(q)).Val(); n != 0 {
 		t.Fatalf("%d of 600 left pending", n)
 	}
 	prev := 0.0
 	for i, id := range ids {
-		score, err := c.ZScore(ctx, asynqmsg.Scheduled(q), id).Result()
+		score, err := c.ZScore(ctx, asynqstore.Scheduled(q), id).Result()
 		if err != nil || score < prev {
 			t.Fatalf("task %d: due %v after %v (%v): not in queue order", i, score, prev, err)
 		}

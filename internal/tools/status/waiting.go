@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/taskrl/taskrl/internal/asynqmsg"
+	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -46,7 +46,7 @@ func Waiting(ctx context.Context, c redis.UniversalClient, policy *taskrl.Policy
 	var out []WaitingTask
 	for _, q := range queues {
 		for off := 0; off < MaxWaitingScan && len(out) < most; off += 1000 {
-			tasks, more, err := asynqmsg.ReadScheduled(ctx, c, q, off, 1000)
+			tasks, more, err := asynqstore.ReadScheduled(ctx, c, q, off, 1000)
 			if err != nil {
 				return nil, fmt.Errorf("queue %q: %w", q, err)
 			}
@@ -65,7 +65,7 @@ func Waiting(ctx context.Context, c redis.UniversalClient, policy *taskrl.Policy
 
 // waiting describes m, a task of queue, if it waits for rule (any rule if
 // "") with key (any if "").
-func waiting(policy *taskrl.Policy, queue string, m asynqmsg.Msg, rule, key string) (WaitingTask, bool) {
+func waiting(policy *taskrl.Policy, queue string, m asynqstore.Msg, rule, key string) (WaitingTask, bool) {
 	if _, ok := m.Headers[taskrl.HeaderRound]; !ok {
 		return WaitingTask{}, false
 	}

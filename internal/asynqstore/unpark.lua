@@ -21,11 +21,7 @@
 -- may be more), and how many tasks moved. An ID whose task is no longer
 -- scheduled (deleted, or moved by asynq's forwarder or by hand) leaves the
 -- set without a move.
-local now = tonumber(ARGV[1])
-if now < 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = tm_now(ARGV[1])
 local mine = {}
 for i = 6, #ARGV do
   mine[ARGV[i]] = true

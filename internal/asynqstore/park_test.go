@@ -1,4 +1,4 @@
-package asynqmsg_test
+package asynqstore_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/internal/asynqmsg"
+	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
@@ -55,7 +55,7 @@ func TestParkAgainstAsynq(t *testing.T) {
 		case task.Headers()["taskrl-round"] != "":
 			return nil // the run after its wait
 		}
-		ok, err := asynqmsg.Park(ctx, c, asynqmsg.Parking{
+		ok, err := asynqstore.Park(ctx, c, asynqstore.Parking{
 			Queue: q, ID: id, Reason: "waiting for rule r",
 			Headers: map[string]string{"taskrl-round": "1", "taskrl-booked": "123"},
 			Forward: time.Now().Add(time.Hour), PaceKey: pace, PaceAt: 0, PaceExpire: time.Now().Add(time.Hour).UnixMilli(),
@@ -129,15 +129,15 @@ func TestParkAgainstAsynq(t *testing.T) {
 
 	// Parked a moment ago: no move without naming the task, then its own
 	// pacer's claim moves it.
-	claim := asynqmsg.Claim{Queue: q, PaceKey: pace, Now: -1, Most: 100, Lead: 0, Fence: int64(time.Hour / time.Microsecond)}
-	if looked, moved, err := asynqmsg.Unpark(ctx, c, claim); err != nil || looked != 3 || moved != 0 {
+	claim := asynqstore.Claim{Queue: q, PaceKey: pace, Now: -1, Most: 100, Lead: 0, Fence: int64(time.Hour / time.Microsecond)}
+	if looked, moved, err := asynqstore.Unpark(ctx, c, claim); err != nil || looked != 3 || moved != 0 {
 		t.Fatalf("Unpark inside the fence = %d, %d, %v; want 3, 0", looked, moved, err)
 	}
 	if err := insp.DeleteTask(q, z.ID); err != nil {
 		t.Fatalf("DeleteTask(parked) = %v", err)
 	}
 	claim.Mine = []string{a.ID, b.ID, z.ID}
-	if looked, moved, err := asynqmsg.Unpark(ctx, c, claim); err != nil || looked != 3 || moved != 2 {
+	if looked, moved, err := asynqstore.Unpark(ctx, c, claim); err != nil || looked != 3 || moved != 2 {
 		t.Fatalf("Unpark = %d, %d, %v; want 3, 2 (z deleted)", looked, moved, err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -182,7 +182,7 @@ func TestParkNotActive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ok, err := asynqmsg.Park(t.Context(), c, asynqmsg.Parking{Queue: q, ID: info.ID, Forward: time.Now(), PaceKey: "test:pace:{" + q + "}", PaceAt: -1})
+	ok, err := asynqstore.Park(t.Context(), c, asynqstore.Parking{Queue: q, ID: info.ID, Forward: time.Now(), PaceKey: "test:pace:{" + q + "}", PaceAt: -1})
 	if err != nil || ok {
 		t.Fatalf("Park(pending task) = %v, %v; want false, nil", ok, err)
 	}

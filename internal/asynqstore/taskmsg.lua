@@ -1,9 +1,19 @@
--- Library of the scripts that rewrite asynq's task messages in place
--- (park.lua, unpark.lua): a walk over the top-level fields of a
--- protobuf-encoded TaskMessage (asynq v0.26, internal/proto/asynq.proto).
+-- Library of the scripts that touch asynq's keys (park.lua, unpark.lua,
+-- sweep_read.lua, sweep_move.lua): the time, and a walk over the
+-- top-level fields of a protobuf-encoded TaskMessage (asynq v0.26,
+-- internal/proto/asynq.proto) for the scripts that rewrite one in place.
 -- Fields are kept byte for byte; only error_msg (field 7) and header
 -- entries (field 15) whose key starts with "taskrl-" are taken out. A
 -- message that does not parse is left as it is (tm_split returns nil).
+
+-- tm_now(arg) returns arg when it is a non-negative explicit time, else the
+-- server's TIME, in microseconds.
+local function tm_now(arg)
+  local now = tonumber(arg)
+  if now >= 0 then return now end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 
 -- tm_varint(s, i) reads the varint at byte i: its value and the index
 -- after it, or nil past the end. Values above 2^53 lose precision, which

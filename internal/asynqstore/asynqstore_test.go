@@ -1,4 +1,4 @@
-package asynqmsg_test
+package asynqstore_test
 
 import (
 	"bytes"
@@ -7,14 +7,14 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/internal/asynqmsg"
+	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
 // TestAgainstAsynq enqueues tasks with the pinned asynq and reads them back
-// through asynqmsg's keys and Decode: an asynq that lays out its keys or
+// through asynqstore's keys and Decode: an asynq that lays out its keys or
 // its message differently fails here.
 func TestAgainstAsynq(t *testing.T) {
 	c := redistest.Client(t)
@@ -35,15 +35,15 @@ func TestAgainstAsynq(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ids, err := c.LRange(ctx, asynqmsg.Pending(q), 0, 0).Result()
+		ids, err := c.LRange(ctx, asynqstore.Pending(q), 0, 0).Result()
 		if err != nil || len(ids) != 1 || ids[0] != info.ID {
-			t.Fatalf("task %d: the newest of %s is %v (%v), want %s", i, asynqmsg.Pending(q), ids, err, info.ID)
+			t.Fatalf("task %d: the newest of %s is %v (%v), want %s", i, asynqstore.Pending(q), ids, err, info.ID)
 		}
-		raw, err := c.HGet(ctx, asynqmsg.TaskPrefix(q)+info.ID, "msg").Bytes()
+		raw, err := c.HGet(ctx, asynqstore.TaskPrefix(q)+info.ID, "msg").Bytes()
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := asynqmsg.Decode(raw)
+		m, err := asynqstore.Decode(raw)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +68,7 @@ func TestAgainstAsynq(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	score, err := c.ZScore(ctx, asynqmsg.Scheduled(q), info.ID).Result()
+	score, err := c.ZScore(ctx, asynqstore.Scheduled(q), info.ID).Result()
 	if err != nil || int64(score) != at.Unix() {
 		t.Errorf("scheduled score %v (%v), want %d", score, err, at.Unix())
 	}
@@ -76,7 +76,7 @@ func TestAgainstAsynq(t *testing.T) {
 
 func TestDecodeBad(t *testing.T) {
 	for _, b := range [][]byte{{0x0a}, {0x0a, 5, 'a'}, {0x7a, 3, 0x0a, 9, 'k'}, {0x48}, {0xff}} {
-		if _, err := asynqmsg.Decode(b); err == nil {
+		if _, err := asynqstore.Decode(b); err == nil {
 			t.Errorf("Decode(%x) = nil error", b)
 		}
 	}
@@ -88,11 +88,11 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{0x0a, 1, 'a', 0x12, 2, 'p', 'q', 0x48, 7})
 	f.Add([]byte{0x7a, 6, 0x0a, 1, 'k', 0x12, 1, 'v'})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := asynqmsg.Decode(b)
+		m, err := asynqstore.Decode(b)
 		if err != nil {
 			return
 		}
-		m2, err := asynqmsg.Decode(append(append([]byte{}, b...), 0x58, 1)) // field 11, varint
+		m2, err := asynqstore.Decode(append(append([]byte{}, b...), 0x58, 1)) // field 11, varint
 		if err != nil || m2.Type != m.Type || !bytes.Equal(m2.Payload, m.Payload) || m2.Deadline != m.Deadline || len(m2.Headers) != len(m.Headers) {
 			t.Fatalf("a trailing unknown field changed %+v to %+v (%v)", m, m2, err)
 		}

@@ -1,4 +1,4 @@
-// Package asynqmsg is the one place that knows asynq's own data in Redis:
+// Package asynqstore is the one place that knows asynq's own data in Redis:
 // the key names of a queue's lists, sets and task hashes, the fields of a
 // task message, and the scripts that park a running task in place and move
 // it back (Park, Unpark), for the middleware, its sweep and worker status.
@@ -6,7 +6,7 @@
 // internal/proto/asynq.proto there); the tests check it against what the
 // pinned asynq writes, reads and counts, so an asynq upgrade that changes
 // any of it fails them.
-package asynqmsg
+package asynqstore
 
 import (
 	"context"
@@ -49,7 +49,7 @@ const (
 	fieldHeaders  = 15
 )
 
-var errBad = errors.New("asynqmsg: not a task message")
+var errBad = errors.New("asynqstore: not a task message")
 
 // Decode reads a TaskMessage as asynq encodes it (protobuf). Fields it does
 // not need are skipped; malformed input is an error, never a panic.

@@ -1,4 +1,4 @@
-package asynqmsg
+package asynqstore
 
 import (
 	"context"
@@ -72,7 +72,7 @@ func Park(ctx context.Context, c redis.Scripter, p Parking) (parked bool, err er
 	case err != nil:
 		return false, err
 	case n < 0:
-		return false, fmt.Errorf("asynqmsg: task %s in queue %s: %w", p.ID, p.Queue, errBad)
+		return false, fmt.Errorf("asynqstore: task %s in queue %s: %w", p.ID, p.Queue, errBad)
 	}
 	return n == 1, nil
 }
@@ -131,7 +131,7 @@ func Unpark(ctx context.Context, r redis.Scripter, c Claim) (looked, moved int, 
 		return 0, 0, err
 	}
 	if len(v) != 2 {
-		return 0, 0, fmt.Errorf("asynqmsg: unpark replied %v", v)
+		return 0, 0, fmt.Errorf("asynqstore: unpark replied %v", v)
 	}
 	return int(v[0]), int(v[1]), nil
 }

@@ -2,10 +2,10 @@
 -- asynq's pending list for its scheduled set, each due a lead before the
 -- slot it is estimated to get, in one step; the others keep their order.
 -- It writes asynq's own keys as asynq's scheduler does
--- (internal/asynqmsg): the task hash's state becomes "scheduled", and
+-- : the task hash's state becomes "scheduled", and
 -- asynq's forwarder moves the task back to pending when due. Each
 -- backlog's estimate continues from a cursor the whole fleet shares.
--- Composed after internal/script/lua/gcra.lua (for gcra_now).
+-- Composed after taskmsg.lua.
 --
 -- KEYS[1]  asynq's pending list of the queue
 -- KEYS[2]  asynq's scheduled set of the queue
@@ -33,7 +33,7 @@
 -- longer pending (a worker took it) takes none. The hash lives a minute
 -- past its last cursor; cursors that have passed are dropped once it has
 -- over 256 fields.
-local now = gcra_now(ARGV[1])
+local now = tm_now(ARGV[1])
 local lock = redis.call('HGET', KEYS[3], 'lock')
 if not lock or string.match(lock, '^(%S+) ') ~= ARGV[2] then
   return false

@@ -1,7 +1,6 @@
 -- The sweep's look at a queue's oldest pending tasks (sweeper.sweep),
 -- under the queue's sweep lock: one sweeper at a time reads and moves a
--- queue's tasks. It reads asynq's own keys (internal/asynqmsg). Composed
--- after internal/script/lua/gcra.lua (for gcra_now).
+-- queue's tasks. It reads asynq's own keys. Composed after taskmsg.lua.
 --
 -- KEYS[1]  asynq's pending list of the queue (the oldest task is last)
 -- KEYS[2]  the queue's sweep hash (keys.Sweep: asynq's slot); field
@@ -21,7 +20,7 @@
 -- it was the last, then ID, message, ID, message, ... oldest first
 -- (message false for a task whose hash is gone, or that a sweep set aside
 -- once already: it decides when it comes back, and is not moved again).
-local now = gcra_now(ARGV[1])
+local now = tm_now(ARGV[1])
 local lock = redis.call('HGET', KEYS[2], 'lock')
 local mine = true
 if lock then

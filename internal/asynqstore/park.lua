@@ -38,9 +38,8 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 if not saved then
   redis.call('HSET', KEYS[4], 'taskrl_err', err)
 end
-local t = redis.call('TIME')
 redis.call('HSET', KEYS[4], 'msg', rest .. ARGV[2], 'state', 'scheduled',
-  'taskrl_park', string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2])))
+  'taskrl_park', string.format('%d', tm_now(-1)))
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 if tonumber(ARGV[4]) >= 0 then
   redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
