@@ -79,9 +79,11 @@ func Park(ctx context.Context, c redis.Scripter, p Parking) (parked bool, err er
 
 // fields encodes error_msg and the header entries as they are appended
 // to a TaskMessage (a later field wins in protobuf), headers by name.
+// Strings that are not UTF-8 are made so: asynq could not decode the
+// message otherwise.
 func fields(reason string, headers map[string]string) []byte {
-	b := protowire.AppendTag(nil, 7, protowire.BytesType)
-	b = protowire.AppendString(b, reason)
+	b := protowire.AppendTag(nil, fieldErrorMsg, protowire.BytesType)
+	b = protowire.AppendString(b, strings.ToValidUTF8(reason, "\uFFFD"))
 	names := make([]string, 0, len(headers))
 	for k := range headers {
 		if strings.HasPrefix(k, HeaderPrefix) {
@@ -92,9 +94,9 @@ func fields(reason string, headers map[string]string) []byte {
 	var e []byte
 	for _, k := range names {
 		e = protowire.AppendTag(e[:0], 1, protowire.BytesType)
-		e = protowire.AppendString(e, k)
+		e = protowire.AppendString(e, strings.ToValidUTF8(k, "\uFFFD"))
 		e = protowire.AppendTag(e, 2, protowire.BytesType)
-		e = protowire.AppendString(e, headers[k])
+		e = protowire.AppendString(e, strings.ToValidUTF8(headers[k], "\uFFFD"))
 		b = protowire.AppendTag(b, fieldHeaders, protowire.BytesType)
 		b = protowire.AppendBytes(b, e)
 	}
