@@ -475,8 +475,10 @@ func TestFleetCost(t *testing.T) {
     gcra: {rate: 50, per: 1s, burst: 1}
 `
 	for _, x := range []int{10, 30} {
-		f := fleetRun(t, bin, fmt.Sprintf("backlog%d", x), backlog, 50*x, workers)
-		t.Logf("backlog %dx a 50/s rule: %.1f commands per delivered task (%.2fx no rule), %.1f tasks/s", x, f.commands, f.commands/base.commands, f.perSec)
+		for _, b := range bins {
+			f := fleetRun(t, b.bin, fmt.Sprintf("backlog%d", x), backlog, 50*x, workers)
+			t.Logf("%sbacklog %dx a 50/s rule: %.1f commands per delivered task (%.2fx no rule; %s), %.1f tasks/s", b.label, x, f.commands, f.commands/base.commands, f.byName, f.perSec)
+		}
 	}
 }
 

@@ -154,7 +154,7 @@ func (c *counters) Observe(e taskrl.Event) {
 	switch e.Outcome {
 	case taskrl.Admitted:
 		if len(e.Rules) == 0 {
-			break // a booked copy runs in its slot: counted as rescheduled
+			break // a booked task runs in its slot: counted as rescheduled
 		}
 		if e.Wait > 0 {
 			c.held.Add(1)
