@@ -146,7 +146,12 @@ func (p *pacer) pass() time.Duration {
 		p.mu.Lock()
 		mine, waiting := q.own.due(serverNow + lead.Microseconds())
 		p.mu.Unlock()
-		if !now.Before(q.hold) && (len(mine) > 0 || !now.Before(q.poll) && p.othersDue(name, q, serverNow+lead.Microseconds())) {
+		switch {
+		case now.Before(q.hold): // a claim failed a moment ago
+			p.mu.Lock()
+			q.own.keep(mine)
+			p.mu.Unlock()
+		case len(mine) > 0 || !now.Before(q.poll) && p.othersDue(name, q, serverNow+lead.Microseconds()):
 			p.claim(name, q, lead, mine)
 		}
 		p.mu.Lock()
@@ -190,9 +195,7 @@ func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration, mine []own
 	if err != nil {
 		p.logger.Warn("taskrl: pacer", "queue", queue, "err", err)
 		p.mu.Lock()
-		for _, o := range mine {
-			heap.Push(&q.own, o)
-		}
+		q.own.keep(mine)
 		p.mu.Unlock()
 		q.hold = p.clock.Now().Add(200 * time.Millisecond)
 		return
@@ -242,10 +245,15 @@ func (s *slots) due(by int64) (mine []own, waiting bool) {
 		}
 		mine = append(mine, o)
 	}
-	for _, o := range later {
+	s.keep(later)
+	return mine, waiting
+}
+
+// keep notes os again.
+func (s *slots) keep(os []own) {
+	for _, o := range os {
 		heap.Push(s, o)
 	}
-	return mine, waiting
 }
 
 // close stops the pacer and waits for it.
