@@ -18,7 +18,8 @@ import (
 // sees the same task (ID, retries, options, user headers) scheduled with
 // the reason as LastErr; a second enqueue of its TaskID or Unique key is
 // refused; no counter moved. After Unpark it runs again under the same ID,
-// with the error it had before, and asynq counts one run.
+// with the error it had before, its ResultWriter's result is kept with
+// Retention, and asynq counts one run.
 func TestParkAgainstAsynq(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs an asynq server")
@@ -53,7 +54,8 @@ func TestParkAgainstAsynq(t *testing.T) {
 		case task.Type() == "fails" && n == 0:
 			return errors.New("remote said no")
 		case task.Headers()["taskrl-round"] != "":
-			return nil // the run after its wait
+			_, err := task.ResultWriter().Write([]byte("result of " + id))
+			return err // the run after its wait
 		}
 		ok, err := asynqstore.Park(ctx, c, asynqstore.Parking{
 			Queue: q, ID: id, Reason: "waiting for rule r",
@@ -147,6 +149,9 @@ func TestParkAgainstAsynq(t *testing.T) {
 		if ia != nil && ib != nil && ia.State == asynq.TaskStateCompleted && ib.State == asynq.TaskStateCompleted {
 			if ia.LastErr != "" || ib.LastErr != "remote said no" || ib.Retried != 1 {
 				t.Errorf("completed: a LastErr %q, b LastErr %q retried %d; want \"\", the failure, 1", ia.LastErr, ib.LastErr, ib.Retried)
+			}
+			if string(ia.Result) != "result of "+a.ID || string(ib.Result) != "result of "+b.ID {
+				t.Errorf("results %q, %q: the run after the wait wrote them with its ResultWriter", ia.Result, ib.Result)
 			}
 			break
 		}
