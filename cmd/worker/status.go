@@ -127,43 +127,41 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 			}
 		}
 	}
+	// out prints v as JSON with --json, else text() as a table.
+	out := func(v any, text func() (string, error)) int {
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(v); err != nil {
+				return exitRuntime
+			}
+			return exitOK
+		}
+		t, err := text()
+		if err != nil {
+			fmt.Fprintf(stderr, "worker status: %v\n", err)
+			return exitRuntime
+		}
+		io.WriteString(stdout, t)
+		return exitOK
+	}
 	if *waitingOnly {
 		ws, err := status.Waiting(ctx, client, policy, queues, *rule, *key, *limit)
 		if err != nil {
 			fmt.Fprintf(stderr, "worker status: %v\n", err)
 			return exitRuntime
 		}
-		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			if err := enc.Encode(ws); err != nil {
-				return exitRuntime
-			}
-			return exitOK
-		}
-		now, err := client.Time(ctx).Result()
-		if err != nil {
-			fmt.Fprintf(stderr, "worker status: %v\n", err)
-			return exitRuntime
-		}
-		io.WriteString(stdout, status.WaitingText(ws, now))
-		return exitOK
+		return out(ws, func() (string, error) {
+			now, err := client.Time(ctx).Result()
+			return status.WaitingText(ws, now), err
+		})
 	}
 	rep, err := status.Collect(ctx, client, *prefix, policy, *key)
 	if err != nil {
 		fmt.Fprintf(stderr, "worker status: %v\n", err)
 		return exitRuntime
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return exitRuntime
-		}
-		return exitOK
-	}
-	io.WriteString(stdout, status.Text(rep))
-	return exitOK
+	return out(rep, func() (string, error) { return status.Text(rep), nil })
 }
 
 //go:embed status.html
