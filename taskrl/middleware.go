@@ -93,8 +93,6 @@ type Middleware struct {
 	pace    *pacer
 	sweep   *sweeper // nil: Config.KeepOrder
 	limiter *quotas.Limiter
-	client  *asynq.Client
-	inspect *asynq.Inspector
 	splits  sync.Map   // *Binding -> *split
 	skew    clock.Skew // of the server's clock, from the last decision
 	shed    *shedder
@@ -139,7 +137,7 @@ func New(cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("taskrl: %w", err)
 	}
-	m := &Middleware{cfg: cfg, local: quotas.NewModel(), limits: limits{maxHold: cfg.MaxHold, budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l, client: asynq.NewClientFromRedisClient(cfg.Client), inspect: asynq.NewInspectorFromRedisClient(cfg.Client)}
+	m := &Middleware{cfg: cfg, local: quotas.NewModel(), limits: limits{maxHold: cfg.MaxHold, budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l}
 	m.policy.Store(cfg.Policy)
 	m.pace = newPacer(pacerDeps{client: cfg.Client, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
 	if !cfg.KeepOrder {
