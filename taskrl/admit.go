@@ -411,11 +411,6 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 	return next.ProcessTask(j.ctx, j.t)
 }
 
-func retryCount(ctx context.Context) int {
-	n, _ := asynq.GetRetryCount(ctx)
-	return n
-}
-
 // hold waits d in the worker, or until ctx ends.
 func hold(ctx context.Context, d time.Duration) error {
 	if d <= 0 {

@@ -288,7 +288,7 @@ func identityWorker(t *testing.T) {
 		id, _ := asynq.GetTaskID(ctx)
 		var p struct{ Fail bool }
 		_ = json.Unmarshal(task.Payload(), &p)
-		if p.Fail && retryCount(ctx) == 0 {
+		if n, _ := asynq.GetRetryCount(ctx); p.Fail && n == 0 {
 			c.RPush(context.WithoutCancel(ctx), env.Prefix+"failed", id)
 			return errors.New("first run fails")
 		}
