@@ -6,11 +6,16 @@
 
 GO ?= go
 
-.PHONY: test redis-server chromium check fuzz fuzz-ci bench fleet e2e-long
+.PHONY: test test-short redis-server chromium check fuzz fuzz-ci bench fleet e2e-long
 
 test: redis-server chromium check
 	$(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -race -count=1 -p 1 ./...
 	cd bench && $(GO) test -count=1 ./...
+
+# The inner loop: no server is started; tests that need one skip, or use a
+# redis-server found on PATH.
+test-short: check
+	$(GO) test -short -count=1 ./...
 
 check:
 	$(GO) vet ./...
