@@ -56,9 +56,9 @@ fuzz: redis-server
 	$(GO) test ./internal/calendar -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
 	$(GO) test ./taskrl -run '^$$' -fuzz FuzzParsePolicy -fuzztime $(FUZZTIME)
 	$(GO) test ./taskrl -run '^$$' -fuzz FuzzRequest -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzNewRequest -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzRetryAfter -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzQuotaSpent -fuzztime $(FUZZTIME)
+	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzNewRequest -fuzztime $(FUZZTIME)
+	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzRetryAfter -fuzztime $(FUZZTIME)
+	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzQuotaSpent -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/egress -run '^$$' -fuzz FuzzEgress -fuzztime $(FUZZTIME)
 
 # What CI fuzzes after make test: the targets over what a task's author
@@ -70,9 +70,9 @@ fuzz: redis-server
 # 1.27); a count has no deadline to race. make test already runs every
 # target's seed corpus and the regression cases kept in testdata/fuzz.
 fuzz-ci:
-	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzNewRequest -fuzztime 20000x
-	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzRetryAfter -fuzztime 30000x
-	$(GO) test ./internal/tools/httpcall -run '^$$' -fuzz FuzzQuotaSpent -fuzztime 30000x
+	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzNewRequest -fuzztime 20000x
+	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzRetryAfter -fuzztime 30000x
+	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzQuotaSpent -fuzztime 30000x
 	$(GO) test ./internal/egress -run '^$$' -fuzz FuzzEgress -fuzztime 200000x
 	$(GO) test ./taskrl -run '^$$' -fuzz FuzzRequest -fuzztime 4000x
 
@@ -95,4 +95,4 @@ fleet: redis-server
 # (20 times in make test): about 10 minutes, not part of make test;
 # figures in BENCHMARKS.md.
 e2e-long: redis-server
-	TASKRL_LONG=1 $(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -count=1 -timeout 30m -run 'TestAdaptive|TestFleetBacklog' -v ./internal/testkit/e2e ./taskrl
+	TASKRL_LONG=1 $(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -count=1 -timeout 30m -run 'TestAdaptive|TestFleetBacklog' -v ./cmd/internal/e2e ./taskrl

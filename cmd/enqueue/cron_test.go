@@ -17,7 +17,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/taskrl/taskrl/internal/tools/campaign"
+	"github.com/taskrl/taskrl/cmd/internal/campaign"
 )
 
 func signalContext() (context.Context, context.CancelFunc) {

@@ -40,7 +40,7 @@
 // recurring campaign instead: the process runs an asynq Scheduler that
 // enqueues one "taskrl:fanout" task per tick on the queue, until SIGINT or
 // SIGTERM (then it exits 0), and a worker that handles that type (see
-// internal/tools/campaign.NewFanoutHandler) enqueues the tasks, exactly once per
+// cmd/internal/campaign.NewFanoutHandler) enqueues the tasks, exactly once per
 // tick however many such processes run. SPEC is a 5-field cron spec, a
 // descriptor such as "@weekly", or "@every 10s"; ZONE an IANA time zone
 // (default UTC). NAME defaults to a hash of the arguments, so processes
@@ -96,12 +96,12 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/taskrl/taskrl/cmd/internal/campaign"
+	"github.com/taskrl/taskrl/cmd/internal/estimate"
+	"github.com/taskrl/taskrl/cmd/internal/redisurl"
+	"github.com/taskrl/taskrl/cmd/internal/simulate"
+	"github.com/taskrl/taskrl/cmd/internal/version"
 	"github.com/taskrl/taskrl/internal/keys"
-	"github.com/taskrl/taskrl/internal/tools/campaign"
-	"github.com/taskrl/taskrl/internal/tools/estimate"
-	"github.com/taskrl/taskrl/internal/tools/redisurl"
-	"github.com/taskrl/taskrl/internal/tools/simulate"
-	"github.com/taskrl/taskrl/internal/tools/version"
 	"github.com/taskrl/taskrl/taskrl"
 )
 

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/taskrl/taskrl/internal/tools/overrides"
+	"github.com/taskrl/taskrl/cmd/internal/overrides"
 	"github.com/taskrl/taskrl/taskrl"
 )
 

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/taskrl/taskrl/cmd/internal/overrides"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
-	"github.com/taskrl/taskrl/internal/tools/overrides"
 )
 
 // TestLimitsCommand: worker limits set, list and rm against a Redis,

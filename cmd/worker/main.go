@@ -3,7 +3,7 @@
 //
 //	worker --redis URL --policy FILE --concurrency N [--queues NAME=WEIGHT,...] [--metrics-addr ADDR]
 //
-// It serves the built-in task type http:call (package internal/tools/httpcall)
+// It serves the built-in task type http:call (package cmd/internal/httpcall)
 // through the taskrl middleware, exports Prometheus metrics and a health
 // check, reloads the policy file on SIGHUP and when it changes, and shuts
 // down gracefully on SIGTERM or SIGINT. "worker --check --policy FILE"
@@ -31,10 +31,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/cmd/internal/redisurl"
+	"github.com/taskrl/taskrl/cmd/internal/version"
 	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/internal/keys"
-	"github.com/taskrl/taskrl/internal/tools/redisurl"
-	"github.com/taskrl/taskrl/internal/tools/version"
 	"github.com/taskrl/taskrl/taskrl"
 )
 

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/taskrl/taskrl/cmd/internal/overrides"
 	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
-	"github.com/taskrl/taskrl/internal/tools/overrides"
 	"github.com/taskrl/taskrl/quotas"
 	"github.com/taskrl/taskrl/taskrl"
 )

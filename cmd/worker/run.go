@@ -18,11 +18,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/cmd/internal/campaign"
+	"github.com/taskrl/taskrl/cmd/internal/httpcall"
+	"github.com/taskrl/taskrl/cmd/internal/metrics"
+	"github.com/taskrl/taskrl/cmd/internal/overrides"
 	"github.com/taskrl/taskrl/internal/egress"
-	"github.com/taskrl/taskrl/internal/tools/campaign"
-	"github.com/taskrl/taskrl/internal/tools/httpcall"
-	"github.com/taskrl/taskrl/internal/tools/metrics"
-	"github.com/taskrl/taskrl/internal/tools/overrides"
 	"github.com/taskrl/taskrl/taskrl"
 )
 

@@ -17,8 +17,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/taskrl/taskrl/internal/tools/overrides"
-	"github.com/taskrl/taskrl/internal/tools/status"
+	"github.com/taskrl/taskrl/cmd/internal/overrides"
+	"github.com/taskrl/taskrl/cmd/internal/status"
 	"github.com/taskrl/taskrl/taskrl"
 )
 

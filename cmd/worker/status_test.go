@@ -16,8 +16,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/taskrl/taskrl/cmd/internal/status"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
-	"github.com/taskrl/taskrl/internal/tools/status"
 )
 
 const statusPolicy = `rules:

@@ -1,8 +1,8 @@
 // Package admission holds the timing constants of the middleware's
 // admission path, so that the middleware and the simulator that imitates
-// it (internal/tools/simulate) cannot drift apart.
+// it (cmd/internal/simulate) cannot drift apart.
 //
-// Foundation layer, imported by taskrl and internal/tools/simulate.
+// Foundation layer, imported by taskrl and cmd/internal/simulate.
 package admission
 
 import "time"

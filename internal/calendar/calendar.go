@@ -81,7 +81,7 @@
 // time/tzdata if the binary embeds it). Workers that share a quota must use
 // the same tz database version for ticks around a rule change to agree.
 //
-// Foundation layer, imported by quotas (calendar windows) and internal/tools/campaign (cron ticks).
+// Foundation layer, imported by quotas (calendar windows) and cmd/internal/campaign (cron ticks).
 package calendar
 
 import (

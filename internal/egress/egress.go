@@ -6,7 +6,7 @@
 // address actually dialled, after DNS resolution.
 //
 // Foundation shared by taskrl (which validates the policy file's list) and
-// internal/tools/httpcall (which enforces it).
+// cmd/internal/httpcall (which enforces it).
 package egress
 
 import (

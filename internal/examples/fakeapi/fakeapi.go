@@ -32,7 +32,7 @@
 // again (and charged) but counted in Stats.Duplicates: a strict vendor would
 // not bill it twice, but a caller that repeats a successful call has a bug.
 //
-// Example and test support, imported by examples/, examplekit and internal/testkit/e2e.
+// Example and test support, imported by examples/, examplekit and cmd/internal/e2e.
 package fakeapi
 
 import (

@@ -13,7 +13,7 @@
 // algorithm: a call may start at t when max(TAT, t) + T <= t + Burst*T, and
 // moves the TAT to max(TAT, t) + T.
 //
-// Example and test support, imported by examples/quickstart and internal/testkit/e2e.
+// Example and test support, imported by examples/quickstart and cmd/internal/e2e.
 package ideal
 
 import (

@@ -53,7 +53,7 @@
 // Cookie and Proxy-Authorization are dropped: only the handler's own
 // headers (User-Agent, Idempotency-Key, X-Business-ID, Content-Type) go on.
 //
-// Application code of the binaries, imported by cmd/worker and internal/tools/metrics.
+// Application code of the binaries, imported by cmd/worker and cmd/internal/metrics.
 package httpcall
 
 import (

@@ -11,9 +11,9 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/taskrl/taskrl/cmd/internal/simulate"
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/examples/fakeapi"
-	"github.com/taskrl/taskrl/internal/tools/simulate"
 	"github.com/taskrl/taskrl/taskrl"
 )
 

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/taskrl/taskrl/internal/tools/estimate"
+	"github.com/taskrl/taskrl/cmd/internal/estimate"
 	"github.com/taskrl/taskrl/taskrl"
 )
 

@@ -84,7 +84,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/taskrl/taskrl/internal/tools/httpcall"
+	"github.com/taskrl/taskrl/cmd/internal/httpcall"
 	"github.com/taskrl/taskrl/quotas"
 	"github.com/taskrl/taskrl/taskrl"
 )
