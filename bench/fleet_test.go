@@ -16,8 +16,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 )
 
 // commandStats returns Redis's count of commands processed by name (INFO
@@ -187,7 +186,7 @@ func TestPacedStart(t *testing.T) {
 	em := 100 * time.Millisecond
 	// The API allows one call of slack over the policy: a call a millisecond
 	// early is not an error of the limit.
-	api, err := fakeapi.New(fakeapi.Limits{Global: gcra.Limit{Rate: 10, Period: time.Second, Burst: 2}})
+	api, err := fakeapi.New(fakeapi.Limits{Global: fakeapi.Limit{Rate: 10, Period: time.Second, Burst: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

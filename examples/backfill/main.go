@@ -33,7 +33,7 @@
 //
 // The wiring (the policy, the middleware on each worker, a handler
 // returning taskrl.Throttled on a 429) is the quickstart's, written out in
-// full in examples/quickstart; here the helpers of internal/examples/examplekit do
+// full in examples/quickstart; here the helpers of examples/internal/examplekit do
 // it.
 package main
 
@@ -53,9 +53,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/examplekit"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/examples/internal/examplekit"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -72,7 +71,7 @@ const (
 
 // serviceLimits protect the internal service: a little above the policy.
 var serviceLimits = fakeapi.Limits{
-	Global:  gcra.Limit{Rate: 55, Period: time.Second, Burst: 10},
+	Global:  fakeapi.Limit{Rate: 55, Period: time.Second, Burst: 10},
 	Latency: 10 * time.Millisecond,
 }
 

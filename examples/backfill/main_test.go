@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taskrl/taskrl/internal/examples/examplekit/examplekittest"
+	"github.com/taskrl/taskrl/examples/internal/examplekit/examplekittest"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 

@@ -34,7 +34,7 @@
 //
 // The wiring (the policy, the middleware on each worker, a handler
 // returning taskrl.Throttled on a 429) is the quickstart's, written out in
-// full in examples/quickstart; here the helpers of internal/examples/examplekit do
+// full in examples/quickstart; here the helpers of examples/internal/examplekit do
 // it.
 package main
 
@@ -55,9 +55,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/examplekit"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/examples/internal/examplekit"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -79,8 +78,8 @@ const policyYAML = `rules:
 
 // providerLimits are the e-mail provider's, enforced with 429s.
 var providerLimits = fakeapi.Limits{
-	Global:      gcra.Limit{Rate: 12, Period: time.Second, Burst: 3},
-	PerBusiness: gcra.Limit{Rate: 1, Period: 3 * time.Second, Burst: 1},
+	Global:      fakeapi.Limit{Rate: 12, Period: time.Second, Burst: 3},
+	PerBusiness: fakeapi.Limit{Rate: 1, Period: 3 * time.Second, Burst: 1},
 	Latency:     20 * time.Millisecond,
 }
 

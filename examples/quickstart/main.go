@@ -27,7 +27,7 @@
 // The wiring to copy into a worker of your own is all in this file: the
 // policy parsed with taskrl.ParsePolicy, the worker loop in run
 // (taskrl.New, mw.ServerConfig, mux.Use(mw.Handler)) and
-// vendorHandler. The package internal/examples/examplekit only supplies the
+// vendorHandler. The package examples/internal/examplekit only supplies the
 // demonstration's scaffolding: the Redis, the vendor's stand-in, stopping
 // the workers and cleaning up, and the verdict.
 //
@@ -55,10 +55,10 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/taskrl/taskrl/examples/internal/examplekit"
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/examplekit"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
-	"github.com/taskrl/taskrl/internal/examples/ideal"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/ideal"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -67,8 +67,8 @@ const taskType = "vendor:sync"
 
 // vendorLimits are what the vendor publishes and enforces.
 var vendorLimits = fakeapi.Limits{
-	Global:      gcra.Limit{Rate: 20, Period: time.Second, Burst: 5},
-	PerBusiness: gcra.Limit{Rate: 2, Period: time.Second, Burst: 2},
+	Global:      fakeapi.Limit{Rate: 20, Period: time.Second, Burst: 5},
+	PerBusiness: fakeapi.Limit{Rate: 2, Period: time.Second, Burst: 2},
 	Quota:       fakeapi.Quota{Limit: 170, Every: 10 * time.Second},
 	Latency:     20 * time.Millisecond,
 }
@@ -450,6 +450,6 @@ func idealSpan(first time.Time, tasks, businesses int) time.Duration {
 	for i := range calls {
 		calls[i] = ideal.Call{At: first, Key: strconv.Itoa(i % businesses)}
 	}
-	rules := []ideal.Rule{{GCRA: peak}, {GCRA: perBiz, Keyed: true}, {Limit: window, Every: windowLen}}
+	rules := []ideal.Rule{{GCRA: ideal.Limit(peak)}, {GCRA: ideal.Limit(perBiz), Keyed: true}, {Limit: window, Every: windowLen}}
 	return ideal.Last(ideal.Schedule(rules, calls)).Sub(first)
 }

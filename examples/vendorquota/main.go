@@ -32,7 +32,7 @@
 //
 // The wiring (the policy, the middleware on each worker, the handler
 // returning taskrl.Throttled) is the quickstart's, written out in full in
-// examples/quickstart; here the helpers of internal/examples/examplekit do it.
+// examples/quickstart; here the helpers of examples/internal/examplekit do it.
 package main
 
 import (
@@ -50,9 +50,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/examplekit"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/examples/internal/examplekit"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -82,8 +81,8 @@ const policyTemplate = `rules:
 // epoch, not to midnight in Los Angeles, so it leaves that one to the
 // policy.)
 var vendorLimits = fakeapi.Limits{
-	Global:      gcra.Limit{Rate: 20, Period: time.Second, Burst: 5},
-	PerBusiness: gcra.Limit{Rate: 2, Period: time.Second, Burst: 2},
+	Global:      fakeapi.Limit{Rate: 20, Period: time.Second, Burst: 5},
+	PerBusiness: fakeapi.Limit{Rate: 2, Period: time.Second, Burst: 2},
 	Latency:     20 * time.Millisecond,
 }
 

@@ -12,8 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/cmd/internal/simulate"
-	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -94,7 +93,7 @@ func TestAdaptiveCeiling(t *testing.T) {
 	for _, c := range []struct{ limit, rate float64 }{{20, 18}, {20, 19}, {20, 19.5}, {5, 4.75}, {5, 4.9}} {
 		t.Run(fmt.Sprintf("%v of %v", c.rate, c.limit), func(t *testing.T) {
 			policy := fmt.Sprintf("rules:\n  - name: fixed\n    match: {type: \"http:call\"}\n    gcra: {rate: %v, per: 1s, burst: 1}\n", c.rate)
-			r := start(t, fakeapi.Limits{Global: gcra.Limit{Rate: c.limit, Period: time.Second, Burst: 1}}, policy, 3)
+			r := start(t, fakeapi.Limits{Global: fakeapi.Limit{Rate: c.limit, Period: time.Second, Burst: 1}}, policy, 3)
 			_, stop := r.feed(60)
 			begin := time.Now()
 			time.Sleep(45 * time.Second)
@@ -128,7 +127,7 @@ func runAdaptive(t *testing.T, workers int, maxRate float64, limits []float64, p
 	for _, l := range limits {
 		backlog = max(backlog, int(1.5*l))
 	}
-	strict := func(rate float64) gcra.Limit { return gcra.Limit{Rate: rate, Period: time.Second, Burst: 1} }
+	strict := func(rate float64) fakeapi.Limit { return fakeapi.Limit{Rate: rate, Period: time.Second, Burst: 1} }
 	r := start(t, fakeapi.Limits{Global: strict(limits[0])}, policy, workers)
 	enqueued, stopFeed := r.feed(backlog)
 	begin := time.Now()

@@ -8,8 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 )
 
 // TestBorrow: dynamic throttling (issue 16) with the built binaries, 3
@@ -29,7 +28,7 @@ import (
 // The API answers no 429, every call is made once, and every task runs.
 func TestBorrow(t *testing.T) {
 	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
-	r := start(t, fakeapi.Limits{Global: gcra.Limit{Rate: 8, Period: time.Second, Burst: 2}}, `
+	r := start(t, fakeapi.Limits{Global: fakeapi.Limit{Rate: 8, Period: time.Second, Burst: 2}}, `
 rules:
   - name: vendor
     match: {type: "http:call"}

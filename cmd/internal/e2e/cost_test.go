@@ -10,8 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
@@ -28,7 +27,7 @@ rules:
 // pointsAPI is the API's points limit: the policy's, with one task's worth
 // of burst (3 units, 100ms at 30/s) more for the jitter between a slot
 // and the call's arrival.
-var pointsAPI = gcra.Limit{Rate: 30, Period: time.Second, Burst: 33}
+var pointsAPI = fakeapi.Limit{Rate: 30, Period: time.Second, Burst: 33}
 
 // costPayload is an http:call payload of units units that asks the API
 // for as many points.

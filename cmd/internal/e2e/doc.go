@@ -1,7 +1,7 @@
 // Package e2e holds the end-to-end test of the product as a user runs it:
 // the real worker and enqueue binaries, built from this module, against a
 // real redis-server and a strict stand-in for a third-party API
-// (internal/examples/fakeapi). It has no code of its own.
+// (internal/testkit/fakeapi). It has no code of its own.
 //
 // The tests whose load is light (tens of calls a second, bars on the
 // limits rather than on the machine's speed) call t.Parallel and run two

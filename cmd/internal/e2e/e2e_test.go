@@ -21,8 +21,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
-	"github.com/taskrl/taskrl/internal/examples/ideal"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/ideal"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
@@ -30,8 +30,8 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 
 // The API's published limits and the policy's, just under them.
 var (
-	apiGlobal   = gcra.Limit{Rate: 20, Period: time.Second, Burst: 5}
-	apiBusiness = gcra.Limit{Rate: 2, Period: time.Second, Burst: 2}
+	apiGlobal   = fakeapi.Limit{Rate: 20, Period: time.Second, Burst: 5}
+	apiBusiness = fakeapi.Limit{Rate: 2, Period: time.Second, Burst: 2}
 	peak        = gcra.Limit{Rate: 18, Period: time.Second, Burst: 3}
 	perBusiness = gcra.Limit{Rate: 1.8, Period: time.Second, Burst: 1}
 )
@@ -422,8 +422,8 @@ rules:
 
 // The limits of noisyPolicy and policy, for package ideal.
 var (
-	noisyRules  = []ideal.Rule{{GCRA: peak}, {GCRA: perBusiness, Keyed: true}}
-	policyRules = []ideal.Rule{{GCRA: peak}, {Limit: 140, Every: 10 * time.Second}, {GCRA: perBusiness, Keyed: true}}
+	noisyRules  = []ideal.Rule{{GCRA: ideal.Limit(peak)}, {GCRA: ideal.Limit(perBusiness), Keyed: true}}
+	policyRules = []ideal.Rule{{GCRA: ideal.Limit(peak)}, {Limit: 140, Every: 10 * time.Second}, {GCRA: ideal.Limit(perBusiness), Keyed: true}}
 )
 
 // firstCall returns the arrival of the first call answered 2xx, from
@@ -485,7 +485,7 @@ func TestScopedThrottle(t *testing.T) {
 	var took [2]time.Duration
 	var best time.Duration
 	for i, head := range []string{"throttle: [per-business]\n", ""} {
-		strict, err := fakeapi.New(fakeapi.Limits{PerBusiness: gcra.Limit{Rate: 1, Period: time.Second, Burst: 1}})
+		strict, err := fakeapi.New(fakeapi.Limits{PerBusiness: fakeapi.Limit{Rate: 1, Period: time.Second, Burst: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -553,7 +553,7 @@ func TestNoisyBusiness(t *testing.T) {
 			calls = append(calls, ideal.Call{At: quietAt, Key: fmt.Sprintf("q%d", b)})
 		}
 	}
-	sched := ideal.Schedule([]ideal.Rule{{GCRA: peak}, {GCRA: perBusiness, Keyed: true}}, calls)
+	sched := ideal.Schedule([]ideal.Rule{{GCRA: ideal.Limit(peak)}, {GCRA: ideal.Limit(perBusiness), Keyed: true}}, calls)
 	best := ideal.Last(sched[noisy:]).Sub(quietAt)
 
 	deadline := time.Now().Add(time.Minute)
@@ -831,7 +831,7 @@ func TestSentinelFailover(t *testing.T) {
 	switched := time.Now()
 	st := r.waitKeys(n, 2*time.Minute)
 	_, busiest := r.answered(begin, st.LastOK.Add(time.Millisecond), "")
-	best := bestTime(begin, n, businesses, []ideal.Rule{{GCRA: gcra.Limit{Rate: 10, Period: time.Second, Burst: 2}}, {GCRA: gcra.Limit{Rate: 2, Period: time.Second, Burst: 1}, Keyed: true}})
+	best := bestTime(begin, n, businesses, []ideal.Rule{{GCRA: ideal.Limit{Rate: 10, Period: time.Second, Burst: 2}}, {GCRA: ideal.Limit{Rate: 2, Period: time.Second, Burst: 1}, Keyed: true}})
 	t.Logf("failover at %v, the sentinels reported the new primary %v later; %d calls, %d distinct keys answered 2xx, %d twice, %d 429; busiest second %d (limit 10/s burst 2); done in %v (the limits allow %v)",
 		failover.Sub(begin).Round(time.Millisecond), switched.Sub(failover).Round(time.Millisecond), st.Calls, st.DistinctKeys, st.Duplicates, st.Throttled,
 		busiest, st.LastOK.Sub(begin).Round(time.Millisecond), best.Round(time.Millisecond))

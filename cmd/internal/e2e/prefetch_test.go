@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
-	"github.com/taskrl/taskrl/internal/examples/ideal"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/ideal"
 )
 
 // TestPrefetch: three worker binaries take a hot rule's units ahead
@@ -28,7 +28,7 @@ rules:
     prefetch: 20ms
     gcra: {rate: %v, per: 1s, burst: %d}
 `, rule.Rate, rule.Burst)
-	r := start(t, fakeapi.Limits{Global: gcra.Limit{Rate: 440, Period: time.Second, Burst: 44}}, policy, 3)
+	r := start(t, fakeapi.Limits{Global: fakeapi.Limit{Rate: 440, Period: time.Second, Burst: 44}}, policy, 3)
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", "100")
 	st := r.waitKeys(tasks, 2*time.Minute)
@@ -37,7 +37,7 @@ rules:
 	for i := range calls {
 		calls[i] = ideal.Call{At: begin}
 	}
-	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: rule}}, calls)).Sub(begin)
+	best := ideal.Last(ideal.Schedule([]ideal.Rule{{GCRA: ideal.Limit(rule)}}, calls)).Sub(begin)
 	took := st.LastOK.Sub(begin)
 	t.Logf("API: %d calls, %d 429s, %d duplicates; busiest second %d; took %v, the rule allows %v: ratio %.3f",
 		st.Calls, st.Throttled, st.Duplicates, st.BusiestSecond().OK, took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best))

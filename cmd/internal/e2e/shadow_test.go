@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
-	"github.com/taskrl/taskrl/internal/examples/ideal"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/ideal"
 )
 
 // TestShadowRule: a per-business rule tried in shadow mode beside the
@@ -34,7 +34,7 @@ func TestShadowRule(t *testing.T) {
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(tasks, time.Minute)
 	begin = firstCall(t, begin, st)
-	best := bestTime(begin, tasks, businesses, []ideal.Rule{{GCRA: vendor}})
+	best := bestTime(begin, tasks, businesses, []ideal.Rule{{GCRA: ideal.Limit(vendor)}})
 	took := st.LastOK.Sub(begin)
 	admit := r.counter("taskrl_decisions_total", `outcome="would_admit"`)
 	wait := r.counter("taskrl_decisions_total", `outcome="would_wait"`, `rule="per-business"`)

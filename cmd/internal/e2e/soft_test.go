@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
-	"github.com/taskrl/taskrl/internal/examples/ideal"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/ideal"
 )
 
 // TestSoftRule: a 10/s rule with soft: 10% (issue 16) on 3 worker
@@ -21,7 +21,7 @@ func TestSoftRule(t *testing.T) {
 	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	const tasks = 110
 	raised := gcra.Limit{Rate: 11, Period: time.Second, Burst: 1}
-	r := start(t, fakeapi.Limits{Global: gcra.Limit{Rate: 11, Period: time.Second, Burst: 2}}, `
+	r := start(t, fakeapi.Limits{Global: fakeapi.Limit{Rate: 11, Period: time.Second, Burst: 2}}, `
 rules:
   - name: vendor-soft
     match: {type: "http:call"}
@@ -32,7 +32,7 @@ rules:
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", "10")
 	st := r.waitKeys(tasks, time.Minute)
 	begin = firstCall(t, begin, st)
-	best := bestTime(begin, tasks, 10, []ideal.Rule{{GCRA: raised}})
+	best := bestTime(begin, tasks, 10, []ideal.Rule{{GCRA: ideal.Limit(raised)}})
 	took := st.LastOK.Sub(begin)
 	t.Logf("%d calls, %d 429s; busiest second %d; took %v from the first call, 11/s allows %v: ratio %.3f",
 		st.Calls, st.Throttled, st.BusiestSecond().OK, took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best))

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 )
 
 // TestSweepWorkersKilled: the backlog of TestNoHeadOfLineBlocking (5,000

@@ -11,7 +11,7 @@ import (
 
 // Vendor is the remote side's global limit over time: a strict GCRA that
 // answers 429 with Retry-After in whole seconds (rounded up, at least 1),
-// as internal/examples/fakeapi does. The phases follow each other; the last
+// as internal/testkit/fakeapi does. The phases follow each other; the last
 // holds until the end.
 type Vendor struct {
 	Phases []Phase

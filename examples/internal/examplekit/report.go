@@ -10,7 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 )
 
 // Problems are what a run found wrong, one sentence each; none means the

@@ -17,8 +17,9 @@
 //
 // A request is admitted only if every limit admits it, and then every limit is
 // charged; a 429 charges nothing. Decisions use the API's own clock (the local
-// clock by default: it is the remote side), under one mutex, with the GCRA
-// arithmetic of gcra.Model.
+// clock by default: it is the remote side), under one mutex, with GCRA
+// arithmetic of its own (gcra.go): the judge shares no code with the
+// limiter it judges.
 //
 // Every request must carry an Idempotency-Key header (400 otherwise). Answers:
 //   - 200 with {"ok":true,...} when admitted;
@@ -32,7 +33,7 @@
 // again (and charged) but counted in Stats.Duplicates: a strict vendor would
 // not bill it twice, but a caller that repeats a successful call has a bug.
 //
-// Example and test support, imported by examples/, examplekit and cmd/internal/e2e.
+// Example and test support, imported by examples/, examplekit, cmd/internal/e2e and bench/.
 package fakeapi
 
 import (
@@ -45,8 +46,6 @@ import (
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/taskrl/taskrl/gcra"
 )
 
 // Headers the API reads and writes.
@@ -78,18 +77,18 @@ const (
 // limits: every request with an Idempotency-Key is answered 200 at once.
 type Limits struct {
 	// Global limits all requests together. The zero Limit (default)
-	// disables it; any other value must pass gcra.Limit.Validate.
-	Global gcra.Limit
+	// disables it; any other value must be valid (Limit).
+	Global Limit
 	// PerBusiness limits the requests of each X-Business-ID value
 	// separately. The zero Limit (default) disables it.
-	PerBusiness gcra.Limit
+	PerBusiness Limit
 	// Quota limits all requests together per fixed window. The zero Quota
 	// (default) disables it.
 	Quota Quota
 	// Points limits the points of all requests together, each request
 	// asking the points of its X-Cost header (1 when absent or not a whole
 	// number of at least 1). The zero Limit (default) disables it.
-	Points gcra.Limit
+	Points Limit
 	// ActualCost, when set, is what a request asking cost points really
 	// costs: answered in X-Actual-Cost on a 200, and the difference (when
 	// less) given back to Points at once. nil (default): the cost asked.
@@ -116,17 +115,17 @@ type Quota struct {
 // Validate reports what is wrong with l, or nil.
 func (l Limits) Validate() error {
 	var errs []error
-	if l.Global != (gcra.Limit{}) {
+	if l.Global != (Limit{}) {
 		if err := l.Global.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("fakeapi: Limits.Global: %w", err))
 		}
 	}
-	if l.PerBusiness != (gcra.Limit{}) {
+	if l.PerBusiness != (Limit{}) {
 		if err := l.PerBusiness.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("fakeapi: Limits.PerBusiness: %w", err))
 		}
 	}
-	if l.Points != (gcra.Limit{}) {
+	if l.Points != (Limit{}) {
 		if err := l.Points.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("fakeapi: Limits.Points: %w", err))
 		}
@@ -206,9 +205,9 @@ type API struct {
 	now    func() time.Time
 
 	mu          sync.Mutex
-	global      gcra.Model
-	business    gcra.Model
-	points      gcra.Model
+	global      tats
+	business    tats
+	points      tats
 	window      int64 // start of the quota's current window, Unix ns
 	windowUsed  int
 	forcedUntil time.Time
@@ -292,8 +291,8 @@ func (a *API) ThrottleFor(d time.Duration) {
 // changes its limits during the day does (the bucket's state carries over);
 // the zero Limit disables it. It fails, changing nothing, if l is neither
 // zero nor valid.
-func (a *API) SetGlobal(l gcra.Limit) error {
-	if l != (gcra.Limit{}) {
+func (a *API) SetGlobal(l Limit) error {
+	if l != (Limit{}) {
 		if err := l.Validate(); err != nil {
 			return fmt.Errorf("fakeapi: SetGlobal: %w", err)
 		}
@@ -395,8 +394,8 @@ func (a *API) decide(r *http.Request) Call {
 		c.Actual = c.Cost
 		if a.limits.ActualCost != nil {
 			c.Actual = a.limits.ActualCost(c.Cost)
-			if l := a.limits.Points; l != (gcra.Limit{}) && c.Actual < c.Cost {
-				_, _ = a.points.Refund(now, "", l, c.Cost-c.Actual)
+			if l := a.limits.Points; l != (Limit{}) && c.Actual < c.Cost {
+				a.points.giveBack(now, "", l, c.Cost-c.Actual)
 			}
 		}
 	}
@@ -429,29 +428,25 @@ func (a *API) admit(now time.Time, business string, cost int) (status int, scope
 		}
 	}
 	var charged []func()
-	if l := a.limits.Global; l != (gcra.Limit{}) {
-		// The limit is valid (New checked it), so AllowN cannot fail.
-		res, _ := a.global.AllowN(now, "", l, 1)
-		if res.Allowed {
-			charged = append(charged, func() { _, _ = a.global.Refund(now, "", l, 1) })
+	if l := a.limits.Global; l != (Limit{}) {
+		if undo, retry := a.global.allow(now, "", l, 1); undo != nil {
+			charged = append(charged, undo)
 		} else {
-			deny(ScopeGlobal, res.RetryAfter)
+			deny(ScopeGlobal, retry)
 		}
 	}
-	if l := a.limits.PerBusiness; l != (gcra.Limit{}) {
-		res, _ := a.business.AllowN(now, business, l, 1)
-		if res.Allowed {
-			charged = append(charged, func() { _, _ = a.business.Refund(now, business, l, 1) })
+	if l := a.limits.PerBusiness; l != (Limit{}) {
+		if undo, retry := a.business.allow(now, business, l, 1); undo != nil {
+			charged = append(charged, undo)
 		} else {
-			deny(ScopeBusiness, res.RetryAfter)
+			deny(ScopeBusiness, retry)
 		}
 	}
-	if l := a.limits.Points; l != (gcra.Limit{}) {
-		res, _ := a.points.AllowN(now, "", l, cost)
-		if res.Allowed {
-			charged = append(charged, func() { _, _ = a.points.Refund(now, "", l, cost) })
+	if l := a.limits.Points; l != (Limit{}) {
+		if undo, retry := a.points.allow(now, "", l, cost); undo != nil {
+			charged = append(charged, undo)
 		} else {
-			deny(ScopePoints, res.RetryAfter)
+			deny(ScopePoints, retry)
 		}
 	}
 	if scope != "" {

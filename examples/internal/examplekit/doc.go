@@ -13,7 +13,7 @@
 //     give each run its own queues and keys and delete them afterwards, so
 //     that a run against a shared Redis never touches anyone else's data
 //     (and never FLUSHDBs).
-//   - Env bundles a run's Redis, its stand-in API (internal/examples/fakeapi) and
+//   - Env bundles a run's Redis, its stand-in API (internal/testkit/fakeapi) and
 //     its namespace; Env.Close tears all of it down.
 //   - Env.StartWorkers starts a Fleet: several asynq servers, each with its
 //     own Redis client and its own taskrl middleware, as separate worker

@@ -17,15 +17,29 @@
 package ideal
 
 import (
+	"math"
 	"time"
-
-	"github.com/taskrl/taskrl/gcra"
 )
+
+// Limit is a GCRA rate: Rate calls per Period, Burst at once from idle.
+// Its fields are gcra.Limit's, so one converts to the other; the emission
+// interval is taken as the limits define it, Period/Rate in whole
+// microseconds rounded up (so the rate is never exceeded), computed here.
+type Limit struct {
+	Rate   float64
+	Period time.Duration
+	Burst  int
+}
+
+// interval is the emission interval in microseconds.
+func (l Limit) interval() int64 {
+	return int64(math.Ceil(float64(l.Period.Microseconds()) / l.Rate))
+}
 
 // Rule is one limit: a GCRA rate, or Limit calls per fixed window of length
 // Every aligned to the Unix epoch. Keyed makes it one limit per Call.Key.
 type Rule struct {
-	GCRA  gcra.Limit
+	GCRA  Limit
 	Limit int
 	Every time.Duration
 	Keyed bool
@@ -64,7 +78,7 @@ func Schedule(rules []Rule, calls []Call) []time.Time {
 			}
 			return t
 		}
-		em := r.GCRA.Interval().Microseconds()
+		em := r.GCRA.interval()
 		if tat, ok := st[i].tat[k]; ok {
 			return max(t, tat+em-int64(r.GCRA.Burst)*em)
 		}
@@ -111,7 +125,7 @@ func Schedule(rules []Rule, calls []Call) []time.Time {
 				w[bestAt/r.Every.Microseconds()]++
 				continue
 			}
-			em := r.GCRA.Interval().Microseconds()
+			em := r.GCRA.interval()
 			tat, ok := st[i].tat[k]
 			if !ok || tat < bestAt {
 				tat = bestAt

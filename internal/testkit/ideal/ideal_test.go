@@ -3,8 +3,6 @@ package ideal
 import (
 	"testing"
 	"time"
-
-	"github.com/taskrl/taskrl/gcra"
 )
 
 var epoch = time.Date(2026, 5, 4, 9, 0, 0, 0, time.UTC) // on a whole second
@@ -40,7 +38,7 @@ func same(t *testing.T, got []time.Time, want ...time.Duration) {
 
 func TestGCRA(t *testing.T) {
 	// 2/s burst 3: three at once, then one every 500ms.
-	got := Schedule([]Rule{{GCRA: gcra.Limit{Rate: 2, Period: time.Second, Burst: 3}}}, calls(epoch, "", "", "", "", "", ""))
+	got := Schedule([]Rule{{GCRA: Limit{Rate: 2, Period: time.Second, Burst: 3}}}, calls(epoch, "", "", "", "", "", ""))
 	ms := time.Millisecond
 	same(t, got, 0, 0, 0, 500*ms, 1000*ms, 1500*ms)
 }
@@ -54,7 +52,7 @@ func TestWindow(t *testing.T) {
 
 func TestKeyed(t *testing.T) {
 	// 1/s per key beside 10/s burst 2 for all: keys run side by side.
-	rules := []Rule{{GCRA: gcra.Limit{Rate: 10, Period: time.Second, Burst: 2}}, {GCRA: gcra.Limit{Rate: 1, Period: time.Second, Burst: 1}, Keyed: true}}
+	rules := []Rule{{GCRA: Limit{Rate: 10, Period: time.Second, Burst: 2}}, {GCRA: Limit{Rate: 1, Period: time.Second, Burst: 1}, Keyed: true}}
 	got := Schedule(rules, calls(epoch, "a", "a", "a", "b", "b", "b"))
 	s := time.Second
 	same(t, got, 0, s, 2*s, 0, s, 2*s)
@@ -64,7 +62,7 @@ func TestMostCallsLeftFirst(t *testing.T) {
 	// One call at a time (1/s burst 1): when a key with one call and a key
 	// with three can both go, the key with three goes first, so that it is
 	// not left to finish alone at its own rate (2/s) at the end.
-	rules := []Rule{{GCRA: gcra.Limit{Rate: 4, Period: time.Second, Burst: 1}}, {GCRA: gcra.Limit{Rate: 2, Period: time.Second, Burst: 1}, Keyed: true}}
+	rules := []Rule{{GCRA: Limit{Rate: 4, Period: time.Second, Burst: 1}}, {GCRA: Limit{Rate: 2, Period: time.Second, Burst: 1}, Keyed: true}}
 	got := Schedule(rules, calls(epoch, "a", "b", "b", "b"))
 	ms := time.Millisecond
 	same(t, got, 250*ms, 0, 500*ms, 1000*ms)

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/taskrl/taskrl/gcra"
 )
 
 // clock is a settable clock for the API under test.
@@ -86,7 +84,7 @@ func lastCall(a *API) Call {
 }
 
 func TestGlobalEmissionInterval(t *testing.T) {
-	a, c := newAPI(t, Limits{Global: gcra.Limit{Rate: 20, Period: time.Second, Burst: 1}})
+	a, c := newAPI(t, Limits{Global: Limit{Rate: 20, Period: time.Second, Burst: 1}})
 	want(t, call(a, "k1", ""), 200, "", "")
 	// A second call within the emission interval (50ms) is refused with
 	// the exact wait, rounded up to a whole second in Retry-After.
@@ -100,9 +98,9 @@ func TestGlobalEmissionInterval(t *testing.T) {
 }
 
 func TestSetGlobal(t *testing.T) {
-	a, c := newAPI(t, Limits{Global: gcra.Limit{Rate: 20, Period: time.Second, Burst: 1}})
+	a, c := newAPI(t, Limits{Global: Limit{Rate: 20, Period: time.Second, Burst: 1}})
 	want(t, call(a, "k1", ""), 200, "", "")
-	if err := a.SetGlobal(gcra.Limit{Rate: 5, Period: time.Second, Burst: 1}); err != nil {
+	if err := a.SetGlobal(Limit{Rate: 5, Period: time.Second, Burst: 1}); err != nil {
 		t.Fatal(err)
 	}
 	// The TAT carries over (50ms ahead); at 5/s the next call is 200ms on.
@@ -110,17 +108,17 @@ func TestSetGlobal(t *testing.T) {
 	want(t, call(a, "k2", ""), 200, "", "")
 	c.add(150 * time.Millisecond)
 	want(t, call(a, "k3", ""), 429, "1", ScopeGlobal)
-	if err := a.SetGlobal(gcra.Limit{Rate: -1, Period: time.Second, Burst: 1}); err == nil {
+	if err := a.SetGlobal(Limit{Rate: -1, Period: time.Second, Burst: 1}); err == nil {
 		t.Fatal("an invalid limit was accepted")
 	}
-	if err := a.SetGlobal(gcra.Limit{}); err != nil {
+	if err := a.SetGlobal(Limit{}); err != nil {
 		t.Fatal(err)
 	}
 	want(t, call(a, "k3", ""), 200, "", "")
 }
 
 func TestGlobalBurst(t *testing.T) {
-	a, c := newAPI(t, Limits{Global: gcra.Limit{Rate: 20, Period: time.Second, Burst: 5}})
+	a, c := newAPI(t, Limits{Global: Limit{Rate: 20, Period: time.Second, Burst: 5}})
 	for i := 0; i < 5; i++ {
 		want(t, call(a, fmt.Sprint(i), ""), 200, "", "")
 	}
@@ -136,7 +134,7 @@ func TestGlobalBurst(t *testing.T) {
 
 func TestRetryAfterRoundsUp(t *testing.T) {
 	// 0.4/s: emission interval 2.5s.
-	a, c := newAPI(t, Limits{Global: gcra.Limit{Rate: 2, Period: 5 * time.Second, Burst: 1}})
+	a, c := newAPI(t, Limits{Global: Limit{Rate: 2, Period: 5 * time.Second, Burst: 1}})
 	want(t, call(a, "a", ""), 200, "", "")
 	want(t, call(a, "b", ""), 429, "3", ScopeGlobal) // 2.5s
 	c.add(500 * time.Millisecond)
@@ -148,7 +146,7 @@ func TestRetryAfterRoundsUp(t *testing.T) {
 }
 
 func TestPerBusinessIndependent(t *testing.T) {
-	a, c := newAPI(t, Limits{PerBusiness: gcra.Limit{Rate: 2, Period: time.Second, Burst: 1}})
+	a, c := newAPI(t, Limits{PerBusiness: Limit{Rate: 2, Period: time.Second, Burst: 1}})
 	want(t, call(a, "1", "b1"), 200, "", "")
 	want(t, call(a, "2", "b1"), 429, "1", ScopeBusiness)
 	if got := lastCall(a).RetryAfter; got != 500*time.Millisecond {
@@ -166,8 +164,8 @@ func TestPerBusinessIndependent(t *testing.T) {
 
 func TestAllOrNothing(t *testing.T) {
 	a, _ := newAPI(t, Limits{
-		Global:      gcra.Limit{Rate: 10, Period: time.Second, Burst: 2},
-		PerBusiness: gcra.Limit{Rate: 1, Period: time.Second, Burst: 1},
+		Global:      Limit{Rate: 10, Period: time.Second, Burst: 2},
+		PerBusiness: Limit{Rate: 1, Period: time.Second, Burst: 1},
 	})
 	want(t, call(a, "1", "b1"), 200, "", "")
 	// Denied by b1's limit: the global charge is undone...
@@ -188,7 +186,7 @@ func TestAllOrNothing(t *testing.T) {
 func TestQuotaWindowReset(t *testing.T) {
 	a, c := newAPI(t, Limits{
 		Quota:  Quota{Limit: 3, Every: 10 * time.Second},
-		Global: gcra.Limit{Rate: 100, Period: time.Second, Burst: 100},
+		Global: Limit{Rate: 100, Period: time.Second, Burst: 100},
 	})
 	c.set(t0.Add(7*time.Second + 500*time.Millisecond))
 	for i := 0; i < 3; i++ {
@@ -212,7 +210,7 @@ func TestQuotaWindowReset(t *testing.T) {
 	// A GCRA denial does not count against the window.
 	b, c2 := newAPI(t, Limits{
 		Quota:  Quota{Limit: 2, Every: time.Minute},
-		Global: gcra.Limit{Rate: 1, Period: time.Second, Burst: 1},
+		Global: Limit{Rate: 1, Period: time.Second, Burst: 1},
 	})
 	want(t, call(b, "a", ""), 200, "", "")
 	want(t, call(b, "b", ""), 429, "1", ScopeGlobal)
@@ -237,7 +235,7 @@ func TestQuotaWindowAlignedToEpoch(t *testing.T) {
 }
 
 func TestThrottleFor(t *testing.T) {
-	a, c := newAPI(t, Limits{Global: gcra.Limit{Rate: 10, Period: time.Second, Burst: 1}})
+	a, c := newAPI(t, Limits{Global: Limit{Rate: 10, Period: time.Second, Burst: 1}})
 	a.ThrottleFor(2 * time.Second)
 	want(t, call(a, "a", "b1"), 429, "2", ScopeForced)
 	c.add(1500 * time.Millisecond)
@@ -251,7 +249,7 @@ func TestThrottleFor(t *testing.T) {
 }
 
 func TestMissingIdempotencyKey(t *testing.T) {
-	a, _ := newAPI(t, Limits{Global: gcra.Limit{Rate: 1, Period: time.Second, Burst: 1}})
+	a, _ := newAPI(t, Limits{Global: Limit{Rate: 1, Period: time.Second, Burst: 1}})
 	want(t, call(a, "", "b1"), 400, "", "")
 	// A rejected request charged nothing.
 	want(t, call(a, "k", "b1"), 200, "", "")
@@ -261,7 +259,7 @@ func TestMissingIdempotencyKey(t *testing.T) {
 }
 
 func TestStats(t *testing.T) {
-	a, c := newAPI(t, Limits{Global: gcra.Limit{Rate: 2, Period: time.Second, Burst: 2}})
+	a, c := newAPI(t, Limits{Global: Limit{Rate: 2, Period: time.Second, Burst: 2}})
 	want(t, call(a, "a", "b1"), 200, "", "")
 	c.add(300 * time.Millisecond)
 	want(t, call(a, "b", "b1"), 200, "", "")
@@ -315,8 +313,8 @@ func TestValidate(t *testing.T) {
 		l    Limits
 		want string
 	}{
-		{Limits{Global: gcra.Limit{Rate: -1, Period: time.Second, Burst: 1}}, "Limits.Global"},
-		{Limits{PerBusiness: gcra.Limit{Rate: 1, Burst: 1}}, "Limits.PerBusiness"},
+		{Limits{Global: Limit{Rate: -1, Period: time.Second, Burst: 1}}, "Limits.Global"},
+		{Limits{PerBusiness: Limit{Rate: 1, Burst: 1}}, "Limits.PerBusiness"},
 		{Limits{Quota: Quota{Limit: 0, Every: time.Second}}, "Limits.Quota: needs Limit >= 1 and Every > 0, got 0 per 1s"},
 		{Limits{Quota: Quota{Limit: 5}}, "Limits.Quota"},
 		{Limits{Latency: -time.Second}, "Limits.Latency: must not be negative"},
@@ -343,8 +341,8 @@ func TestUnlimited(t *testing.T) {
 // counted once, and no more are admitted than the limits allow.
 func TestServerConcurrent(t *testing.T) {
 	a, err := New(Limits{
-		Global:      gcra.Limit{Rate: 1, Period: time.Hour, Burst: 50},
-		PerBusiness: gcra.Limit{Rate: 1, Period: time.Hour, Burst: 3},
+		Global:      Limit{Rate: 1, Period: time.Hour, Burst: 50},
+		PerBusiness: Limit{Rate: 1, Period: time.Hour, Burst: 3},
 		Latency:     time.Millisecond,
 	})
 	if err != nil {
@@ -460,7 +458,7 @@ func TestPoints(t *testing.T) {
 		a.ServeHTTP(w, req)
 		return w.Result()
 	}
-	limit := gcra.Limit{Rate: 30, Period: time.Second, Burst: 30}
+	limit := Limit{Rate: 30, Period: time.Second, Burst: 30}
 	a, c := newAPI(t, Limits{Points: limit})
 	for i := 0; i < 10; i++ {
 		if r := ask(a, fmt.Sprint(i), "3"); r.StatusCode != 200 || r.Header.Get(HeaderActualCost) != "" {

@@ -14,8 +14,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/internal/examples/fakeapi"
+	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 	"github.com/taskrl/taskrl/taskrl"
 )
@@ -24,7 +23,7 @@ import (
 // workers started by StartWorkers, on a real Redis, forces a 429 on the way,
 // and checks that Close leaves nothing behind.
 func TestEnvWorkers(t *testing.T) {
-	env, err := Setup("kittest", "redis://"+redistest.Addr(t), fakeapi.Limits{Global: gcra.Limit{Rate: 100, Period: time.Second, Burst: 10}})
+	env, err := Setup("kittest", "redis://"+redistest.Addr(t), fakeapi.Limits{Global: fakeapi.Limit{Rate: 100, Period: time.Second, Burst: 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
