@@ -35,7 +35,8 @@ const identitySpacing = 5 * time.Second
 // worker processes: 32 tasks of 8 businesses under a per-business rule of
 // one task per 5 s, enqueued with TaskID and MaxRetry(0), with Unique,
 // with Retention and one retry that a first run spends on a failure, or
-// plain. 2.5 s later, while 24 of them wait, the producer finds each by
+// plain. 2.5 s later, while 24 of them wait (one per business has run),
+// the producer finds each by
 // the ID Enqueue returned (scheduled, the rule and the moment in LastErr),
 // enqueues each again (every one refused: ErrTaskIDConflict or
 // ErrDuplicateTask) and cancels 6 by ID. Then one worker is killed with
@@ -120,11 +121,14 @@ func TestWaitingKeepsIdentity(t *testing.T) {
 	// The producer, 2.5 s later.
 	time.Sleep(2500*time.Millisecond - time.Since(begin))
 	var waiting []task
+	ran := map[int]int{} // per business, tasks done at 2.5 s
 	for _, tk := range tasks {
 		info, err := insp.GetTaskInfo(env.Queue, tk.id)
-		if tk.n < 8 {
-			if !errors.Is(err, asynq.ErrTaskNotFound) {
-				t.Errorf("task %d, its business's first, is %v (%v); want done", tk.n, info, err)
+		if errors.Is(err, asynq.ErrTaskNotFound) {
+			// One task per business ran at once: whichever the
+			// workers decided first (usually the first enqueued).
+			if ran[tk.n%8]++; ran[tk.n%8] > 1 {
+				t.Errorf("business b%d: %d tasks done at 2.5 s; the rule allows one", tk.n%8, ran[tk.n%8])
 			}
 			continue
 		}
@@ -139,8 +143,10 @@ func TestWaitingKeepsIdentity(t *testing.T) {
 		}
 		waiting = append(waiting, tk)
 	}
-	if len(waiting) != 24 {
-		t.Errorf("%d tasks waiting at 2.5 s, want 24", len(waiting))
+	// 24, or 25 when a business's first decided task was one that fails
+	// once: its retry waits for the slot its failed run took.
+	if len(waiting) < 24 || len(waiting) > 25 {
+		t.Errorf("%d tasks waiting at 2.5 s, want 24 (or 25)", len(waiting))
 	}
 	accepted := 0
 	cancelled := map[string]bool{}
