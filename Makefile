@@ -12,8 +12,9 @@ test: redis-server chromium check
 	$(GO) run ./internal/testkit/redistest/cmd/redisharness -- $(GO) test -race -count=1 -p 1 ./...
 	cd bench && $(GO) test -count=1 ./...
 
-# The inner loop: no server is started; tests that need one skip, or use a
-# redis-server found on PATH.
+# The inner loop, about a minute on 2 cores: no redis-server is started
+# (redistest with -short); tests that need one skip, Example functions run
+# on an embedded miniredis. make test runs everything.
 test-short: check
 	$(GO) test -short -count=1 ./...
 

@@ -25,6 +25,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -32,6 +33,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -40,6 +42,7 @@ var state struct {
 	mainCalled bool
 	env        *sharedEnv // nil when no servers are available
 	skipMsg    string     // non-empty when redis-server is missing and tests should skip
+	embedded   string     // with -short: the address of an in-process miniredis, for examples
 }
 
 // Main is called from each test package's TestMain:
@@ -53,6 +56,9 @@ var state struct {
 // subprocesses re-executing the test binary reuse them, runs the tests and
 // stops the servers. If redis-server is not on PATH it exits 1 when CI=true
 // and otherwise runs the tests, which then skip wherever they need Redis.
+// With -short (make test-short) and no EnvVar it starts no redis-server
+// either: tests that need Redis skip, and Example functions, which cannot
+// skip, run against an embedded miniredis (SharedAddr).
 // Main never returns; it calls os.Exit with the tests' exit code.
 func Main(m *testing.M) {
 	os.Exit(Run(m))
@@ -72,6 +78,18 @@ func Run(m *testing.M) int {
 			return 1
 		}
 		state.env = e
+		return m.Run()
+	}
+	if short() {
+		state.skipMsg = "redistest: -short starts no redis-server (make test runs this test against real ones)"
+		mr := miniredis.NewMiniRedis()
+		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+			fmt.Fprintln(os.Stderr, "redistest: starting the embedded server for -short:", err)
+			return 1
+		}
+		mr.ClockTTL(true)
+		defer mr.Close()
+		state.embedded = mr.Addr()
 		return m.Run()
 	}
 	if _, err := lookRedis(); err != nil {
@@ -101,6 +119,15 @@ func Run(m *testing.M) int {
 	code := m.Run()
 	stop()
 	return code
+}
+
+// short reports whether the test binary runs with -short. TestMain runs
+// before the testing package parses its flags, so it looks at them itself.
+func short() bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	return testing.Short()
 }
 
 func lookRedis() (string, error) {
@@ -254,12 +281,12 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// SharedAddr returns the host:port of the shared standalone server, or ""
-// when Main found none. It is for Example functions, which have no
+// SharedAddr returns the host:port of the shared standalone server (with
+// -short, of the embedded miniredis), or "" when Main found none. It is for Example functions, which have no
 // testing.TB; tests use Addr.
 func SharedAddr() string {
 	if state.env == nil {
-		return ""
+		return state.embedded
 	}
 	return state.env.Standalone.Addr
 }
