@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -28,6 +29,17 @@ func TestOpenEmbedded(t *testing.T) {
 	}
 	if v, err := b.Get(ctx, "k").Result(); v != "v" || err != nil {
 		t.Errorf("second client reads %q, %v", v, err)
+	}
+	// Keys expire on the real clock, as on Redis (age).
+	if err := a.Set(ctx, "short", "v", 50*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for b.Exists(ctx, "short").Val() == 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("a key with a 50ms TTL still exists after 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if err := s.Close(); err != nil {
 		t.Error(err)
