@@ -20,8 +20,8 @@ func mustAllow(t *testing.T, m *Model, us int64, l Limit, n int) Result {
 	return r
 }
 
-// TestModelSemantics walks through the GCRA semantics (README, "GCRA
-// semantics") by hand.
+// TestModelSemantics walks through the GCRA semantics of the package doc
+// by hand.
 func TestModelSemantics(t *testing.T) {
 	var m Model
 	l := Limit{Rate: 10, Period: time.Second, Burst: 3} // T = 100 ms

@@ -20,7 +20,7 @@ import (
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
-// aclDir holds the ACL files the README documents: one user line each.
+// aclDir holds the ACL files docs/operations.md documents: one user line each.
 const aclDir = "../../examples/redis-acl"
 
 // securityPolicy has a GCRA rule and a concurrency rule, so that both
@@ -36,10 +36,10 @@ const securityPolicy = `rules:
     concurrency: {max: 2, lease: 30s}
 `
 
-// TestACLDocumented: the README shows the shipped ACL files' lines as
-// they are.
+// TestACLDocumented: docs/operations.md (Security) shows the shipped ACL
+// files' lines as they are.
 func TestACLDocumented(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestACLDocumented(t *testing.T) {
 			t.Fatal(err)
 		}
 		if line := strings.TrimSpace(string(b)); !strings.Contains(string(readme), "\n"+line+"\n") {
-			t.Errorf("README.md does not show %s as it is:\n%s", name, line)
+			t.Errorf("docs/operations.md does not show %s as it is:\n%s", name, line)
 		}
 	}
 }
@@ -215,7 +215,7 @@ func TestRedisACL(t *testing.T) {
 		t.Errorf("the ACL refused the binaries %d times:\n%s", len(log), strings.Join(log, "\n"))
 	}
 
-	// Without +fcall +function|load (the README's choice for a Redis shared
+	// Without +fcall +function|load (docs/operations.md's choice for a Redis shared
 	// with other applications) the worker runs the same code as scripts:
 	// every task is served, and the only refusals are its first FCALLs (a
 	// few, when they run at once).
@@ -315,7 +315,7 @@ func TestRedisTLS(t *testing.T) {
 }
 
 // TestRedisACLCluster runs both binaries on the 3-master Redis Cluster as
-// the shipped ACL users with what the README adds for a cluster
+// the shipped ACL users with what docs/operations.md adds for a cluster
 // (+cluster|slots +command) and with taskrl's key pattern for the --prefix
 // they use (~PREFIX* for ~taskrl:*): every task is served once, worker
 // status reads the limits, and no node's ACL LOG has an entry for them.

@@ -118,7 +118,7 @@ func TestLiveView(t *testing.T) {
 		t.Fatalf("chromium: %v", err)
 	}
 	if shot := os.Getenv("TASKRL_SCREENSHOT"); shot != "" {
-		// For the README: TASKRL_SCREENSHOT=$PWD/docs/live-view.png go test -run TestLiveView ./cmd/worker
+		// For docs/operations.md: TASKRL_SCREENSHOT=$PWD/docs/live-view.png go test -run TestLiveView ./cmd/worker
 		if out, err := exec.CommandContext(cctx, chrome, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
 			"--user-data-dir="+t.TempDir(), "--virtual-time-budget=5000", "--window-size=1100,300", "--screenshot="+shot, "http://"+addr+"/").CombinedOutput(); err != nil {
 			t.Errorf("screenshot: %v\n%s", err, out)

@@ -88,7 +88,7 @@ func (r *run) feed(backlog int) (enqueued *atomic.Int64, stop func()) {
 // BENCHMARKS.md; it fails only if a call is doubled.
 func TestAdaptiveCeiling(t *testing.T) {
 	if os.Getenv("TASKRL_LONG") == "" {
-		t.Skip("set TASKRL_LONG=1 (make long)")
+		t.Skip("set TASKRL_LONG=1 (make e2e-long)")
 	}
 	for _, c := range []struct{ limit, rate float64 }{{20, 18}, {20, 19}, {20, 19.5}, {5, 4.75}, {5, 4.9}} {
 		t.Run(fmt.Sprintf("%v of %v", c.rate, c.limit), func(t *testing.T) {

@@ -358,7 +358,7 @@ func checkExact(t *testing.T, st fakeapi.Stats, n int, took, best time.Duration)
 }
 
 // TestBinaries builds the worker and enqueue binaries and runs the product
-// as the README tells a user to: three worker processes with a policy just
+// as docs/operations.md tells a user to: three worker processes with a policy just
 // under a strict API's limits (global 20/s burst 5, 2/s burst 2 per
 // business, 150 per 10 s window), and 400 http:call tasks over 20 businesses
 // enqueued with MaxRetry(0). The API must see zero 429s, every call exactly
