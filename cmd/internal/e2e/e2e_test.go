@@ -696,8 +696,9 @@ func TestFairShare(t *testing.T) {
 // queue, on three worker processes. The workers set the backlog aside
 // (docs/design.md, "Setting a backlog aside"): the other businesses'
 // calls, one every 100 ms from when the 10,000 are in the queue, 50 of
-// them, each of a business of its own, start within 1 s of their enqueue
-// at p99 (with --keep-order, which leaves asynq's order alone, the fleet
+// them, each of a business of its own, start within 500 ms of their
+// enqueue at p99 (67-163 ms in six runs on 2 loaded cores, with and
+// without -race; with --keep-order, which leaves asynq's order alone, the fleet
 // first dequeues and reschedules the backlog: 11 of the 50 had not started
 // 2 s after the last was enqueued). The workers look at their queue every
 // 100 ms when idle: at asynq's default, 0.5-1.5 s, the same 50 tasks
@@ -724,8 +725,8 @@ func TestNoHeadOfLineBlocking(t *testing.T) {
 	if rescheduled > 1.02*noisy {
 		t.Errorf("%.0f reschedulings for %d tasks: not one decision each", rescheduled, noisy)
 	}
-	if p99 > time.Second {
-		t.Errorf("p99 start latency %v, over 1 s", p99)
+	if p99 > 500*time.Millisecond {
+		t.Errorf("p99 start latency %v, over 500ms", p99)
 	}
 	if info.Archived != 0 || info.Retry != 0 {
 		t.Errorf("archived %d, retry %d", info.Archived, info.Retry)

@@ -42,11 +42,13 @@ func shedRun(t *testing.T, limits fakeapi.Limits, signal, above string, workers 
 }
 
 // TestShedFleetBusy: 3 worker binaries of 16 slots, an API answering in
-// 300 ms, and 600 bulk tasks that keep every slot busy: within 5 s of the
-// pressure the bulk class is deferred; critical tasks enqueued one every
-// 100 ms meanwhile start within 1 s (p99); nothing is archived or lost,
-// no call is made twice, and once the pressure ends every deferred task
-// runs.
+// 300 ms, and 600 bulk tasks that keep every slot busy: within 4 s of the
+// pressure the bulk class is deferred (1.5-2.1 s in six runs on 2 loaded
+// cores, with and without -race: the 1 s grace, then the busy share
+// published twice a second); critical tasks enqueued one every 100 ms
+// meanwhile start within 750 ms (p99; 165-264 ms in the same runs);
+// nothing is archived or lost, no call is made twice, and once the
+// pressure ends every deferred task runs.
 func TestShedFleetBusy(t *testing.T) {
 	r, bulk, crit := shedRun(t, fakeapi.Limits{Latency: 300 * time.Millisecond}, "fleet_busy", "0.8", 3)
 	client := asynq.NewClientFromRedisClient(r.client)
@@ -90,14 +92,14 @@ func TestShedFleetBusy(t *testing.T) {
 	slices.Sort(lat)
 	t.Logf("bulk deferred from %v after the load, %.0f deferrals in all; critical start p50 %v, p99 %v, max %v; %d calls for %d tasks",
 		deferredAt.Round(time.Millisecond), deferred, pct(lat, 50), pct(lat, 99), pct(lat, 100), st.Calls, nBulk+nCrit)
-	if deferredAt == 0 || deferredAt > 5*time.Second {
-		t.Errorf("bulk tasks deferred %v after the pressure began, want within 5s", deferredAt)
+	if deferredAt == 0 || deferredAt > 4*time.Second {
+		t.Errorf("bulk tasks deferred %v after the pressure began, want within 4s", deferredAt)
 	}
 	if critDeferred != 0 {
 		t.Errorf("%.0f critical tasks deferred", critDeferred)
 	}
-	if len(lat) != nCrit || pct(lat, 99) > time.Second {
-		t.Errorf("%d of %d critical tasks ran, p99 start %v; want all, within 1s", len(lat), nCrit, pct(lat, 99))
+	if len(lat) != nCrit || pct(lat, 99) > 750*time.Millisecond {
+		t.Errorf("%d of %d critical tasks ran, p99 start %v; want all, within 750ms", len(lat), nCrit, pct(lat, 99))
 	}
 	if st.DistinctKeys != nBulk+nCrit || st.Duplicates != 0 {
 		t.Errorf("%d of %d tasks answered 2xx, %d twice", st.DistinctKeys, nBulk+nCrit, st.Duplicates)
