@@ -79,7 +79,7 @@ Flags (--name and -name are the same; values as --name=V or --name V):
   --redis-tls-ca FILE      verify Redis's certificate (every node's, the sentinels') against the CA
                            certificates in this PEM file instead of the system's roots, for a private
                            CA. Needs TLS (rediss:// or --redis-tls). Certificates are always verified.
-  --policy FILE            policy file (YAML; see the README's policy file reference). Required.
+  --policy FILE            policy file (YAML; see docs/policy.md). Required.
                            A file that is wrong in any way is refused before anything connects,
                            naming line, rule and field. While running, the worker reloads it on
                            SIGHUP and within a second of a change of its content: a file that does

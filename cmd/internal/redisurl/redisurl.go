@@ -294,7 +294,7 @@ func (t Target) String() string {
 // connections (per node, on a cluster). Its connections do not send CLIENT
 // SETINFO (go-redis's DisableIdentity): Redis 7.0 has no such command, and
 // from 7.2 on an ACL would have to grant it, yet an ACL rule naming it is
-// refused by 7.0; without it one ACL fits every Redis 7 (see the README's
+// refused by 7.0; without it one ACL fits every Redis 7 (see docs/operations.md's
 // least-privilege ACL).
 func (t Target) Client(pool int) redis.UniversalClient {
 	if t.cluster != nil {
