@@ -12,6 +12,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -24,12 +25,12 @@ type job struct {
 	t      *asynq.Task
 	queue  string
 	id     string
-	lim    limits          // the middleware's, with the job's policy's mode
-	policy *Policy         // the policy the job was decided under
-	sp     *split          // nil when no rule matches the task
-	keys   []string        // the binding's keys, one per rule
-	rates  quotas.Request  // the request to the rate and window rules
-	charge quotas.Decision // the rate charge (or booking) the task runs under
+	lim    admission.Limits // the middleware's, with the job's policy's mode
+	policy *Policy          // the policy the job was decided under
+	sp     *split           // nil when no rule matches the task
+	keys   []string         // the binding's keys, one per rule
+	rates  quotas.Request   // the request to the rate and window rules
+	charge quotas.Decision  // the rate charge (or booking) the task runs under
 	// slots is the slots' decision made in the call that admitted the
 	// rates now (quotas.Limiter.ReserveAndAllow), for runHolding to use
 	// instead of deciding them again; nil if none.
@@ -37,6 +38,11 @@ type job struct {
 	w          parked       // what the task's headers said of its last wait
 	holderOnce string       // the holder of the task's slots (holder), once chosen
 	pause      atomic.Int64 // the longest Pause the handler asked for, ns
+}
+
+// outcome is what admission.Plan reads of a decision.
+func outcome(d quotas.Decision) admission.Decision {
+	return admission.Decision{Allowed: d.Allowed, Delay: d.Delay, RetryAfter: d.RetryAfter, Now: d.Now, Rule: d.Rule}
 }
 
 func (j *job) observe(e Event) {
@@ -49,13 +55,13 @@ func (j *job) observe(e Event) {
 
 // step completes s with what every stage knows: the server's time, the
 // time left before the task's deadline and how long it was rescheduled for.
-func (j *job) step(s step) step {
-	s.now = j.m.serverNow()
-	s.left = noDeadline
+func (j *job) step(s admission.Step) admission.Step {
+	s.Now = j.m.serverNow()
+	s.Left = admission.NoDeadline
 	if dl, ok := j.ctx.Deadline(); ok {
-		s.left = time.Until(dl) // the context's deadline is on the wall clock
+		s.Left = time.Until(dl) // the context's deadline is on the wall clock
 	}
-	s.waited = j.w.waited
+	s.Waited = j.w.waited
 	return s
 }
 
@@ -72,21 +78,21 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 		receipt := j.w.charge
 		j.charge, _ = quotas.ParseReceipt(receipt) // none: nothing to refund
 		stale := j.w.limits != j.sp.digest
-		a := plan(j.lim, j.step(step{stage: stageBooked, booked: booked, stale: stale}))
-		switch a.verb {
-		case decide:
-			if a.refund {
+		a := admission.Plan(j.lim, j.step(admission.Step{Stage: admission.Booked, Booked: booked, Stale: stale}))
+		switch a.Verb {
+		case admission.Decide:
+			if a.Refund {
 				j.refund(j.charge)
 			}
-		case reschedule:
-			j.observe(Event{Outcome: Rescheduled, Wait: a.wait})
-			return true, j.reschedule(a.rule, a.wait, a.booked, receipt)
+		case admission.Reschedule:
+			j.observe(Event{Outcome: Rescheduled, Wait: a.Wait})
+			return true, j.reschedule(a.Rule, a.Wait, a.Booked, receipt)
 		default:
 			// A cancelled wait keeps the booking: the redelivered task
 			// still holds it.
-			if done, again, err := j.await(a.wait, true, false); done || !again {
+			if done, again, err := j.await(a.Wait, true, false); done || !again {
 				if !done {
-					*admit = Event{Outcome: Admitted, Wait: a.wait}
+					*admit = Event{Outcome: Admitted, Wait: a.Wait}
 				}
 				return done, err
 			}
@@ -112,13 +118,13 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 		if err == nil {
 			j.m.learn(d.Now)
 		}
-		a := plan(j.lim, j.step(step{stage: stageRates, decision: d, err: err}))
-		if j.slots != nil && (a.verb != run || a.wait > 0) {
+		a := admission.Plan(j.lim, j.step(admission.Step{Stage: admission.Rates, Decision: outcome(d), Err: err}))
+		if j.slots != nil && (a.Verb != admission.Run || a.Wait > 0) {
 			// Slots taken with a turn the task does not run now.
 			j.releaseSlots()
 		}
-		switch a.verb {
-		case retry:
+		switch a.Verb {
+		case admission.Retry:
 			// Fail closed: the task waits for Redis, which asynq needs too.
 			j.m.cfg.Logger.Warn("taskrl: Redis unavailable; the task waits for it (fail closed)", "task", j.id, "err", err)
 			if herr := hold(j.ctx, backoff); herr != nil {
@@ -126,34 +132,34 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 			}
 			backoff = min(2*backoff, 2*time.Second)
 			continue
-		case unlimited:
+		case admission.Unlimited:
 			j.m.cfg.Logger.Warn("taskrl: Redis unavailable; running the task without limits (fail open)", "task", j.id, "err", err)
 			j.observe(Event{Outcome: Unlimited})
 			return false, nil
-		case local:
+		case admission.Local:
 			j.m.cfg.Logger.Warn("taskrl: Redis unavailable; limiting in this process (fail local)", "task", j.id, "err", err)
 			j.observe(Event{Outcome: Local})
 			err := j.localTurn()
 			return err != nil, err
-		case refuse:
-			if a.refund {
+		case admission.Refuse:
+			if a.Refund {
 				j.refund(d)
 			}
-			j.observe(Event{Outcome: Refused, Rule: a.rule, Wait: a.wait, Rules: d.Rules})
-			return true, fmt.Errorf("taskrl: %s: %w", a.reason, asynq.SkipRetry)
-		case reschedule:
-			j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait, Rules: d.Rules})
-			if a.booked.IsZero() {
-				return true, j.reschedule(a.rule, a.wait, time.Time{}, "")
+			j.observe(Event{Outcome: Refused, Rule: a.Rule, Wait: a.Wait, Rules: d.Rules})
+			return true, fmt.Errorf("taskrl: %s: %w", a.Reason, asynq.SkipRetry)
+		case admission.Reschedule:
+			j.observe(Event{Outcome: Rescheduled, Rule: a.Rule, Wait: a.Wait, Rules: d.Rules})
+			if a.Booked.IsZero() {
+				return true, j.reschedule(a.Rule, a.Wait, time.Time{}, "")
 			}
-			if err := j.reschedule(a.rule, a.wait, a.booked, d.Receipt()); err != nil {
+			if err := j.reschedule(a.Rule, a.Wait, a.Booked, d.Receipt()); err != nil {
 				j.refund(d)
 				return true, err
 			}
 			return true, nil
 		}
 		j.charge = d
-		if a.wait == 0 {
+		if a.Wait == 0 {
 			*admit = Event{Outcome: Admitted, Rules: d.Rules}
 			return false, nil
 		}
@@ -161,10 +167,10 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 		// less than its share, or booked at an adaptive rate cut since, is
 		// decided again (a few times at most).
 		taken++
-		done, again, err := j.await(a.wait, taken <= 3, true)
+		done, again, err := j.await(a.Wait, taken <= 3, true)
 		if !again {
 			if !done {
-				*admit = Event{Outcome: Admitted, Wait: a.wait, Rules: d.Rules}
+				*admit = Event{Outcome: Admitted, Wait: a.Wait, Rules: d.Rules}
 			}
 			return done, err
 		}
@@ -177,7 +183,7 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 // a fair rule's booking is checked to be still the task's (again: it was
 // taken over and given back; decide anew), and the task is rescheduled
 // (done) if the remote side throttled its rules meanwhile, and a task the
-// checks made late for its turn (lateBooking) gives it back and decides
+// checks made late for its turn (admission.LateBooking) gives it back and decides
 // again. A cancelled wait ends the task (done), giving the charge back if
 // refund is set.
 func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, err error) {
@@ -200,14 +206,14 @@ func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, 
 	}
 	// No marker read (Redis failed): nothing known to block.
 	if until, rule, err := j.blockedUntil(); err == nil {
-		a := plan(j.lim, j.step(step{stage: stageBlocked, blocked: until, rule: rule}))
-		if a.verb == reschedule {
+		a := admission.Plan(j.lim, j.step(admission.Step{Stage: admission.Blocked, Blocked: until, Rule: rule}))
+		if a.Verb == admission.Reschedule {
 			j.refund(j.charge)
-			j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait})
-			return true, false, j.reschedule(a.rule, a.wait, time.Time{}, "")
+			j.observe(Event{Outcome: Rescheduled, Rule: a.Rule, Wait: a.Wait})
+			return true, false, j.reschedule(a.Rule, a.Wait, time.Time{}, "")
 		}
 	}
-	if j.m.serverNow().Sub(slot) > lateBooking {
+	if j.m.serverNow().Sub(slot) > admission.LateBooking {
 		// The checks took the task past its turn (Redis was down or
 		// slow): tasks that ran now would come in a bunch, each late for
 		// its own turn. It gives the turn back and decides again.
@@ -349,12 +355,12 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		if err != nil && !errors.Is(err, errRedisDown) {
 			j.observe(Event{Outcome: RedisError, Err: err})
 		}
-		a := plan(j.lim, j.step(step{stage: stageSlots, decision: d, err: err, charged: j.charge.Allowed, holdEnd: holdEnd, lease: j.sp.lease}))
-		switch a.verb {
-		case unlimited:
+		a := admission.Plan(j.lim, j.step(admission.Step{Stage: admission.Slots, Decision: outcome(d), Err: err, Charged: j.charge.Allowed, HoldEnd: holdEnd, Lease: j.sp.lease}))
+		switch a.Verb {
+		case admission.Unlimited:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; running without a concurrency slot", "task", j.id, "err", err)
 			return next.ProcessTask(j.ctx, j.t)
-		case local:
+		case admission.Local:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; taking a concurrency slot in this process (fail local)", "task", j.id, "err", err)
 			if admit.Outcome == "" {
 				j.observe(Event{Outcome: Local})
@@ -369,23 +375,23 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 				}
 			}()
 			return next.ProcessTask(j.ctx, j.t)
-		case retry:
+		case admission.Retry:
 			if herr := hold(j.ctx, backoff); herr != nil {
 				return herr
 			}
 			backoff = min(2*backoff, 2*time.Second)
 			continue
-		case reschedule:
+		case admission.Reschedule:
 			// Slots stay busy: try again later without holding the worker.
 			// The rate charge already made stays, as the booking of the
 			// task's slot then, so only the slots are tried again.
-			j.observe(Event{Outcome: Rescheduled, Rule: a.rule, Wait: a.wait, Rules: d.Rules})
-			return j.reschedule(a.rule, a.wait, a.booked, j.charge.Receipt())
-		case wait:
-			if err := hold(j.ctx, a.wait); err != nil {
+			j.observe(Event{Outcome: Rescheduled, Rule: a.Rule, Wait: a.Wait, Rules: d.Rules})
+			return j.reschedule(a.Rule, a.Wait, a.Booked, j.charge.Receipt())
+		case admission.Wait:
+			if err := hold(j.ctx, a.Wait); err != nil {
 				return err
 			}
-			held += a.wait
+			held += a.Wait
 			continue
 		}
 		break

@@ -85,7 +85,7 @@ type Config struct {
 // concurrent use.
 type Middleware struct {
 	cfg     Config
-	limits  limits // what plan reads of cfg; mode is the policy's
+	limits  admission.Limits // what admission.Plan reads of cfg; Mode is the policy's
 	policy  atomic.Pointer[Policy]
 	local   *quotas.Model // the FailLocal fallback
 	down    atomic.Int64  // until when (Unix ns) Redis counts as unreachable
@@ -137,7 +137,7 @@ func New(cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("taskrl: %w", err)
 	}
-	m := &Middleware{cfg: cfg, local: quotas.NewModel(), limits: limits{maxHold: cfg.MaxHold, budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l}
+	m := &Middleware{cfg: cfg, local: quotas.NewModel(), limits: admission.Limits{MaxHold: cfg.MaxHold, Budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l}
 	m.policy.Store(cfg.Policy)
 	m.pace = newPacer(pacerDeps{client: cfg.Client, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
 	if !cfg.KeepOrder {
@@ -435,12 +435,23 @@ func (m *Middleware) once(next asynq.Handler) asynq.Handler {
 	})
 }
 
+// failMode is a policy's failure mode as admission.Plan reads it.
+func failMode(f FailureMode) admission.Mode {
+	switch f {
+	case FailOpen:
+		return admission.FailOpen
+	case FailLocal:
+		return admission.FailLocal
+	}
+	return admission.FailClosed
+}
+
 // newJob returns the job of a delivery of t from queue under policy p; its
 // context carries it, for Pause.
 func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p *Policy, w parked) *job {
 	j := &job{m: m, t: t, queue: queue, lim: m.limits, policy: p, w: w}
-	j.lim.mode = p.FailureMode()
-	j.lim.early = admission.EarlyBooking(m.pace.leadTime(), j.lim.maxHold)
+	j.lim.Mode = failMode(p.FailureMode())
+	j.lim.Early = admission.EarlyBooking(m.pace.leadTime(), j.lim.MaxHold)
 	j.ctx = context.WithValue(ctx, jobKey{}, j)
 	j.id, _ = asynq.GetTaskID(ctx)
 	return j

@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 	"github.com/taskrl/taskrl/quotas"
 )
@@ -160,7 +161,7 @@ func TestThrottledTasksAreNeverArchived(t *testing.T) {
 	// One decision per task, reported with the rule's state: admitted (at
 	// once or after a wait) or booked and rescheduled; and one admitted
 	// event per run, a booked copy's without rule state. A booked copy
-	// that comes back after its slot has passed decides again (lateBooking),
+	// that comes back after its slot has passed decides again (admission.LateBooking),
 	// which a loaded machine does now and then: a few of those, no more.
 	obsMu.Lock()
 	defer obsMu.Unlock()
@@ -1041,5 +1042,23 @@ func TestWaitedRunsOnce(t *testing.T) {
 	defer mu.Unlock()
 	if runs["x"] != 1 || runs["plain"] != 2 {
 		t.Fatalf("runs %v: want the waited task once and the other twice", runs)
+	}
+}
+
+// TestAdmissionAgrees checks what admission.Plan assumes of this package
+// and of quotas: the value of a denial that never passes, and the failure
+// modes.
+func TestAdmissionAgrees(t *testing.T) {
+	if admission.Never != quotas.Never {
+		t.Errorf("admission.Never %v, quotas.Never %v", admission.Never, quotas.Never)
+	}
+	d := quotas.Decision{Rule: "r", RetryAfter: quotas.Never, Now: time.Unix(5, 0)}
+	if a := admission.Plan(admission.Limits{}, admission.Step{Stage: admission.Rates, Decision: outcome(d), Left: admission.NoDeadline}); a.Verb != admission.Refuse || a.Rule != "r" {
+		t.Errorf("a never-passing decision plans %+v, want a refusal naming rule r", a)
+	}
+	for f, want := range map[FailureMode]admission.Mode{FailClosed: admission.FailClosed, FailOpen: admission.FailOpen, FailLocal: admission.FailLocal, "": admission.FailClosed} {
+		if got := failMode(f); got != want {
+			t.Errorf("failMode(%q) = %v, want %v", f, got, want)
+		}
 	}
 }

@@ -1,6 +1,7 @@
-// Package admission holds the timing constants of the middleware's
-// admission path, so that the middleware and the simulator that imitates
-// it (cmd/internal/simulate) cannot drift apart.
+// Package admission holds the middleware's admission plan (Plan: what a
+// task does at each step of its admission) and the timing constants of
+// that path, so that the middleware and the simulator that imitates it
+// (cmd/internal/simulate) cannot drift apart.
 //
 // Foundation layer, imported by taskrl and cmd/internal/simulate.
 package admission

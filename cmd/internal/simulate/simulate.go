@@ -6,19 +6,22 @@
 // an adaptive rule has learned, the calls, the share answered 429 and the
 // share of the vendor's limit used. enqueue --simulate is its command line.
 //
-// What it models of the middleware (taskrl/admit.go, plan.go, throttle.go):
-// every attempt decides the task's rate and window rules with Reserve
-// (horizon MaxReserve, at most 1 s for a task with an adaptive rule);
-// a turn within MaxHold is waited for in the worker slot, a later one is
-// booked and the task comes back 1.6 s before its slot (the pacer's lead
-// at asynq's default TaskCheckInterval) and waits for it; a task more than 25 ms late decides again; before a
-// call that waited, Held (fair and adaptive rules) and the block markers
+// What it models of the middleware (taskrl/admit.go, throttle.go): at
+// every step of a task's admission it asks admission.Plan, the function
+// the middleware asks, what to do, and does it: every attempt decides the
+// task's rate and window rules with Reserve (horizon MaxReserve, at most
+// 1 s for a task with an adaptive rule); a turn within MaxHold is waited
+// for in the worker slot, a later one is booked and the task comes back
+// the pacer's lead (1.6 s at asynq's default TaskCheckInterval) before its
+// slot and waits for it, or decides again when it comes back late; before
+// a call that waited, Held (fair and adaptive rules) and the block markers
 // are checked; a 429 refunds the call's charge, blocks the throttle scope
 // (cutting adaptive rules) until Retry-After and reschedules the task
-// then. Concurrency rules are taken before the call and released at its
-// answer; a task that finds no slot gives its charge back and tries again
-// a second later. Not modelled: asynq's own polling delays, Redis round
-// trips, the throttle budget, failure modes.
+// then. Concurrency rules are taken before the call, waited for in the
+// worker up to MaxHold, and released at its answer; a task that finds no
+// slot then is rescheduled, its rate charge kept as its booking. Not
+// modelled: asynq's own polling delays, Redis round trips, the throttle
+// budget, deadlines, failure modes.
 //
 // Tool code, imported by cmd/enqueue.
 package simulate
@@ -112,12 +115,6 @@ func (r Report) ThrottledShare() float64 {
 // The middleware's timing, which the simulation follows (the pace lead of
 // workers at asynq's default TaskCheckInterval).
 var paceLead = admission.PaceLead(0)
-
-const (
-	lateBooking     = admission.LateBooking
-	slotRetry       = admission.SlotRetry
-	adaptiveReserve = admission.AdaptiveReserve
-)
 
 func (s *Spec) defaults() error {
 	if s.Policy == nil {
@@ -221,6 +218,8 @@ type sim struct {
 	fair, adaptive            bool
 	learned                   int // index in rates of the reported adaptive rule; -1 none
 	horizon                   time.Duration
+	lim                       admission.Limits // what admission.Plan reads
+	lease                     time.Duration    // the longest lease of the slots
 
 	rep Report
 	row *Row
@@ -294,9 +293,13 @@ func (s *sim) bind() error {
 		s.rateNames = append(s.rateNames, r.Name)
 	}
 	s.adaptive = len(adaptive) > 0
+	s.lim = admission.Limits{MaxHold: s.spec.MaxHold, Early: admission.EarlyBooking(paceLead, s.spec.MaxHold)}
+	for _, r := range slots {
+		s.lease = max(s.lease, r.Limit.(quotas.Concurrency).Lease)
+	}
 	s.horizon = s.spec.MaxReserve
 	if s.adaptive {
-		s.horizon = min(s.horizon, adaptiveReserve)
+		s.horizon = min(s.horizon, admission.AdaptiveReserve)
 	}
 	switch {
 	case len(scoped) > 0:
@@ -367,21 +370,35 @@ func (s *sim) reschedule(t *task, at, slot time.Time) {
 	s.release()
 }
 
+// plan is admission.Plan at the simulated time, for a task without a
+// deadline.
+func (s *sim) plan(st admission.Step) admission.Action {
+	st.Now, st.Left = s.now, admission.NoDeadline
+	return admission.Plan(s.lim, st)
+}
+
+// outcome is what admission.Plan reads of a decision.
+func outcome(d quotas.Decision) admission.Decision {
+	return admission.Decision{Allowed: d.Allowed, Delay: d.Delay, RetryAfter: d.RetryAfter, Now: d.Now, Rule: d.Rule}
+}
+
 func (s *sim) start(t *task) {
 	if t.booked.IsZero() || s.rates == nil {
 		s.decide(t)
 		return
 	}
-	w := t.booked.Sub(s.now)
-	switch {
-	case w < -lateBooking:
-		s.refund(t)
+	a := s.plan(admission.Step{Stage: admission.Booked, Booked: t.booked})
+	switch a.Verb {
+	case admission.Decide:
+		if a.Refund {
+			s.refund(t)
+		}
 		s.decide(t)
-	case w > admission.EarlyBooking(paceLead, s.spec.MaxHold):
-		s.reschedule(t, time.Time{}, t.booked)
+	case admission.Reschedule:
+		s.reschedule(t, time.Time{}, a.Booked)
 	default:
 		t.booked = time.Time{}
-		s.after(max(w, 0), func() { s.check(t) })
+		s.after(a.Wait, func() { s.check(t) })
 	}
 }
 
@@ -395,7 +412,7 @@ func (s *sim) refund(t *task) {
 
 func (s *sim) decide(t *task) {
 	if s.rates == nil {
-		s.call(t)
+		s.call(t, s.now.Add(s.spec.MaxHold))
 		return
 	}
 	s.rep.Decisions++
@@ -403,22 +420,23 @@ func (s *sim) decide(t *task) {
 	if err != nil {
 		panic(err) // the request is built from a binding; it cannot be wrong
 	}
-	switch {
-	case d.Allowed && d.Delay == 0:
+	if d.Allowed {
 		t.charge = d
-		s.call(t)
-	case d.Allowed && d.Delay <= s.spec.MaxHold:
-		t.charge = d
-		s.after(d.Delay, func() { s.check(t) })
-	case d.Allowed:
-		t.charge = d
-		s.reschedule(t, time.Time{}, d.Now.Add(d.Delay))
-	case d.RetryAfter == quotas.Never:
+	}
+	a := s.plan(admission.Step{Stage: admission.Rates, Decision: outcome(d)})
+	switch a.Verb {
+	case admission.Run:
+		if a.Wait == 0 {
+			s.call(t, s.now.Add(s.spec.MaxHold))
+			return
+		}
+		s.after(a.Wait, func() { s.check(t) })
+	case admission.Reschedule:
+		s.reschedule(t, s.now.Add(a.Wait), a.Booked)
+	default: // Refuse: the task can never pass
 		s.rep.Archived++
 		s.release()
 		s.ready(&task{})
-	default:
-		s.reschedule(t, s.now.Add(d.RetryAfter), time.Time{})
 	}
 }
 
@@ -443,23 +461,29 @@ func (s *sim) check(t *task) {
 			until = u
 		}
 	}
-	if until.After(s.now) {
+	if a := s.plan(admission.Step{Stage: admission.Blocked, Blocked: until}); a.Verb == admission.Reschedule {
 		s.refund(t)
-		s.reschedule(t, until, time.Time{})
+		s.reschedule(t, s.now.Add(a.Wait), time.Time{})
 		return
 	}
-	s.call(t)
+	s.call(t, s.now.Add(s.spec.MaxHold))
 }
 
-// call takes the task's slots, if any, and calls the vendor.
-func (s *sim) call(t *task) {
+// call takes the task's slots, if any, waiting for them in the worker
+// until holdEnd, and calls the vendor.
+func (s *sim) call(t *task, holdEnd time.Time) {
 	var leases []quotas.Lease
 	if s.slots != nil {
 		s.rep.Decisions++
 		d, _ := s.m.Allow(s.now, s.slots, s.slotReq)
-		if !d.Allowed {
-			s.refund(t)
-			s.reschedule(t, s.now.Add(max(slotRetry, min(d.RetryAfter, time.Minute))), time.Time{})
+		a := s.plan(admission.Step{Stage: admission.Slots, Decision: outcome(d), Charged: t.charge.Allowed, HoldEnd: holdEnd, Lease: s.lease})
+		switch a.Verb {
+		case admission.Wait:
+			s.after(a.Wait, func() { s.call(t, holdEnd) })
+			return
+		case admission.Reschedule:
+			// The rate charge stays, as the booking of the task's slot then.
+			s.reschedule(t, s.now.Add(a.Wait), a.Booked)
 			return
 		}
 		leases = d.Leases
