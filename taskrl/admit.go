@@ -197,7 +197,7 @@ func (j *job) await(w time.Duration, checkHeld, refund bool) (done, again bool, 
 	if j.limitsChanged() {
 		// Reloaded or overridden while the task waited: its charge was
 		// made under the old limits (kept, as for a stale booking,
-		// planBooked), and it decides again under the new ones at once.
+		// admission.planBooked), and it decides again under the new ones at once.
 		j.observe(Event{Outcome: Rescheduled})
 		return true, false, j.reschedule("", 0, time.Time{}, "")
 	}
@@ -281,9 +281,15 @@ func (j *job) refund(d quotas.Decision) {
 	}
 }
 
+// localLimits is what admission.Plan reads in the FailLocal mode: a task
+// cannot be rescheduled without Redis, so it waits for its turn in the
+// worker however far off, as long as its context allows.
+var localLimits = admission.Limits{MaxHold: admission.NoDeadline, Early: admission.NoDeadline}
+
 // localTurn waits for the task's turn under its rate and window rules in
 // this process alone, each at 1/LocalShare (quotas.Model on Config.Clock):
-// the FailLocal mode while Redis is unreachable.
+// the FailLocal mode while Redis is unreachable. admission.Plan decides,
+// under localLimits, as for a decision made in Redis.
 func (j *job) localTurn() error {
 	m := j.m
 	req := j.rates
@@ -297,21 +303,24 @@ func (j *job) localTurn() error {
 	}
 	for {
 		d, err := m.local.Reserve(m.cfg.Clock.Now(), j.sp.local[0], req, 24*time.Hour)
-		switch {
-		case err != nil:
+		if err != nil {
 			return err
-		case d.Allowed:
-			if err := hold(j.ctx, d.Delay); err != nil {
+		}
+		a := admission.Plan(localLimits, admission.Step{Stage: admission.Rates, Now: d.Now, Left: admission.NoDeadline, Decision: outcome(d)})
+		switch a.Verb {
+		case admission.Refuse:
+			j.observe(Event{Outcome: Refused, Rule: d.Rule})
+			return fmt.Errorf("taskrl: %s: %w", a.Reason, asynq.SkipRetry)
+		case admission.Run:
+			if err := hold(j.ctx, a.Wait); err != nil {
 				// The task does not run: its turn goes back.
 				_ = m.local.Refund(m.cfg.Clock.Now(), j.sp.local[0], req, d)
 				return err
 			}
 			return nil
-		case d.RetryAfter == quotas.Never:
-			j.observe(Event{Outcome: Refused, Rule: d.Rule})
-			return fmt.Errorf("taskrl: task can never pass rule %q: %w", d.Rule, asynq.SkipRetry)
 		}
-		if err := hold(j.ctx, d.RetryAfter); err != nil {
+		// Beyond the horizon: wait, then decide again.
+		if err := hold(j.ctx, a.Wait); err != nil {
 			return err
 		}
 	}
@@ -319,7 +328,8 @@ func (j *job) localTurn() error {
 
 // localSlots takes the task's concurrency slots in this process alone,
 // each rule at 1/LocalShare of its slots, waiting for them as long as the
-// task's context allows, and returns the leases to release.
+// task's context allows (admission.Plan under localLimits), and returns
+// the leases to release.
 func (j *job) localSlots(req quotas.Request) ([]quotas.Lease, error) {
 	m := j.m
 	for {
@@ -327,7 +337,9 @@ func (j *job) localSlots(req quotas.Request) ([]quotas.Lease, error) {
 		if err != nil || d.Allowed {
 			return d.Leases, err
 		}
-		if err := hold(j.ctx, min(d.RetryAfter, 100*time.Millisecond)); err != nil {
+		now := m.cfg.Clock.Now()
+		a := admission.Plan(localLimits, admission.Step{Stage: admission.Slots, Now: now, Left: admission.NoDeadline, Decision: outcome(d), HoldEnd: now.Add(time.Hour)})
+		if err := hold(j.ctx, a.Wait); err != nil {
 			return nil, err
 		}
 	}
