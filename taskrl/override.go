@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/goccy/go-yaml/ast"
-
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -128,7 +126,7 @@ func (p *Policy) rule(name string) *crule {
 		return nil
 	}
 	for _, r := range p.rules {
-		if r.Name == name {
+		if r != nil && r.Name == name { // nil: a rule parsePolicy skipped
 			return r
 		}
 	}
@@ -158,112 +156,77 @@ func blockOf(l quotas.Limit) string {
 // (see ParsePolicy), and validates it. Errors name the field, e.g.
 // `policy: line 1: gcra.rate: must be a positive number, got -1`.
 func ParseLimit(yaml []byte) (quotas.Limit, error) {
-	d, body, fe := parseDoc(yaml, "a limit such as gcra: {rate: 5, per: 1s}")
+	var b block[limitsDoc]
+	fe := decodeDoc(yaml, "a limit such as gcra: {rate: 5, per: 1s}", &b)
 	if fe == nil {
-		var es []entry
-		if es, fe = d.mapping(body, "", 0); fe == nil {
-			if fe = known(es, "", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe == nil && len(es) != 1 {
-				fe = fail(body, "", "want exactly one limit block, got %d", len(es))
-			}
-			if fe == nil {
-				ls := lines{}
-				var l quotas.Limit
-				if l, fe = d.limit(es[0].key, es[0].val, ls); fe == nil {
-					lim, field, msg := checkLimit("override", l)
-					if msg == "" {
-						return lim, nil
-					}
-					fe = &ferr{field: field, line: ls.of(field), msg: msg}
+		r := &reader{ls: lines{}}
+		if l := must(r, "", 0, &b); l != nil {
+			r.at("", b.keys)
+			if n := len(l.given(b.keys)); n != 1 {
+				r.fail("", b.line, "want exactly one limit block, got %d", n)
+			} else if lim := l.read(r, b.keys, ""); lim != nil {
+				lim, field, msg := checkLimit("override", lim)
+				if msg == "" {
+					return lim, nil
 				}
+				r.fail(field, r.ls.of(field), "%s", msg)
 			}
 		}
+		fe = r.fe
 	}
 	return nil, &PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg}
 }
 
-// overrides reads the policy file's overrides list: entries
+// overrideEntry is an entry of a policy file's overrides list.
+type overrideEntry struct {
+	Rule   val[string]  `yaml:"rule"`
+	Key    val[keyText] `yaml:"key"`
+	Limits limitsDoc    `yaml:",inline"`
+}
+
+// readOverrides reads the policy file's overrides list: entries
 // {rule, key, <one limit block>}, with their lines.
-func (d *yamlDoc) overrides(n ast.Node) ([]Override, []lines, errList) {
+func readOverrides(l *list[block[overrideEntry]]) ([]Override, []lines, errList) {
 	var errs errList
-	on, fe := d.resolve(n, "overrides")
-	if fe == nil {
-		if _, ok := on.(*ast.NullNode); ok {
-			return nil, nil, nil
-		}
-		if _, ok := on.(*ast.SequenceNode); !ok {
-			fe = fail(on, "overrides", "must be a list such as - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s}}, got %s", kindOf(on))
-		}
+	add := func(field string, fe *ferr) {
+		errs.add(&PolicyError{Line: fe.line, Field: join(field, fe.field), Msg: fe.msg})
 	}
-	if fe != nil {
-		errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
+	r := &reader{ls: lines{}}
+	es := entries(r, "overrides", l, "a list such as - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s}}")
+	if r.fe != nil {
+		add("", r.fe)
 		return nil, nil, errs
 	}
 	var out []Override
 	var at []lines
-	for i, en := range on.(*ast.SequenceNode).Values {
-		field := fmt.Sprintf("overrides[%d]", i+1)
-		ls := lines{"": lineOf(en)}
-		o, fe := d.override(en, ls)
-		if fe != nil {
-			if fe.field != "" {
-				field += "." + fe.field
-			}
-			errs.add(&PolicyError{Line: fe.line, Field: field, Msg: fe.msg})
+	for i := range es {
+		r := &reader{ls: lines{"": l.lines[i]}}
+		o := readOverride(r, &es[i], l.lines[i])
+		if r.fe != nil {
+			add(fmt.Sprintf("overrides[%d]", i+1), r.fe)
 			continue
 		}
-		out, at = append(out, o), append(at, ls)
+		out, at = append(out, o), append(at, r.ls)
 	}
 	return out, at, errs
 }
 
-// override reads one entry of the overrides list.
-func (d *yamlDoc) override(n ast.Node, ls lines) (Override, *ferr) {
+// readOverride reads b, the entry at line of the overrides list.
+func readOverride(r *reader, b *block[overrideEntry], line int) Override {
 	var o Override
-	es, fe := d.mapping(n, "", 0)
-	if fe != nil {
-		return o, fe
+	od := must(r, "", line, b)
+	if od == nil {
+		return o
 	}
-	if fe := known(es, "", "rule", "key", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
-		return o, fe
+	r.at("", b.keys)
+	o.Rule, _ = get(r, "rule", od.Rule)
+	key, _ := get(r, "key", od.Key)
+	o.Key = string(key)
+	o.Limit = od.Limits.read(r, b.keys, "an override has exactly one limit")
+	if o.Limit == nil {
+		r.fail("", b.line, "no limit; add the key's own gcra, adaptive, quota, sliding or concurrency")
 	}
-	var block string
-	for _, e := range es {
-		ls[e.key] = lineOf(e.knode)
-		var fe *ferr
-		switch e.key {
-		case "rule":
-			o.Rule, _, fe = d.str(e.val, "rule")
-		case "key":
-			o.Key, _, fe = d.keyString(e.val, "key")
-		default:
-			if block != "" {
-				return o, fail(e.knode, "", "has both %s and %s; an override has exactly one limit", block, e.key)
-			}
-			block = e.key
-			o.Limit, fe = d.limit(e.key, e.val, ls)
-		}
-		if fe != nil {
-			return o, fe
-		}
-	}
-	if block == "" {
-		return o, fail(n, "", "no limit; add the key's own gcra, adaptive, quota, sliding or concurrency")
-	}
-	return o, nil
-}
-
-// keyString reads a key: a string, or a number or boolean as written
-// (key: 42 is the key "42", as the template renders the number 42).
-func (d *yamlDoc) keyString(n ast.Node, field string) (string, bool, *ferr) {
-	v, ok, fe := d.scalarNode(n, field)
-	if fe != nil || !ok {
-		return "", ok, fe
-	}
-	switch v.(type) {
-	case *ast.IntegerNode, *ast.FloatNode, *ast.BoolNode:
-		return tokText(v), true, nil
-	}
-	return d.str(n, field)
+	return o
 }
 
 // maxVariants bounds the bindings with overrides applied that one binding

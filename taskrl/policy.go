@@ -316,7 +316,7 @@ func (p *Policy) checkThrottle(name string) string {
 	var r *crule
 	if p != nil {
 		for _, c := range p.rules {
-			if c.Name == name {
+			if c != nil && c.Name == name { // nil: a rule parsePolicy skipped
 				r = c
 			}
 		}

@@ -5,18 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"os"
-	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
-	"github.com/goccy/go-yaml/parser"
-	"github.com/goccy/go-yaml/token"
 
 	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/quotas"
@@ -97,7 +91,9 @@ import (
 //
 // Durations are Go duration strings ("500ms", "1s", "10m", "24h"); a bare
 // number is refused, as its unit would be a guess. Anchors, aliases and
-// merge keys (<<) are allowed; tags and unknown fields are not.
+// merge keys (<<) are allowed (an alias refers to an anchor defined before
+// it and not around it; each anchor has its own name; keys written in a
+// mapping override those merged into it); tags and unknown fields are not.
 //
 // The document is checked completely before anything is built: an error
 // names the line, the rule (by name, or by position when it has no valid
@@ -139,407 +135,131 @@ func LoadPolicyFile(path string) (*Policy, error) {
 	return p, nil
 }
 
-// ferr is a problem at one YAML node, relative to the rule (or document)
-// being read.
-type ferr struct {
-	field string
-	line  int
-	msg   string
+// policyDoc is a policy file as decoded; its fields are read in this
+// order, the order of the message listing them.
+type policyDoc struct {
+	Rules            list[block[ruleDoc]]       `yaml:"rules"`
+	RedisUnavailable val[string]                `yaml:"redis_unavailable"`
+	Critical         list[block[matchDoc]]      `yaml:"critical"`
+	Throttle         list[val[string]]          `yaml:"throttle"`
+	Overrides        list[block[overrideEntry]] `yaml:"overrides"`
+	HTTP             block[httpDoc]             `yaml:"http"`
+	Shed             block[shedDoc]             `yaml:"shed"`
 }
 
-func lineOf(n ast.Node) int {
-	if m, ok := n.(*ast.MappingNode); ok && !m.IsFlowStyle && len(m.Values) > 0 {
-		n = m.Values[0].Key
-	}
-	if n == nil || reflect.ValueOf(n).IsNil() {
-		return 0
-	}
-	if tk := n.GetToken(); tk != nil && tk.Position != nil {
-		return tk.Position.Line
-	}
-	return 0
+// ruleDoc is a rule as written in a policy file.
+type ruleDoc struct {
+	Name         val[string]        `yaml:"name"`
+	Match        block[matchDoc]    `yaml:"match"`
+	Key          val[string]        `yaml:"key"`
+	DefaultKey   val[string]        `yaml:"default_key"`
+	Fair         val[string]        `yaml:"fair"`
+	Mode         val[string]        `yaml:"mode"`
+	Soft         val[share]         `yaml:"soft"`
+	Borrow       val[factor]        `yaml:"borrow"`
+	Prefetch     val[time.Duration] `yaml:"prefetch"`
+	Cost         val[costText]      `yaml:"cost"`
+	DefaultCost  val[int]           `yaml:"default_cost"`
+	SettleHeader val[string]        `yaml:"settle_header"`
+	Limits       limitsDoc          `yaml:",inline"`
 }
 
-func fail(n ast.Node, field, format string, args ...any) *ferr {
-	return &ferr{field: field, line: lineOf(n), msg: fmt.Sprintf(format, args...)}
+// matchDoc is a matcher: a rule's match, a critical entry, a shed class.
+type matchDoc struct {
+	Type  val[string] `yaml:"type"`
+	Queue val[string] `yaml:"queue"`
 }
 
-func join(field, key string) string {
-	if field == "" {
-		return key
-	}
-	return field + "." + key
+// httpDoc is the http section: the worker's http:call handler.
+type httpDoc struct {
+	AllowHosts list[val[string]] `yaml:"allow_hosts"`
 }
 
-// yamlDoc reads one parsed YAML document.
-type yamlDoc struct {
-	anchors map[string][]ast.Node // anchor nodes by name, in document order
+// shedDoc is the shed section (see Shed).
+type shedDoc struct {
+	Signal  val[string]        `yaml:"signal"`
+	Above   val[float64]       `yaml:"above"`
+	Classes list[class]        `yaml:"classes"`
+	Grace   val[time.Duration] `yaml:"grace"`
+	Ramp    val[time.Duration] `yaml:"ramp"`
+	Window  val[time.Duration] `yaml:"window"`
 }
 
-type anchorVisitor struct{ d *yamlDoc }
-
-func (v anchorVisitor) Visit(n ast.Node) ast.Visitor {
-	if a, ok := n.(*ast.AnchorNode); ok && a.Name != nil {
-		name := tokText(a.Name)
-		v.d.anchors[name] = append(v.d.anchors[name], a)
-	}
-	return v
+// class is an entry of shed.classes: a matcher, or a queue's bare name.
+type class struct {
+	queue val[string]
+	match block[matchDoc]
 }
 
-// tokText returns the source text of n's token, or "".
-func tokText(n ast.Node) string {
-	if n == nil || reflect.ValueOf(n).IsNil() {
-		return ""
-	}
-	if tk := n.GetToken(); tk != nil {
-		return tk.Value
-	}
-	return ""
-}
-
-func offsetOf(n ast.Node) int {
-	if tk := n.GetToken(); tk != nil && tk.Position != nil {
-		return tk.Position.Offset
-	}
-	return 0
-}
-
-// resolve follows anchors and aliases to the node they stand for.
-func (d *yamlDoc) resolve(n ast.Node, field string) (ast.Node, *ferr) {
-	for range 64 {
-		switch v := n.(type) {
-		case *ast.AnchorNode:
-			n = v.Value
-		case *ast.MappingKeyNode:
-			n = v.Value
-		case *ast.AliasNode:
-			name := ""
-			if v.Value != nil {
-				name = tokText(v.Value)
-			}
-			var target ast.Node
-			for _, a := range d.anchors[name] {
-				if offsetOf(a) < offsetOf(v) {
-					target = a
-				}
-			}
-			if target == nil {
-				return nil, fail(v, field, "alias *%s refers to no anchor defined before it", name)
-			}
-			n = target
-		case *ast.TagNode:
-			return nil, fail(v, field, "YAML tags (%s) are not supported", tokText(v))
-		case nil:
-			return nil, &ferr{field: field, msg: "missing value"}
-		default:
-			return n, nil
-		}
-	}
-	return nil, fail(n, field, "aliases nested too deep")
-}
-
-// kindOf names a resolved node's kind for messages.
-func kindOf(n ast.Node) string {
-	switch v := n.(type) {
-	case *ast.MappingNode:
-		return "a mapping"
-	case *ast.SequenceNode:
-		return "a list"
-	case *ast.StringNode:
-		return fmt.Sprintf("the string %q", v.Value)
-	case *ast.LiteralNode:
-		return "a block string"
-	case *ast.IntegerNode:
-		return "the integer " + tokText(v)
-	case *ast.FloatNode, *ast.InfinityNode, *ast.NanNode:
-		return "the number " + tokText(n)
-	case *ast.BoolNode:
-		return "the boolean " + tokText(v)
-	case *ast.NullNode:
-		return "null (an empty value)"
-	}
-	return n.Type().String()
-}
-
-// entry is one key of a mapping.
-type entry struct {
-	key   string
-	knode ast.Node
-	val   ast.Node
-}
-
-// mapping returns the entries of a mapping node, merge keys expanded.
-func (d *yamlDoc) mapping(n ast.Node, field string, depth int) ([]entry, *ferr) {
-	n, fe := d.resolve(n, field)
-	if fe != nil {
-		return nil, fe
-	}
-	m, ok := n.(*ast.MappingNode)
-	if !ok {
-		return nil, fail(n, field, "must be a mapping, got %s", kindOf(n))
-	}
-	if depth > 8 {
-		return nil, fail(n, field, "merge keys (<<) nested too deep")
-	}
-	var out, merged []entry
-	seen := map[string]bool{}
-	for _, mv := range m.Values {
-		if _, ok := mv.Key.(*ast.MergeKeyNode); ok {
-			src, fe := d.resolve(mv.Value, field)
-			if fe != nil {
-				return nil, fe
-			}
-			srcs := []ast.Node{src}
-			if seq, ok := src.(*ast.SequenceNode); ok {
-				srcs = seq.Values
-			}
-			for _, s := range srcs {
-				es, fe := d.mapping(s, field, depth+1)
-				if fe != nil {
-					return nil, fe
-				}
-				merged = append(merged, es...)
-			}
-			continue
-		}
-		k, fe := d.resolve(mv.Key, field)
-		if fe != nil {
-			return nil, fe
-		}
-		ks, ok := k.(*ast.StringNode)
-		if !ok {
-			return nil, fail(k, field, "keys must be field names, got %s", kindOf(k))
-		}
-		seen[ks.Value] = true
-		out = append(out, entry{key: ks.Value, knode: ks, val: mv.Value})
-	}
-	for _, e := range merged {
-		if !seen[e.key] {
-			seen[e.key] = true
-			out = append(out, e)
-		}
-	}
-	return out, nil
-}
-
-// known checks that every entry's key is one of allowed.
-func known(es []entry, field string, allowed ...string) *ferr {
-	for _, e := range es {
-		if !slices.Contains(allowed, e.key) {
-			return fail(e.knode, join(field, e.key), "unknown field; expected %s", orList(allowed))
-		}
-	}
-	return nil
-}
-
-func orList(s []string) string {
-	switch len(s) {
-	case 1:
-		return s[0]
-	case 2:
-		return s[0] + " or " + s[1]
-	}
-	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
-}
-
-// scalar reads a scalar node; null reads as absent.
-func (d *yamlDoc) scalarNode(n ast.Node, field string) (ast.Node, bool, *ferr) {
-	n, fe := d.resolve(n, field)
-	if fe != nil {
-		return nil, false, fe
-	}
-	if _, ok := n.(*ast.NullNode); ok {
-		return n, false, nil
-	}
-	return n, true, nil
-}
-
-func (d *yamlDoc) str(n ast.Node, field string) (string, bool, *ferr) {
-	n, ok, fe := d.scalarNode(n, field)
-	if fe != nil || !ok {
-		return "", false, fe
-	}
-	switch v := n.(type) {
-	case *ast.StringNode:
-		return v.Value, true, nil
-	case *ast.LiteralNode:
-		return v.Value.Value, true, nil
-	case *ast.MappingNode, *ast.SequenceNode:
-		return "", false, fail(n, field, "must be a string, got %s", kindOf(n))
-	}
-	return "", false, fail(n, field, "must be a string, got %s (quote it)", kindOf(n))
-}
-
-func (d *yamlDoc) number(n ast.Node, field string) (float64, bool, *ferr) {
-	n, ok, fe := d.scalarNode(n, field)
-	if fe != nil || !ok {
-		return 0, false, fe
-	}
-	switch v := n.(type) {
-	case *ast.IntegerNode:
-		switch x := v.Value.(type) {
-		case int64:
-			return float64(x), true, nil
-		case uint64:
-			return float64(x), true, nil
-		}
-	case *ast.FloatNode:
-		return v.Value, true, nil
-	case *ast.InfinityNode, *ast.NanNode:
-		return 0, false, fail(n, field, "must be a finite number, got %s", tokText(n))
-	case *ast.StringNode:
-		// The parser reads integers too large for int64 as plain strings.
-		if tk := v.GetToken(); tk != nil && tk.Type == token.StringType {
-			if f, err := strconv.ParseFloat(v.Value, 64); err == nil {
-				return f, true, nil
-			}
-		}
-	}
-	return 0, false, fail(n, field, "must be a number, got %s", kindOf(n))
-}
-
-// maxInt bounds whole numbers: Redis scripts compute in doubles.
-const maxInt = 1 << 53
-
-func (d *yamlDoc) integer(n ast.Node, field string) (int, bool, *ferr) {
-	f, ok, fe := d.number(n, field)
-	if fe != nil || !ok {
-		return 0, ok, fe
-	}
-	n, _, _ = d.scalarNode(n, field) // for its text
-	if f > maxInt || f < -maxInt {
-		return 0, false, fail(n, field, "out of range (at most %d in magnitude), got %s", int64(maxInt), tokText(n))
-	}
-	if f != float64(int64(f)) {
-		return 0, false, fail(n, field, "must be a whole number, got %s", tokText(n))
-	}
-	return int(f), true, nil
-}
-
-func (d *yamlDoc) duration(n ast.Node, field string) (time.Duration, bool, *ferr) {
-	r, ok, fe := d.scalarNode(n, field)
-	if fe != nil || !ok {
-		return 0, false, fe
-	}
-	var s string
-	switch v := r.(type) {
-	case *ast.IntegerNode, *ast.FloatNode:
-		return 0, false, fail(r, field, "%s needs a unit, e.g. %ss (Go duration syntax: ms, s, m, h)", tokText(r), tokText(r))
-	case *ast.StringNode:
-		s = v.Value
-	default:
-		return 0, false, fail(r, field, "must be a duration such as 1s, 10m or 24h, got %s", kindOf(r))
-	}
-	dur, err := time.ParseDuration(strings.TrimSpace(s))
+// UnmarshalYAML reads a bare name into c.queue, anything else into
+// c.match.
+func (c *class) UnmarshalYAML(decode func(any) error) error {
+	n, err := valueOf(decode)
 	if err != nil {
-		if _, nerr := strconv.ParseFloat(strings.TrimSpace(s), 64); nerr == nil {
-			return 0, false, fail(r, field, "%q needs a unit, e.g. %ss (Go duration syntax: ms, s, m, h)", s, strings.TrimSpace(s))
-		}
-		return 0, false, fail(r, field, "%q is not a duration; use Go syntax such as 500ms, 1s, 10m or 24h", s)
+		return err
 	}
-	return dur, true, nil
+	if _, ok := n.(*ast.StringNode); ok {
+		return c.queue.UnmarshalYAML(decode)
+	}
+	return c.match.UnmarshalYAML(decode)
 }
 
 // parsePolicy parses and validates a policy document.
 func parsePolicy(data []byte) (*Policy, errList) {
 	var errs errList
-	top := func(fe *ferr) (*Policy, errList) {
-		errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
-		return nil, errs
-	}
-	d, body, fe := parseDoc(data, "a policy needs a rules list")
-	if fe != nil {
-		return top(fe)
-	}
-	es, fe := d.mapping(body, "", 0)
-	if fe != nil {
-		return top(fe)
-	}
-	if fe := known(es, "", "rules", "redis_unavailable", "critical", "throttle", "overrides", "http", "shed"); fe != nil {
-		return top(fe)
-	}
-	var overrides []Override
-	var overridesAt []lines
-	mode := FailClosed
-	var rulesNode ast.Node
-	var critical []Match
-	var throttle []string
-	var throttleAt []int // line of each name
-	var hosts []string
-	var shed *Shed
-	for _, e := range es {
-		switch e.key {
-		case "shed":
-			var fe *ferr
-			if shed, fe = d.shed(e.val); fe != nil {
-				errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
-			}
-		case "http":
-			var more errList
-			hosts, more = d.http(e.val)
-			errs = append(errs, more...)
-		case "throttle":
-			var fe *ferr
-			throttle, throttleAt, fe = d.names(e.val, "throttle")
-			if fe != nil {
-				errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
-			}
-		case "critical":
-			var more errList
-			critical, more = d.critical(e.val)
-			errs = append(errs, more...)
-		case "overrides":
-			var more errList
-			overrides, overridesAt, more = d.overrides(e.val)
-			errs = append(errs, more...)
-		case "redis_unavailable":
-			s, ok, fe := d.str(e.val, e.key)
-			if fe == nil && ok {
-				switch m := FailureMode(s); m {
-				case FailOpen, FailClosed, FailLocal:
-					mode = m
-				default:
-					fe = fail(e.val, e.key, "must be open, closed or local, got %q", s)
-				}
-			}
-			if fe != nil {
-				errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
-			}
-		case "rules":
-			rulesNode = e.val
+	add := func(fe *ferr, index int, rule string) {
+		if fe != nil {
+			errs.add(&PolicyError{Line: fe.line, Index: index, Rule: rule, Field: fe.field, Msg: fe.msg})
 		}
 	}
-	if rulesNode == nil {
-		errs.add(&PolicyError{Field: "rules", Msg: "missing; a policy needs a list of rules"})
+	var doc block[policyDoc]
+	if fe := decodeDoc(data, "a policy needs a rules list", &doc); fe != nil {
+		add(fe, 0, "")
 		return nil, errs
 	}
-	rn, fe := d.resolve(rulesNode, "rules")
-	if fe != nil {
-		return top(fe)
+	top := &reader{ls: lines{}}
+	d := must(top, "", doc.line, &doc)
+	if d == nil {
+		add(top.fe, 0, "")
+		return nil, errs
 	}
-	if _, ok := rn.(*ast.NullNode); ok {
-		return top(fail(rn, "rules", "empty; a policy needs at least one rule"))
+	mode, fe := readMode(d.RedisUnavailable)
+	add(fe, 0, "")
+	critical, more := readCritical(&d.Critical)
+	errs = append(errs, more...)
+	throttle, throttleAt, fe := readNames(&d.Throttle, "throttle")
+	add(fe, 0, "")
+	overrides, overridesAt, more := readOverrides(&d.Overrides)
+	errs = append(errs, more...)
+	hosts, more := readHTTP(&d.HTTP)
+	errs = append(errs, more...)
+	shed, fe := readShed(&d.Shed)
+	add(fe, 0, "")
+
+	r := &reader{ls: lines{}}
+	switch entries(r, "rules", &d.Rules, "a list of rules"); {
+	case !d.Rules.set && doc.keys["rules"] == 0:
+		r.fail("rules", 0, "missing; a policy needs a list of rules")
+	case r.fe == nil && len(d.Rules.v) == 0:
+		r.fail("rules", max(d.Rules.line, doc.keys["rules"]), "empty; a policy needs at least one rule")
 	}
-	seq, ok := rn.(*ast.SequenceNode)
-	if !ok {
-		return top(fail(rn, "rules", "must be a list of rules, got %s", kindOf(rn)))
+	if r.fe != nil {
+		add(r.fe, 0, "")
+		return nil, errs
 	}
-	if len(seq.Values) == 0 {
-		return top(fail(rn, "rules", "empty; a policy needs at least one rule"))
-	}
-	rules := make([]Rule, len(seq.Values))
-	pos := make([]lines, len(seq.Values))
-	skip := make([]bool, len(seq.Values))
-	for i, n := range seq.Values {
-		r, ls, fe := d.rule(n)
-		rules[i], pos[i] = r, ls
+	rules := make([]Rule, len(d.Rules.v))
+	pos := make([]lines, len(d.Rules.v))
+	skip := make([]bool, len(d.Rules.v))
+	for i := range d.Rules.v {
+		rule, ls, fe := readRule(&d.Rules.v[i], d.Rules.lines[i])
+		rules[i], pos[i] = rule, ls
 		if fe != nil {
 			skip[i] = true
-			e := &PolicyError{Line: fe.line, Index: i + 1, Field: fe.field, Msg: fe.msg}
-			if checkName(r.Name) == nil {
-				e.Rule = r.Name
+			name := ""
+			if checkName(rule.Name) == nil {
+				name = rule.Name
 			}
-			errs.add(e)
+			add(fe, i+1, name)
 		}
 	}
 	p, more := buildPolicy(rules, pos, skip, mode)
@@ -570,34 +290,64 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	return p, nil
 }
 
-// critical reads the top-level critical list: matchers like a rule's.
-func (d *yamlDoc) critical(n ast.Node) ([]Match, errList) {
-	var errs errList
-	cn, fe := d.resolve(n, "critical")
-	if fe == nil {
-		if _, ok := cn.(*ast.NullNode); ok {
-			return nil, nil
-		}
-		if _, ok := cn.(*ast.SequenceNode); !ok {
-			fe = fail(cn, "critical", "must be a list of matchers such as - {queue: critical}, got %s", kindOf(cn))
-		}
+// must is open for a block that cannot be absent or null: a document, an
+// entry of a list of mappings (at line).
+func must[T any](r *reader, field string, line int, b *block[T]) *T {
+	if !b.set {
+		r.fail(field, max(b.line, line), "must be a mapping, got null (an empty value)")
+		return nil
 	}
-	if fe != nil {
-		errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
+	return open(r, field, b)
+}
+
+// readMode reads redis_unavailable; FailClosed when absent.
+func readMode(s val[string]) (FailureMode, *ferr) {
+	r := &reader{ls: lines{}}
+	v, ok := get(r, "redis_unavailable", s)
+	if !ok {
+		return FailClosed, r.fe
+	}
+	switch m := FailureMode(v); m {
+	case FailOpen, FailClosed, FailLocal:
+		return m, nil
+	}
+	r.fail("redis_unavailable", s.line, "must be open, closed or local, got %q", v)
+	return FailClosed, r.fe
+}
+
+// readMatch reads the matcher b, field ("match", "critical[1]").
+func readMatch(r *reader, field string, b *block[matchDoc]) Match {
+	var m Match
+	if md := open(r, field, b); md != nil {
+		m.Type, _ = get(r, field+".type", md.Type)
+		m.Queue, _ = get(r, field+".queue", md.Queue)
+	}
+	return m
+}
+
+// readCritical reads the top-level critical list: matchers like a rule's.
+func readCritical(l *list[block[matchDoc]]) ([]Match, errList) {
+	var errs errList
+	add := func(fe *ferr) { errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg}) }
+	r := &reader{ls: lines{}}
+	es := entries(r, "critical", l, "a list of matchers such as - {queue: critical}")
+	if r.fe != nil {
+		add(r.fe)
 		return nil, errs
 	}
 	var out []Match
-	for i, en := range cn.(*ast.SequenceNode).Values {
+	for i := range es {
 		field := criticalField(i, "")
-		ls := lines{field: lineOf(en)}
-		var m Match
-		if fe := d.match(en, field, &m, ls); fe != nil {
-			errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg})
-			continue
+		r := &reader{ls: lines{field: l.lines[i]}}
+		m := readMatch(r, field, &es[i])
+		if r.fe == nil {
+			if f, msg := checkMatch(m); msg != "" {
+				f = criticalField(i, f)
+				r.fail(f, r.ls.of(f), "%s", msg)
+			}
 		}
-		if f, msg := checkMatch(m); msg != "" {
-			f = criticalField(i, f)
-			errs.add(&PolicyError{Line: ls.of(f), Field: f, Msg: msg})
+		if r.fe != nil {
+			add(r.fe)
 			continue
 		}
 		out = append(out, m)
@@ -605,462 +355,310 @@ func (d *yamlDoc) critical(n ast.Node) ([]Match, errList) {
 	return out, errs
 }
 
-// shed reads the top-level shed section (see Shed) with its defaults;
+// readNames reads a list of rule names, field, with the line of each.
+func readNames(l *list[val[string]], field string) (names []string, at []int, fe *ferr) {
+	r := &reader{ls: lines{}}
+	for i, s := range entries(r, field, l, "a list of rule names such as [per-business]") {
+		f := fmt.Sprintf("%s[%d]", field, i+1)
+		if v, _ := get(r, f, s); v == "" {
+			r.fail(f, l.lines[i], "must be a rule name")
+		}
+		names, at = append(names, s.v), append(at, l.lines[i])
+	}
+	if r.fe != nil {
+		return nil, nil, r.fe
+	}
+	return names, at, nil
+}
+
+// readShed reads the top-level shed section (see Shed) with its defaults;
 // nil for an empty one.
-func (d *yamlDoc) shed(n ast.Node) (*Shed, *ferr) {
-	if v, fe := d.resolve(n, "shed"); fe == nil {
-		if _, ok := v.(*ast.NullNode); ok {
-			return nil, nil
-		}
+func readShed(b *block[shedDoc]) (*Shed, *ferr) {
+	r := &reader{ls: lines{}}
+	sd := open(r, "shed", b)
+	if sd == nil {
+		return nil, r.fe
 	}
-	es, fe := d.mapping(n, "shed", 0)
-	if fe == nil {
-		fe = known(es, "shed", "signal", "above", "classes", "grace", "ramp", "window")
-	}
-	if fe != nil {
-		return nil, fe
-	}
+	r.at("shed", b.keys)
 	var s Shed
-	at := map[string]ast.Node{"": n}
-	for _, e := range es {
-		f := "shed." + e.key
-		at[e.key] = e.val
-		var fe *ferr
-		switch e.key {
-		case "signal":
-			var v string
-			v, _, fe = d.str(e.val, f)
-			s.Signal = ShedSignal(v)
-		case "above":
-			s.Above, _, fe = d.number(e.val, f)
-		case "grace":
-			s.Grace, _, fe = d.duration(e.val, f)
-		case "ramp":
-			s.Ramp, _, fe = d.duration(e.val, f)
-		case "window":
-			s.Window, _, fe = d.duration(e.val, f)
-		case "classes":
-			s.Classes, fe = d.classes(e.val)
+	signal, _ := get(r, "shed.signal", sd.Signal)
+	s.Signal = ShedSignal(signal)
+	s.Above, _ = get(r, "shed.above", sd.Above)
+	for i, c := range entries(r, "shed.classes", &sd.Classes, "a list of classes, least important first, such as [{queue: bulk}, {queue: default}]") {
+		f := fmt.Sprintf("shed.classes[%d]", i+1)
+		r.ls[f] = sd.Classes.lines[i]
+		if c.queue.set {
+			q, _ := get(r, f, c.queue)
+			s.Classes = append(s.Classes, Match{Queue: q})
+			continue
 		}
-		if fe != nil {
-			return nil, fe
-		}
+		s.Classes = append(s.Classes, readMatch(r, f, &c.match))
+	}
+	s.Grace, _ = get(r, "shed.grace", sd.Grace)
+	s.Ramp, _ = get(r, "shed.ramp", sd.Ramp)
+	s.Window, _ = get(r, "shed.window", sd.Window)
+	if r.fe != nil {
+		return nil, r.fe
 	}
 	if f, msg := s.check(); msg != "" {
-		key, _, _ := strings.Cut(f, "[")
-		node := at[key]
-		if node == nil {
-			node = n
-		}
-		return nil, fail(node, "shed."+f, "%s", msg)
+		return nil, &ferr{field: "shed." + f, line: r.ls.of("shed." + f), msg: msg}
 	}
 	s = s.withDefaults()
 	return &s, nil
 }
 
-// classes reads shed.classes: matchers like a rule's match, or bare queue
-// names.
-func (d *yamlDoc) classes(n ast.Node) ([]Match, *ferr) {
-	ln, fe := d.resolve(n, "shed.classes")
-	if fe != nil {
-		return nil, fe
-	}
-	seq, ok := ln.(*ast.SequenceNode)
-	if !ok {
-		return nil, fail(ln, "shed.classes", "must be a list of classes, least important first, such as [{queue: bulk}, {queue: default}], got %s", kindOf(ln))
-	}
-	var out []Match
-	for i, v := range seq.Values {
-		f := fmt.Sprintf("shed.classes[%d]", i+1)
-		var m Match
-		if r, fe := d.resolve(v, f); fe == nil {
-			if _, ok := r.(*ast.StringNode); ok {
-				m.Queue, _, fe = d.str(r, f)
-				out = append(out, m)
-				continue
-			}
-		}
-		if fe := d.match(v, f, &m, lines{}); fe != nil {
-			return nil, fe
-		}
-		if mf, msg := checkMatch(m); msg != "" {
-			return nil, fail(v, f+trimMatch(mf), "%s", msg)
-		}
-		out = append(out, m)
-	}
-	return out, nil
-}
-
-// http reads the top-level http section: allow_hosts, a list of host
+// readHTTP reads the top-level http section: allow_hosts, a list of host
 // patterns (see Policy.WithAllowHosts), returned in canonical form.
-func (d *yamlDoc) http(n ast.Node) ([]string, errList) {
+func readHTTP(b *block[httpDoc]) ([]string, errList) {
 	var errs errList
 	add := func(fe *ferr) { errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg}) }
-	es, fe := d.mapping(n, "http", 0)
-	if fe == nil {
-		fe = known(es, "http", "allow_hosts")
-	}
-	if fe != nil {
-		add(fe)
+	r := &reader{ls: lines{}}
+	hd := open(r, "http", b)
+	if hd == nil {
+		if r.fe != nil {
+			add(r.fe)
+		}
 		return nil, errs
 	}
 	var hosts []string
-	for _, e := range es {
-		ln, fe := d.resolve(e.val, "http.allow_hosts")
-		if fe != nil {
-			add(fe)
-			continue
-		}
-		if _, ok := ln.(*ast.NullNode); ok {
-			continue
-		}
-		seq, ok := ln.(*ast.SequenceNode)
-		if !ok {
-			add(fail(ln, "http.allow_hosts", "must be a list of hosts such as [api.example.com, \"*.example.net:443\"], got %s", kindOf(ln)))
-			continue
-		}
-		for i, v := range seq.Values {
-			f := fmt.Sprintf("http.allow_hosts[%d]", i+1)
-			s, ok, fe := d.str(v, f)
-			if fe == nil && !ok {
-				fe = fail(v, f, "must be a host such as api.example.com")
+	es := entries(r, "http.allow_hosts", &hd.AllowHosts, `a list of hosts such as [api.example.com, "*.example.net:443"]`)
+	if r.fe != nil {
+		add(r.fe)
+	}
+	for i, s := range es {
+		f := fmt.Sprintf("http.allow_hosts[%d]", i+1)
+		r := &reader{ls: lines{}}
+		if h, ok := get(r, f, s); ok {
+			if pt, err := egress.ParsePattern(h); err != nil {
+				r.fail(f, s.line, "%v", err)
+			} else {
+				hosts = append(hosts, pt.String())
 			}
-			if fe == nil {
-				if pt, err := egress.ParsePattern(s); err != nil {
-					fe = fail(v, f, "%v", err)
-				} else {
-					hosts = append(hosts, pt.String())
-				}
-			}
-			if fe != nil {
-				add(fe)
-			}
+		} else {
+			r.fail(f, hd.AllowHosts.lines[i], "must be a host such as api.example.com")
+		}
+		if r.fe != nil {
+			add(r.fe)
 		}
 	}
 	return hosts, errs
 }
 
-// names reads a list of rule names at field, with the line of each.
-func (d *yamlDoc) names(n ast.Node, field string) (names []string, at []int, fe *ferr) {
-	ln, fe := d.resolve(n, field)
-	if fe != nil {
-		return nil, nil, fe
+// readRule reads one rule, the entry at line of the rules list. It returns
+// what it could read (the name at least, when there is one) even on error.
+func readRule(b *block[ruleDoc], line int) (Rule, lines, *ferr) {
+	var rule Rule
+	r := &reader{ls: lines{"": max(b.line, line)}}
+	rd := &b.v
+	rule.Name, _ = get(r, "name", rd.Name)
+	if must(r, "", line, b) == nil || r.fe != nil {
+		return rule, r.ls, r.fe
 	}
-	if _, ok := ln.(*ast.NullNode); ok {
-		return nil, nil, nil
-	}
-	seq, ok := ln.(*ast.SequenceNode)
-	if !ok {
-		return nil, nil, fail(ln, field, "must be a list of rule names such as [per-business], got %s", kindOf(ln))
-	}
-	for i, v := range seq.Values {
-		f := fmt.Sprintf("%s[%d]", field, i+1)
-		s, ok, fe := d.str(v, f)
-		if fe != nil {
-			return nil, nil, fe
+	r.at("", b.keys)
+	rule.Match = readMatch(r, "match", &rd.Match)
+	rule.Key, _ = get(r, "key", rd.Key)
+	rule.DefaultKey, _ = get(r, "default_key", rd.DefaultKey)
+	rule.Fair, _ = get(r, "fair", rd.Fair)
+	if mode, ok := get(r, "mode", rd.Mode); ok {
+		switch mode {
+		case "shadow":
+			rule.Shadow = true
+		case "enforce", "":
+		default:
+			r.fail("mode", rd.Mode.line, "must be enforce or shadow, got %q", mode)
 		}
-		if !ok || s == "" {
-			return nil, nil, fail(v, f, "must be a rule name")
-		}
-		names, at = append(names, s), append(at, lineOf(v))
 	}
-	return names, at, nil
+	soft, _ := get(r, "soft", rd.Soft)
+	borrow, _ := get(r, "borrow", rd.Borrow)
+	rule.Soft, rule.Borrow = float64(soft), float64(borrow)
+	rule.Prefetch, _ = get(r, "prefetch", rd.Prefetch)
+	cost, _ := get(r, "cost", rd.Cost)
+	rule.Cost = string(cost)
+	rule.DefaultCost, _ = get(r, "default_cost", rd.DefaultCost)
+	rule.SettleHeader, _ = get(r, "settle_header", rd.SettleHeader)
+	rule.Limit = rd.Limits.read(r, b.keys, "a rule has exactly one limit")
+	return rule, r.ls, r.fe
 }
 
-// parseDoc parses data as one YAML document and returns its body; want
-// says what an empty document lacks.
-func parseDoc(data []byte, want string) (*yamlDoc, ast.Node, *ferr) {
-	f, fe := parseYAML(data)
-	if fe != nil {
-		return nil, nil, fe
-	}
-	var docs []*ast.DocumentNode
-	for _, doc := range f.Docs {
-		if doc != nil && doc.Body != nil {
-			docs = append(docs, doc)
+// limitsDoc is the limit blocks of a rule or override, of which one is
+// given.
+type limitsDoc struct {
+	GCRA        block[gcraDoc]        `yaml:"gcra"`
+	Adaptive    block[adaptiveDoc]    `yaml:"adaptive"`
+	Quota       block[quotaDoc]       `yaml:"quota"`
+	Sliding     block[slidingDoc]     `yaml:"sliding"`
+	Concurrency block[concurrencyDoc] `yaml:"concurrency"`
+}
+
+// given returns the names of the blocks given, in the order of their
+// lines (keys, where written).
+func (l *limitsDoc) given(keys map[string]int) []string {
+	var out []string
+	lineOf := map[string]int{}
+	for _, g := range []struct {
+		name string
+		set  bool
+		line int
+	}{
+		{"gcra", l.GCRA.set, l.GCRA.line}, {"adaptive", l.Adaptive.set, l.Adaptive.line},
+		{"quota", l.Quota.set, l.Quota.line}, {"sliding", l.Sliding.set, l.Sliding.line},
+		{"concurrency", l.Concurrency.set, l.Concurrency.line},
+	} {
+		if g.set {
+			out = append(out, g.name)
+			lineOf[g.name] = cmp.Or(keys[g.name], g.line)
 		}
+	}
+	slices.SortStableFunc(out, func(a, b string) int { return cmp.Compare(lineOf[a], lineOf[b]) })
+	return out
+}
+
+// read reads the one limit given; nil when there is none. one says that
+// there must be one.
+func (l *limitsDoc) read(r *reader, keys map[string]int, one string) quotas.Limit {
+	given := l.given(keys)
+	switch {
+	case len(given) == 0:
+		return nil
+	case len(given) > 1:
+		r.fail("", r.ls.of(given[1]), "has both %s and %s; %s", given[0], given[1], one)
+		return nil
+	}
+	switch given[0] {
+	case "gcra":
+		return limitOf(r, "gcra", &l.GCRA)
+	case "adaptive":
+		return limitOf(r, "adaptive", &l.Adaptive)
+	case "quota":
+		return limitOf(r, "quota", &l.Quota)
+	case "sliding":
+		return limitOf(r, "sliding", &l.Sliding)
+	}
+	return limitOf(r, "concurrency", &l.Concurrency)
+}
+
+// limitOf reads the limit block b, name.
+func limitOf[T any, P interface {
+	*T
+	limit(r *reader, line int) quotas.Limit
+}](r *reader, name string, b *block[T]) quotas.Limit {
+	d := open(r, name, b)
+	if d == nil || r.fe != nil {
+		return nil
+	}
+	l := P(d).limit(r, b.line)
+	if r.fe != nil {
+		return nil
+	}
+	return l
+}
+
+// need fails unless every key of block (at line) is given.
+func need(r *reader, block string, line int, keys []string, given ...bool) bool {
+	for i, ok := range given {
+		if !ok {
+			r.fail(block+"."+keys[i], line, "missing; %s needs %s", block, strings.Join(keys, " and "))
+			return false
+		}
+	}
+	return true
+}
+
+type gcraDoc struct {
+	Rate  val[float64]       `yaml:"rate"`
+	Per   val[time.Duration] `yaml:"per"`
+	Burst val[int]           `yaml:"burst"`
+}
+
+func (d *gcraDoc) limit(r *reader, line int) quotas.Limit {
+	rate, okRate := get(r, "gcra.rate", d.Rate)
+	per, okPer := get(r, "gcra.per", d.Per)
+	burst, okBurst := get(r, "gcra.burst", d.Burst)
+	if r.fe != nil || !need(r, "gcra", line, []string{"rate", "per"}, okRate, okPer) {
+		return nil
+	}
+	if !okBurst {
+		burst = 1
+	}
+	return quotas.GCRA{Rate: rate, Period: per, Burst: burst}
+}
+
+type adaptiveDoc struct {
+	Max   val[float64]       `yaml:"max"`
+	Min   val[float64]       `yaml:"min"`
+	Start val[float64]       `yaml:"start"`
+	Per   val[time.Duration] `yaml:"per"`
+	Burst val[int]           `yaml:"burst"`
+}
+
+func (d *adaptiveDoc) limit(r *reader, line int) quotas.Limit {
+	maxRate, okMax := get(r, "adaptive.max", d.Max)
+	minRate, _ := get(r, "adaptive.min", d.Min)
+	start, _ := get(r, "adaptive.start", d.Start)
+	per, okPer := get(r, "adaptive.per", d.Per)
+	burst, _ := get(r, "adaptive.burst", d.Burst)
+	if r.fe != nil || !need(r, "adaptive", line, []string{"max", "per"}, okMax, okPer) {
+		return nil
+	}
+	return quotas.Adaptive{Max: maxRate, Min: minRate, Start: start, Per: per, Burst: burst}
+}
+
+type quotaDoc struct {
+	Limit val[int]           `yaml:"limit"`
+	Every val[time.Duration] `yaml:"every"`
+	Cron  val[string]        `yaml:"cron"`
+	TZ    val[string]        `yaml:"tz"`
+}
+
+func (d *quotaDoc) limit(r *reader, line int) quotas.Limit {
+	limit, okLimit := get(r, "quota.limit", d.Limit)
+	every, okEvery := get(r, "quota.every", d.Every)
+	cron, okCron := get(r, "quota.cron", d.Cron)
+	tz, okTZ := get(r, "quota.tz", d.TZ)
+	if r.fe != nil || !need(r, "quota", line, []string{"limit"}, okLimit) {
+		return nil
 	}
 	switch {
-	case len(docs) == 0:
-		return nil, nil, &ferr{msg: "the document is empty; " + want}
-	case len(docs) > 1:
-		return nil, nil, &ferr{line: lineOf(docs[1]), msg: "more than one YAML document; want one"}
-	}
-	d := &yamlDoc{anchors: map[string][]ast.Node{}}
-	ast.Walk(anchorVisitor{d}, docs[0].Body)
-	return d, docs[0].Body, nil
-}
-
-// parseYAML parses data, turning the parser's errors (and, defensively,
-// its panics) into a ferr.
-func parseYAML(data []byte) (f *ast.File, fe *ferr) {
-	defer func() {
-		if r := recover(); r != nil {
-			f, fe = nil, &ferr{msg: fmt.Sprintf("YAML: cannot parse the document: %v", r)}
-		}
-	}()
-	f, err := parser.ParseBytes(data, 0)
-	if err != nil {
-		fe = &ferr{msg: "YAML: " + err.Error()}
-		var ye yaml.Error
-		if errors.As(err, &ye) {
-			fe.msg = "YAML: " + ye.GetMessage()
-			if tk := ye.GetToken(); tk != nil && tk.Position != nil {
-				fe.line = tk.Position.Line
-			}
-		}
-		return nil, fe
-	}
-	return f, nil
-}
-
-// rule reads one rule. It returns what it could read (the name at least,
-// when there is one) even on error.
-func (d *yamlDoc) rule(n ast.Node) (Rule, lines, *ferr) {
-	var r Rule
-	ls := lines{"": lineOf(n)}
-	if rn, fe := d.resolve(n, ""); fe == nil {
-		ls[""] = lineOf(rn)
-	}
-	es, fe := d.mapping(n, "", 0)
-	if fe != nil {
-		return r, ls, fe
-	}
-	for _, e := range es {
-		if e.key == "name" {
-			ls["name"] = lineOf(e.val)
-			s, _, fe := d.str(e.val, "name")
-			if fe != nil {
-				return r, ls, fe
-			}
-			r.Name = s
-		}
-	}
-	if fe := known(es, "", "name", "match", "key", "default_key", "fair", "mode", "soft", "borrow", "prefetch", "cost", "default_cost", "settle_header", "gcra", "adaptive", "quota", "sliding", "concurrency"); fe != nil {
-		return r, ls, fe
-	}
-	var limitKey string
-	for _, e := range es {
-		ls[e.key] = lineOf(e.knode)
-		var fe *ferr
-		switch e.key {
-		case "match":
-			fe = d.match(e.val, "match", &r.Match, ls)
-		case "key":
-			r.Key, _, fe = d.str(e.val, "key")
-		case "default_key":
-			r.DefaultKey, _, fe = d.str(e.val, "default_key")
-		case "fair":
-			r.Fair, _, fe = d.str(e.val, "fair")
-		case "cost":
-			r.Cost, fe = d.cost(e.val, "cost")
-		case "default_cost":
-			r.DefaultCost, _, fe = d.integer(e.val, "default_cost")
-		case "settle_header":
-			r.SettleHeader, _, fe = d.str(e.val, "settle_header")
-		case "soft":
-			r.Soft, fe = d.share(e.val, "soft")
-		case "borrow":
-			r.Borrow, fe = d.borrow(e.val)
-		case "prefetch":
-			r.Prefetch, _, fe = d.duration(e.val, "prefetch")
-		case "mode":
-			var mode string
-			if mode, _, fe = d.str(e.val, "mode"); fe == nil {
-				switch mode {
-				case "shadow":
-					r.Shadow = true
-				case "enforce", "":
-				default:
-					fe = fail(e.val, "mode", "must be enforce or shadow, got %q", mode)
-				}
-			}
-		case "gcra", "adaptive", "quota", "sliding", "concurrency":
-			if limitKey != "" {
-				return r, ls, fail(e.knode, "", "has both %s and %s; a rule has exactly one limit", limitKey, e.key)
-			}
-			limitKey = e.key
-			r.Limit, fe = d.limit(e.key, e.val, ls)
-		}
-		if fe != nil {
-			return r, ls, fe
-		}
-	}
-	return r, ls, nil
-}
-
-// cost reads a rule's cost: a template string ("{{.units}}") or a whole
-// number (3), kept as text.
-func (d *yamlDoc) cost(n ast.Node, field string) (string, *ferr) {
-	if v, fe := d.resolve(n, field); fe == nil {
-		if _, ok := v.(*ast.IntegerNode); ok {
-			i, _, fe := d.integer(n, field)
-			return strconv.Itoa(i), fe
-		}
-	}
-	s, _, fe := d.str(n, field)
-	return s, fe
-}
-
-// share reads a share: a number (0.1) or a percentage ("10%").
-func (d *yamlDoc) share(n ast.Node, field string) (float64, *ferr) {
-	if v, fe := d.resolve(n, field); fe == nil {
-		if sn, ok := v.(*ast.StringNode); ok && strings.HasSuffix(sn.Value, "%") {
-			f, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(sn.Value, "%")), 64)
-			if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-				return 0, fail(n, field, "must be a share like 10%% or 0.1, got %q", sn.Value)
-			}
-			return f / 100, nil
-		}
-	}
-	f, _, fe := d.number(n, field)
-	return f, fe
-}
-
-// borrow reads a rule's borrow: true (up to the shared rule's rate),
-// false, or a factor such as 2x (or 2).
-func (d *yamlDoc) borrow(n ast.Node) (float64, *ferr) {
-	if v, fe := d.resolve(n, "borrow"); fe == nil {
-		switch v := v.(type) {
-		case *ast.BoolNode:
-			if v.Value {
-				return math.Inf(1), nil
-			}
-			return 0, nil
-		case *ast.StringNode:
-			if f, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(v.Value, "x")), 64); err == nil && strings.HasSuffix(v.Value, "x") && !math.IsNaN(f) && !math.IsInf(f, 0) {
-				return f, nil
-			}
-			return 0, fail(n, "borrow", "must be true, false or a factor like 2x, got %q", v.Value)
-		}
-	}
-	f, _, fe := d.number(n, "borrow")
-	return f, fe
-}
-
-// match reads a matcher at field ("match", or "critical[1]") into m.
-func (d *yamlDoc) match(n ast.Node, field string, m *Match, ls lines) *ferr {
-	if v, fe := d.resolve(n, field); fe == nil {
-		if _, ok := v.(*ast.NullNode); ok {
-			return nil // empty match: refused by checkMatch
-		}
-	}
-	es, fe := d.mapping(n, field, 0)
-	if fe != nil {
-		return fe
-	}
-	if fe := known(es, field, "type", "queue"); fe != nil {
-		return fe
-	}
-	for _, e := range es {
-		f := field + "." + e.key
-		ls[f] = lineOf(e.val)
-		var fe *ferr
-		switch e.key {
-		case "type":
-			m.Type, _, fe = d.str(e.val, f)
-		case "queue":
-			m.Queue, _, fe = d.str(e.val, f)
-		}
-		if fe != nil {
-			return fe
-		}
+	case okEvery && okCron:
+		r.fail("quota", line, "has both every and cron; use every for a fixed window or cron (with tz) for a calendar window")
+	case okTZ && !okCron:
+		r.fail("quota.tz", d.TZ.line, "only allowed with cron (the calendar window's time zone)")
+	case okEvery:
+		return quotas.FixedWindow{Limit: limit, Every: every}
+	case okCron:
+		return quotas.CalendarWindow{Limit: limit, Cron: cron, TZ: tz}
+	default:
+		r.fail("quota", line, "needs every (a fixed window, e.g. every: 10s) or cron (a calendar window, e.g. cron: \"0 0 * * *\")")
 	}
 	return nil
 }
 
-// limit reads one limit block.
-func (d *yamlDoc) limit(block string, n ast.Node, ls lines) (quotas.Limit, *ferr) {
-	es, fe := d.mapping(n, block, 0)
-	if fe != nil {
-		return nil, fe
-	}
-	fields := map[string][]string{
-		"gcra":        {"rate", "per", "burst"},
-		"adaptive":    {"max", "min", "start", "per", "burst"},
-		"quota":       {"limit", "every", "cron", "tz"},
-		"sliding":     {"limit", "every"},
-		"concurrency": {"max", "lease", "reserved"},
-	}[block]
-	if fe := known(es, block, fields...); fe != nil {
-		return nil, fe
-	}
-	var (
-		num   = map[string]float64{}
-		ints  = map[string]int{}
-		durs  = map[string]time.Duration{}
-		strs  = map[string]string{}
-		given = map[string]bool{}
-	)
-	for _, e := range es {
-		f := block + "." + e.key
-		ls[f] = lineOf(e.val)
-		var ok bool
-		var fe *ferr
-		switch {
-		case e.key == "rate" || block == "adaptive" && (e.key == "max" || e.key == "min" || e.key == "start"):
-			num[e.key], ok, fe = d.number(e.val, f)
-		case e.key == "burst" || e.key == "limit" || e.key == "max" || e.key == "reserved":
-			ints[e.key], ok, fe = d.integer(e.val, f)
-		case e.key == "per" || e.key == "every" || e.key == "lease":
-			durs[e.key], ok, fe = d.duration(e.val, f)
-		case e.key == "cron" || e.key == "tz":
-			strs[e.key], ok, fe = d.str(e.val, f)
-		}
-		if fe != nil {
-			return nil, fe
-		}
-		given[e.key] = ok
-	}
-	need := func(keys ...string) *ferr {
-		for _, k := range keys {
-			if !given[k] {
-				return fail(n, block+"."+k, "missing; %s needs %s", block, strings.Join(keys, " and "))
-			}
-		}
+type slidingDoc struct {
+	Limit val[int]           `yaml:"limit"`
+	Every val[time.Duration] `yaml:"every"`
+}
+
+func (d *slidingDoc) limit(r *reader, line int) quotas.Limit {
+	limit, okLimit := get(r, "sliding.limit", d.Limit)
+	every, okEvery := get(r, "sliding.every", d.Every)
+	if r.fe != nil || !need(r, "sliding", line, []string{"limit", "every"}, okLimit, okEvery) {
 		return nil
 	}
-	switch block {
-	case "gcra":
-		if fe := need("rate", "per"); fe != nil {
-			return nil, fe
-		}
-		burst := 1
-		if given["burst"] {
-			burst = ints["burst"]
-		}
-		return quotas.GCRA{Rate: num["rate"], Period: durs["per"], Burst: burst}, nil
-	case "adaptive":
-		if fe := need("max", "per"); fe != nil {
-			return nil, fe
-		}
-		return quotas.Adaptive{Max: num["max"], Min: num["min"], Start: num["start"], Per: durs["per"], Burst: ints["burst"]}, nil
-	case "quota":
-		if fe := need("limit"); fe != nil {
-			return nil, fe
-		}
-		switch {
-		case given["every"] && given["cron"]:
-			return nil, fail(n, block, "has both every and cron; use every for a fixed window or cron (with tz) for a calendar window")
-		case given["every"] && given["tz"]:
-			return nil, &ferr{field: "quota.tz", line: ls.of("quota.tz"), msg: "only allowed with cron (the calendar window's time zone)"}
-		case given["every"]:
-			return quotas.FixedWindow{Limit: ints["limit"], Every: durs["every"]}, nil
-		case given["cron"]:
-			return quotas.CalendarWindow{Limit: ints["limit"], Cron: strs["cron"], TZ: strs["tz"]}, nil
-		case given["tz"]:
-			return nil, &ferr{field: "quota.tz", line: ls.of("quota.tz"), msg: "only allowed with cron (the calendar window's time zone)"}
-		}
-		return nil, fail(n, block, "needs every (a fixed window, e.g. every: 10s) or cron (a calendar window, e.g. cron: \"0 0 * * *\")")
-	case "sliding":
-		if fe := need("limit", "every"); fe != nil {
-			return nil, fe
-		}
-		return quotas.SlidingWindow{Limit: ints["limit"], Every: durs["every"]}, nil
-	default: // concurrency
-		if fe := need("max", "lease"); fe != nil {
-			return nil, fe
-		}
-		return quotas.Concurrency{Max: ints["max"], Lease: durs["lease"], Reserved: ints["reserved"]}, nil
+	return quotas.SlidingWindow{Limit: limit, Every: every}
+}
+
+type concurrencyDoc struct {
+	Max      val[int]           `yaml:"max"`
+	Lease    val[time.Duration] `yaml:"lease"`
+	Reserved val[int]           `yaml:"reserved"`
+}
+
+func (d *concurrencyDoc) limit(r *reader, line int) quotas.Limit {
+	maxSlots, okMax := get(r, "concurrency.max", d.Max)
+	lease, okLease := get(r, "concurrency.lease", d.Lease)
+	reserved, _ := get(r, "concurrency.reserved", d.Reserved)
+	if r.fe != nil || !need(r, "concurrency", line, []string{"max", "lease"}, okMax, okLease) {
+		return nil
 	}
+	return quotas.Concurrency{Max: maxSlots, Lease: lease, Reserved: reserved}
 }

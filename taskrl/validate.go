@@ -14,7 +14,8 @@ import (
 
 // buildPolicy validates rules; pos, when not nil, holds each rule's YAML
 // lines, and skip marks rules already reported (they are only checked for
-// duplicate names).
+// duplicate names) and left nil in the Policy returned, which then serves
+// only to check the rest of the document.
 func buildPolicy(rules []Rule, pos []lines, skip []bool, mode FailureMode) (*Policy, errList) {
 	var errs errList
 	if len(rules) == 0 {
