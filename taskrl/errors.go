@@ -80,26 +80,3 @@ func (l errList) err() error {
 	}
 	return errors.Join(errs...)
 }
-
-// lines maps a rule's field paths ("" for the rule itself) to YAML lines.
-type lines map[string]int
-
-func (ls lines) of(field string) int {
-	if ls == nil {
-		return 0
-	}
-	for f := field; ; {
-		if n, ok := ls[f]; ok {
-			return n
-		}
-		i := strings.LastIndexByte(f, '.')
-		if i < 0 {
-			if f == "" {
-				return 0
-			}
-			f = ""
-			continue
-		}
-		f = f[:i]
-	}
-}

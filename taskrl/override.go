@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/taskrl/taskrl/internal/yamldoc"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -54,18 +55,18 @@ func (p *Policy) Overrides() []Override {
 // checkOverrides validates overrides against p's rules; at, when not nil,
 // gives each entry's lines in a policy file. It returns them with their
 // limits as values.
-func (p *Policy) checkOverrides(overrides []Override, at []lines) ([]Override, errList) {
+func (p *Policy) checkOverrides(overrides []Override, at []yamldoc.Lines) ([]Override, errList) {
 	var errs errList
 	out := make([]Override, 0, len(overrides))
 	seen := map[[2]string]int{}
 	for i, o := range overrides {
-		var ls lines
+		var ls yamldoc.Lines
 		if at != nil {
 			ls = at[i]
 		}
 		field := fmt.Sprintf("overrides[%d]", i+1)
 		bad := func(f, format string, args ...any) {
-			errs.add(&PolicyError{Line: ls.of(f), Field: join(field, f), Msg: fmt.Sprintf(format, args...)})
+			errs.add(&PolicyError{Line: ls.Of(f), Field: yamldoc.Join(field, f), Msg: fmt.Sprintf(format, args...)})
 		}
 		r := p.rule(o.Rule)
 		switch {
@@ -156,75 +157,75 @@ func blockOf(l quotas.Limit) string {
 // (see ParsePolicy), and validates it. Errors name the field, e.g.
 // `policy: line 1: gcra.rate: must be a positive number, got -1`.
 func ParseLimit(yaml []byte) (quotas.Limit, error) {
-	var b block[limitsDoc]
-	fe := decodeDoc(yaml, "a limit such as gcra: {rate: 5, per: 1s}", &b)
+	var b yamldoc.Block[limitsDoc]
+	fe := yamldoc.Decode(yaml, "a limit such as gcra: {rate: 5, per: 1s}", &b)
 	if fe == nil {
-		r := &reader{ls: lines{}}
-		if l := must(r, "", 0, &b); l != nil {
-			r.at("", b.keys)
-			if n := len(l.given(b.keys)); n != 1 {
-				r.fail("", b.line, "want exactly one limit block, got %d", n)
-			} else if lim := l.read(r, b.keys, ""); lim != nil {
+		r := &yamldoc.Reader{}
+		if l := yamldoc.Must(r, "", 0, &b); l != nil {
+			r.At("", b.Keys)
+			if n := len(l.given(b.Keys)); n != 1 {
+				r.Fail("", b.Line, "want exactly one limit block, got %d", n)
+			} else if lim := l.read(r, b.Keys, ""); lim != nil {
 				lim, field, msg := checkLimit("override", lim)
 				if msg == "" {
 					return lim, nil
 				}
-				r.fail(field, r.ls.of(field), "%s", msg)
+				r.Fail(field, r.Lines.Of(field), "%s", msg)
 			}
 		}
-		fe = r.fe
+		fe = r.First
 	}
-	return nil, &PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg}
+	return nil, &PolicyError{Line: fe.Line, Field: fe.Field, Msg: fe.Msg}
 }
 
 // overrideEntry is an entry of a policy file's overrides list.
 type overrideEntry struct {
-	Rule   val[string]  `yaml:"rule"`
-	Key    val[keyText] `yaml:"key"`
-	Limits limitsDoc    `yaml:",inline"`
+	Rule   yamldoc.Val[string]             `yaml:"rule"`
+	Key    yamldoc.Val[yamldoc.ScalarText] `yaml:"key"`
+	Limits limitsDoc                       `yaml:",inline"`
 }
 
 // readOverrides reads the policy file's overrides list: entries
 // {rule, key, <one limit block>}, with their lines.
-func readOverrides(l *list[block[overrideEntry]]) ([]Override, []lines, errList) {
+func readOverrides(l *yamldoc.List[yamldoc.Block[overrideEntry]]) ([]Override, []yamldoc.Lines, errList) {
 	var errs errList
-	add := func(field string, fe *ferr) {
-		errs.add(&PolicyError{Line: fe.line, Field: join(field, fe.field), Msg: fe.msg})
+	add := func(field string, fe *yamldoc.Problem) {
+		errs.add(&PolicyError{Line: fe.Line, Field: yamldoc.Join(field, fe.Field), Msg: fe.Msg})
 	}
-	r := &reader{ls: lines{}}
-	es := entries(r, "overrides", l, "a list such as - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s}}")
-	if r.fe != nil {
-		add("", r.fe)
+	r := &yamldoc.Reader{}
+	es := yamldoc.Entries(r, "overrides", l, "a list such as - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s}}")
+	if r.First != nil {
+		add("", r.First)
 		return nil, nil, errs
 	}
 	var out []Override
-	var at []lines
+	var at []yamldoc.Lines
 	for i := range es {
-		r := &reader{ls: lines{"": l.lines[i]}}
-		o := readOverride(r, &es[i], l.lines[i])
-		if r.fe != nil {
-			add(fmt.Sprintf("overrides[%d]", i+1), r.fe)
+		r := &yamldoc.Reader{Lines: yamldoc.Lines{"": l.At[i]}}
+		o := readOverride(r, &es[i], l.At[i])
+		if r.First != nil {
+			add(fmt.Sprintf("overrides[%d]", i+1), r.First)
 			continue
 		}
-		out, at = append(out, o), append(at, r.ls)
+		out, at = append(out, o), append(at, r.Lines)
 	}
 	return out, at, errs
 }
 
 // readOverride reads b, the entry at line of the overrides list.
-func readOverride(r *reader, b *block[overrideEntry], line int) Override {
+func readOverride(r *yamldoc.Reader, b *yamldoc.Block[overrideEntry], line int) Override {
 	var o Override
-	od := must(r, "", line, b)
+	od := yamldoc.Must(r, "", line, b)
 	if od == nil {
 		return o
 	}
-	r.at("", b.keys)
-	o.Rule, _ = get(r, "rule", od.Rule)
-	key, _ := get(r, "key", od.Key)
+	r.At("", b.Keys)
+	o.Rule, _ = yamldoc.Get(r, "rule", od.Rule)
+	key, _ := yamldoc.Get(r, "key", od.Key)
 	o.Key = string(key)
-	o.Limit = od.Limits.read(r, b.keys, "an override has exactly one limit")
+	o.Limit = od.Limits.read(r, b.Keys, "an override has exactly one limit")
 	if o.Limit == nil {
-		r.fail("", b.line, "no limit; add the key's own gcra, adaptive, quota, sliding or concurrency")
+		r.Fail("", b.Line, "no limit; add the key's own gcra, adaptive, quota, sliding or concurrency")
 	}
 	return o
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/goccy/go-yaml/ast"
 
 	"github.com/taskrl/taskrl/internal/egress"
+	"github.com/taskrl/taskrl/internal/yamldoc"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -138,63 +139,63 @@ func LoadPolicyFile(path string) (*Policy, error) {
 // policyDoc is a policy file as decoded; its fields are read in this
 // order, the order of the message listing them.
 type policyDoc struct {
-	Rules            list[block[ruleDoc]]       `yaml:"rules"`
-	RedisUnavailable val[string]                `yaml:"redis_unavailable"`
-	Critical         list[block[matchDoc]]      `yaml:"critical"`
-	Throttle         list[val[string]]          `yaml:"throttle"`
-	Overrides        list[block[overrideEntry]] `yaml:"overrides"`
-	HTTP             block[httpDoc]             `yaml:"http"`
-	Shed             block[shedDoc]             `yaml:"shed"`
+	Rules            yamldoc.List[yamldoc.Block[ruleDoc]]       `yaml:"rules"`
+	RedisUnavailable yamldoc.Val[string]                        `yaml:"redis_unavailable"`
+	Critical         yamldoc.List[yamldoc.Block[matchDoc]]      `yaml:"critical"`
+	Throttle         yamldoc.List[yamldoc.Val[string]]          `yaml:"throttle"`
+	Overrides        yamldoc.List[yamldoc.Block[overrideEntry]] `yaml:"overrides"`
+	HTTP             yamldoc.Block[httpDoc]                     `yaml:"http"`
+	Shed             yamldoc.Block[shedDoc]                     `yaml:"shed"`
 }
 
 // ruleDoc is a rule as written in a policy file.
 type ruleDoc struct {
-	Name         val[string]        `yaml:"name"`
-	Match        block[matchDoc]    `yaml:"match"`
-	Key          val[string]        `yaml:"key"`
-	DefaultKey   val[string]        `yaml:"default_key"`
-	Fair         val[string]        `yaml:"fair"`
-	Mode         val[string]        `yaml:"mode"`
-	Soft         val[share]         `yaml:"soft"`
-	Borrow       val[factor]        `yaml:"borrow"`
-	Prefetch     val[time.Duration] `yaml:"prefetch"`
-	Cost         val[costText]      `yaml:"cost"`
-	DefaultCost  val[int]           `yaml:"default_cost"`
-	SettleHeader val[string]        `yaml:"settle_header"`
-	Limits       limitsDoc          `yaml:",inline"`
+	Name         yamldoc.Val[string]          `yaml:"name"`
+	Match        yamldoc.Block[matchDoc]      `yaml:"match"`
+	Key          yamldoc.Val[string]          `yaml:"key"`
+	DefaultKey   yamldoc.Val[string]          `yaml:"default_key"`
+	Fair         yamldoc.Val[string]          `yaml:"fair"`
+	Mode         yamldoc.Val[string]          `yaml:"mode"`
+	Soft         yamldoc.Val[yamldoc.Share]   `yaml:"soft"`
+	Borrow       yamldoc.Val[yamldoc.Factor]  `yaml:"borrow"`
+	Prefetch     yamldoc.Val[time.Duration]   `yaml:"prefetch"`
+	Cost         yamldoc.Val[yamldoc.IntText] `yaml:"cost"`
+	DefaultCost  yamldoc.Val[int]             `yaml:"default_cost"`
+	SettleHeader yamldoc.Val[string]          `yaml:"settle_header"`
+	Limits       limitsDoc                    `yaml:",inline"`
 }
 
 // matchDoc is a matcher: a rule's match, a critical entry, a shed class.
 type matchDoc struct {
-	Type  val[string] `yaml:"type"`
-	Queue val[string] `yaml:"queue"`
+	Type  yamldoc.Val[string] `yaml:"type"`
+	Queue yamldoc.Val[string] `yaml:"queue"`
 }
 
 // httpDoc is the http section: the worker's http:call handler.
 type httpDoc struct {
-	AllowHosts list[val[string]] `yaml:"allow_hosts"`
+	AllowHosts yamldoc.List[yamldoc.Val[string]] `yaml:"allow_hosts"`
 }
 
 // shedDoc is the shed section (see Shed).
 type shedDoc struct {
-	Signal  val[string]        `yaml:"signal"`
-	Above   val[float64]       `yaml:"above"`
-	Classes list[class]        `yaml:"classes"`
-	Grace   val[time.Duration] `yaml:"grace"`
-	Ramp    val[time.Duration] `yaml:"ramp"`
-	Window  val[time.Duration] `yaml:"window"`
+	Signal  yamldoc.Val[string]        `yaml:"signal"`
+	Above   yamldoc.Val[float64]       `yaml:"above"`
+	Classes yamldoc.List[class]        `yaml:"classes"`
+	Grace   yamldoc.Val[time.Duration] `yaml:"grace"`
+	Ramp    yamldoc.Val[time.Duration] `yaml:"ramp"`
+	Window  yamldoc.Val[time.Duration] `yaml:"window"`
 }
 
 // class is an entry of shed.classes: a matcher, or a queue's bare name.
 type class struct {
-	queue val[string]
-	match block[matchDoc]
+	queue yamldoc.Val[string]
+	match yamldoc.Block[matchDoc]
 }
 
 // UnmarshalYAML reads a bare name into c.queue, anything else into
 // c.match.
 func (c *class) UnmarshalYAML(decode func(any) error) error {
-	n, err := valueOf(decode)
+	n, err := yamldoc.ValueOf(decode)
 	if err != nil {
 		return err
 	}
@@ -207,20 +208,20 @@ func (c *class) UnmarshalYAML(decode func(any) error) error {
 // parsePolicy parses and validates a policy document.
 func parsePolicy(data []byte) (*Policy, errList) {
 	var errs errList
-	add := func(fe *ferr, index int, rule string) {
+	add := func(fe *yamldoc.Problem, index int, rule string) {
 		if fe != nil {
-			errs.add(&PolicyError{Line: fe.line, Index: index, Rule: rule, Field: fe.field, Msg: fe.msg})
+			errs.add(&PolicyError{Line: fe.Line, Index: index, Rule: rule, Field: fe.Field, Msg: fe.Msg})
 		}
 	}
-	var doc block[policyDoc]
-	if fe := decodeDoc(data, "a policy needs a rules list", &doc); fe != nil {
+	var doc yamldoc.Block[policyDoc]
+	if fe := yamldoc.Decode(data, "a policy needs a rules list", &doc); fe != nil {
 		add(fe, 0, "")
 		return nil, errs
 	}
-	top := &reader{ls: lines{}}
-	d := must(top, "", doc.line, &doc)
+	top := &yamldoc.Reader{}
+	d := yamldoc.Must(top, "", doc.Line, &doc)
 	if d == nil {
-		add(top.fe, 0, "")
+		add(top.First, 0, "")
 		return nil, errs
 	}
 	mode, fe := readMode(d.RedisUnavailable)
@@ -236,22 +237,22 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	shed, fe := readShed(&d.Shed)
 	add(fe, 0, "")
 
-	r := &reader{ls: lines{}}
-	switch entries(r, "rules", &d.Rules, "a list of rules"); {
-	case !d.Rules.set && doc.keys["rules"] == 0:
-		r.fail("rules", 0, "missing; a policy needs a list of rules")
-	case r.fe == nil && len(d.Rules.v) == 0:
-		r.fail("rules", max(d.Rules.line, doc.keys["rules"]), "empty; a policy needs at least one rule")
+	r := &yamldoc.Reader{}
+	switch yamldoc.Entries(r, "rules", &d.Rules, "a list of rules"); {
+	case !d.Rules.Set && doc.Keys["rules"] == 0:
+		r.Fail("rules", 0, "missing; a policy needs a list of rules")
+	case r.First == nil && len(d.Rules.V) == 0:
+		r.Fail("rules", max(d.Rules.Line, doc.Keys["rules"]), "empty; a policy needs at least one rule")
 	}
-	if r.fe != nil {
-		add(r.fe, 0, "")
+	if r.First != nil {
+		add(r.First, 0, "")
 		return nil, errs
 	}
-	rules := make([]Rule, len(d.Rules.v))
-	pos := make([]lines, len(d.Rules.v))
-	skip := make([]bool, len(d.Rules.v))
-	for i := range d.Rules.v {
-		rule, ls, fe := readRule(&d.Rules.v[i], d.Rules.lines[i])
+	rules := make([]Rule, len(d.Rules.V))
+	pos := make([]yamldoc.Lines, len(d.Rules.V))
+	skip := make([]bool, len(d.Rules.V))
+	for i := range d.Rules.V {
+		rule, ls, fe := readRule(&d.Rules.V[i], d.Rules.At[i])
 		rules[i], pos[i] = rule, ls
 		if fe != nil {
 			skip[i] = true
@@ -292,62 +293,62 @@ func parsePolicy(data []byte) (*Policy, errList) {
 
 // must is open for a block that cannot be absent or null: a document, an
 // entry of a list of mappings (at line).
-func must[T any](r *reader, field string, line int, b *block[T]) *T {
-	if !b.set {
-		r.fail(field, max(b.line, line), "must be a mapping, got null (an empty value)")
+func must[T any](r *yamldoc.Reader, field string, line int, b *yamldoc.Block[T]) *T {
+	if !b.Set {
+		r.Fail(field, max(b.Line, line), "must be a mapping, got null (an empty value)")
 		return nil
 	}
-	return open(r, field, b)
+	return yamldoc.Open(r, field, b)
 }
 
 // readMode reads redis_unavailable; FailClosed when absent.
-func readMode(s val[string]) (FailureMode, *ferr) {
-	r := &reader{ls: lines{}}
-	v, ok := get(r, "redis_unavailable", s)
+func readMode(s yamldoc.Val[string]) (FailureMode, *yamldoc.Problem) {
+	r := &yamldoc.Reader{}
+	v, ok := yamldoc.Get(r, "redis_unavailable", s)
 	if !ok {
-		return FailClosed, r.fe
+		return FailClosed, r.First
 	}
 	switch m := FailureMode(v); m {
 	case FailOpen, FailClosed, FailLocal:
 		return m, nil
 	}
-	r.fail("redis_unavailable", s.line, "must be open, closed or local, got %q", v)
-	return FailClosed, r.fe
+	r.Fail("redis_unavailable", s.Line, "must be open, closed or local, got %q", v)
+	return FailClosed, r.First
 }
 
 // readMatch reads the matcher b, field ("match", "critical[1]").
-func readMatch(r *reader, field string, b *block[matchDoc]) Match {
+func readMatch(r *yamldoc.Reader, field string, b *yamldoc.Block[matchDoc]) Match {
 	var m Match
-	if md := open(r, field, b); md != nil {
-		m.Type, _ = get(r, field+".type", md.Type)
-		m.Queue, _ = get(r, field+".queue", md.Queue)
+	if md := yamldoc.Open(r, field, b); md != nil {
+		m.Type, _ = yamldoc.Get(r, field+".type", md.Type)
+		m.Queue, _ = yamldoc.Get(r, field+".queue", md.Queue)
 	}
 	return m
 }
 
 // readCritical reads the top-level critical list: matchers like a rule's.
-func readCritical(l *list[block[matchDoc]]) ([]Match, errList) {
+func readCritical(l *yamldoc.List[yamldoc.Block[matchDoc]]) ([]Match, errList) {
 	var errs errList
-	add := func(fe *ferr) { errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg}) }
-	r := &reader{ls: lines{}}
-	es := entries(r, "critical", l, "a list of matchers such as - {queue: critical}")
-	if r.fe != nil {
-		add(r.fe)
+	add := func(fe *yamldoc.Problem) { errs.add(&PolicyError{Line: fe.Line, Field: fe.Field, Msg: fe.Msg}) }
+	r := &yamldoc.Reader{}
+	es := yamldoc.Entries(r, "critical", l, "a list of matchers such as - {queue: critical}")
+	if r.First != nil {
+		add(r.First)
 		return nil, errs
 	}
 	var out []Match
 	for i := range es {
 		field := criticalField(i, "")
-		r := &reader{ls: lines{field: l.lines[i]}}
+		r := &yamldoc.Reader{Lines: yamldoc.Lines{field: l.At[i]}}
 		m := readMatch(r, field, &es[i])
-		if r.fe == nil {
+		if r.First == nil {
 			if f, msg := checkMatch(m); msg != "" {
 				f = criticalField(i, f)
-				r.fail(f, r.ls.of(f), "%s", msg)
+				r.Fail(f, r.Lines.Of(f), "%s", msg)
 			}
 		}
-		if r.fe != nil {
-			add(r.fe)
+		if r.First != nil {
+			add(r.First)
 			continue
 		}
 		out = append(out, m)
@@ -356,52 +357,52 @@ func readCritical(l *list[block[matchDoc]]) ([]Match, errList) {
 }
 
 // readNames reads a list of rule names, field, with the line of each.
-func readNames(l *list[val[string]], field string) (names []string, at []int, fe *ferr) {
-	r := &reader{ls: lines{}}
-	for i, s := range entries(r, field, l, "a list of rule names such as [per-business]") {
+func readNames(l *yamldoc.List[yamldoc.Val[string]], field string) (names []string, at []int, fe *yamldoc.Problem) {
+	r := &yamldoc.Reader{}
+	for i, s := range yamldoc.Entries(r, field, l, "a list of rule names such as [per-business]") {
 		f := fmt.Sprintf("%s[%d]", field, i+1)
-		if v, _ := get(r, f, s); v == "" {
-			r.fail(f, l.lines[i], "must be a rule name")
+		if v, _ := yamldoc.Get(r, f, s); v == "" {
+			r.Fail(f, l.At[i], "must be a rule name")
 		}
-		names, at = append(names, s.v), append(at, l.lines[i])
+		names, at = append(names, s.V), append(at, l.At[i])
 	}
-	if r.fe != nil {
-		return nil, nil, r.fe
+	if r.First != nil {
+		return nil, nil, r.First
 	}
 	return names, at, nil
 }
 
 // readShed reads the top-level shed section (see Shed) with its defaults;
 // nil for an empty one.
-func readShed(b *block[shedDoc]) (*Shed, *ferr) {
-	r := &reader{ls: lines{}}
-	sd := open(r, "shed", b)
+func readShed(b *yamldoc.Block[shedDoc]) (*Shed, *yamldoc.Problem) {
+	r := &yamldoc.Reader{}
+	sd := yamldoc.Open(r, "shed", b)
 	if sd == nil {
-		return nil, r.fe
+		return nil, r.First
 	}
-	r.at("shed", b.keys)
+	r.At("shed", b.Keys)
 	var s Shed
-	signal, _ := get(r, "shed.signal", sd.Signal)
+	signal, _ := yamldoc.Get(r, "shed.signal", sd.Signal)
 	s.Signal = ShedSignal(signal)
-	s.Above, _ = get(r, "shed.above", sd.Above)
-	for i, c := range entries(r, "shed.classes", &sd.Classes, "a list of classes, least important first, such as [{queue: bulk}, {queue: default}]") {
+	s.Above, _ = yamldoc.Get(r, "shed.above", sd.Above)
+	for i, c := range yamldoc.Entries(r, "shed.classes", &sd.Classes, "a list of classes, least important first, such as [{queue: bulk}, {queue: default}]") {
 		f := fmt.Sprintf("shed.classes[%d]", i+1)
-		r.ls[f] = sd.Classes.lines[i]
-		if c.queue.set {
-			q, _ := get(r, f, c.queue)
+		r.Lines[f] = sd.Classes.At[i]
+		if c.queue.Set {
+			q, _ := yamldoc.Get(r, f, c.queue)
 			s.Classes = append(s.Classes, Match{Queue: q})
 			continue
 		}
 		s.Classes = append(s.Classes, readMatch(r, f, &c.match))
 	}
-	s.Grace, _ = get(r, "shed.grace", sd.Grace)
-	s.Ramp, _ = get(r, "shed.ramp", sd.Ramp)
-	s.Window, _ = get(r, "shed.window", sd.Window)
-	if r.fe != nil {
-		return nil, r.fe
+	s.Grace, _ = yamldoc.Get(r, "shed.grace", sd.Grace)
+	s.Ramp, _ = yamldoc.Get(r, "shed.ramp", sd.Ramp)
+	s.Window, _ = yamldoc.Get(r, "shed.window", sd.Window)
+	if r.First != nil {
+		return nil, r.First
 	}
 	if f, msg := s.check(); msg != "" {
-		return nil, &ferr{field: "shed." + f, line: r.ls.of("shed." + f), msg: msg}
+		return nil, &yamldoc.Problem{Field: "shed." + f, Line: r.Lines.Of("shed." + f), Msg: msg}
 	}
 	s = s.withDefaults()
 	return &s, nil
@@ -409,36 +410,36 @@ func readShed(b *block[shedDoc]) (*Shed, *ferr) {
 
 // readHTTP reads the top-level http section: allow_hosts, a list of host
 // patterns (see Policy.WithAllowHosts), returned in canonical form.
-func readHTTP(b *block[httpDoc]) ([]string, errList) {
+func readHTTP(b *yamldoc.Block[httpDoc]) ([]string, errList) {
 	var errs errList
-	add := func(fe *ferr) { errs.add(&PolicyError{Line: fe.line, Field: fe.field, Msg: fe.msg}) }
-	r := &reader{ls: lines{}}
-	hd := open(r, "http", b)
+	add := func(fe *yamldoc.Problem) { errs.add(&PolicyError{Line: fe.Line, Field: fe.Field, Msg: fe.Msg}) }
+	r := &yamldoc.Reader{}
+	hd := yamldoc.Open(r, "http", b)
 	if hd == nil {
-		if r.fe != nil {
-			add(r.fe)
+		if r.First != nil {
+			add(r.First)
 		}
 		return nil, errs
 	}
 	var hosts []string
-	es := entries(r, "http.allow_hosts", &hd.AllowHosts, `a list of hosts such as [api.example.com, "*.example.net:443"]`)
-	if r.fe != nil {
-		add(r.fe)
+	es := yamldoc.Entries(r, "http.allow_hosts", &hd.AllowHosts, `a list of hosts such as [api.example.com, "*.example.net:443"]`)
+	if r.First != nil {
+		add(r.First)
 	}
 	for i, s := range es {
 		f := fmt.Sprintf("http.allow_hosts[%d]", i+1)
-		r := &reader{ls: lines{}}
-		if h, ok := get(r, f, s); ok {
+		r := &yamldoc.Reader{}
+		if h, ok := yamldoc.Get(r, f, s); ok {
 			if pt, err := egress.ParsePattern(h); err != nil {
-				r.fail(f, s.line, "%v", err)
+				r.Fail(f, s.Line, "%v", err)
 			} else {
 				hosts = append(hosts, pt.String())
 			}
 		} else {
-			r.fail(f, hd.AllowHosts.lines[i], "must be a host such as api.example.com")
+			r.Fail(f, hd.AllowHosts.At[i], "must be a host such as api.example.com")
 		}
-		if r.fe != nil {
-			add(r.fe)
+		if r.First != nil {
+			add(r.First)
 		}
 	}
 	return hosts, errs
@@ -446,48 +447,48 @@ func readHTTP(b *block[httpDoc]) ([]string, errList) {
 
 // readRule reads one rule, the entry at line of the rules list. It returns
 // what it could read (the name at least, when there is one) even on error.
-func readRule(b *block[ruleDoc], line int) (Rule, lines, *ferr) {
+func readRule(b *yamldoc.Block[ruleDoc], line int) (Rule, yamldoc.Lines, *yamldoc.Problem) {
 	var rule Rule
-	r := &reader{ls: lines{"": max(b.line, line)}}
-	rd := &b.v
-	rule.Name, _ = get(r, "name", rd.Name)
-	if must(r, "", line, b) == nil || r.fe != nil {
-		return rule, r.ls, r.fe
+	r := &yamldoc.Reader{Lines: yamldoc.Lines{"": max(b.Line, line)}}
+	rd := &b.V
+	rule.Name, _ = yamldoc.Get(r, "name", rd.Name)
+	if yamldoc.Must(r, "", line, b) == nil || r.First != nil {
+		return rule, r.Lines, r.First
 	}
-	r.at("", b.keys)
+	r.At("", b.Keys)
 	rule.Match = readMatch(r, "match", &rd.Match)
-	rule.Key, _ = get(r, "key", rd.Key)
-	rule.DefaultKey, _ = get(r, "default_key", rd.DefaultKey)
-	rule.Fair, _ = get(r, "fair", rd.Fair)
-	if mode, ok := get(r, "mode", rd.Mode); ok {
+	rule.Key, _ = yamldoc.Get(r, "key", rd.Key)
+	rule.DefaultKey, _ = yamldoc.Get(r, "default_key", rd.DefaultKey)
+	rule.Fair, _ = yamldoc.Get(r, "fair", rd.Fair)
+	if mode, ok := yamldoc.Get(r, "mode", rd.Mode); ok {
 		switch mode {
 		case "shadow":
 			rule.Shadow = true
 		case "enforce", "":
 		default:
-			r.fail("mode", rd.Mode.line, "must be enforce or shadow, got %q", mode)
+			r.Fail("mode", rd.Mode.Line, "must be enforce or shadow, got %q", mode)
 		}
 	}
-	soft, _ := get(r, "soft", rd.Soft)
-	borrow, _ := get(r, "borrow", rd.Borrow)
+	soft, _ := yamldoc.Get(r, "soft", rd.Soft)
+	borrow, _ := yamldoc.Get(r, "borrow", rd.Borrow)
 	rule.Soft, rule.Borrow = float64(soft), float64(borrow)
-	rule.Prefetch, _ = get(r, "prefetch", rd.Prefetch)
-	cost, _ := get(r, "cost", rd.Cost)
+	rule.Prefetch, _ = yamldoc.Get(r, "prefetch", rd.Prefetch)
+	cost, _ := yamldoc.Get(r, "cost", rd.Cost)
 	rule.Cost = string(cost)
-	rule.DefaultCost, _ = get(r, "default_cost", rd.DefaultCost)
-	rule.SettleHeader, _ = get(r, "settle_header", rd.SettleHeader)
-	rule.Limit = rd.Limits.read(r, b.keys, "a rule has exactly one limit")
-	return rule, r.ls, r.fe
+	rule.DefaultCost, _ = yamldoc.Get(r, "default_cost", rd.DefaultCost)
+	rule.SettleHeader, _ = yamldoc.Get(r, "settle_header", rd.SettleHeader)
+	rule.Limit = rd.Limits.read(r, b.Keys, "a rule has exactly one limit")
+	return rule, r.Lines, r.First
 }
 
 // limitsDoc is the limit blocks of a rule or override, of which one is
 // given.
 type limitsDoc struct {
-	GCRA        block[gcraDoc]        `yaml:"gcra"`
-	Adaptive    block[adaptiveDoc]    `yaml:"adaptive"`
-	Quota       block[quotaDoc]       `yaml:"quota"`
-	Sliding     block[slidingDoc]     `yaml:"sliding"`
-	Concurrency block[concurrencyDoc] `yaml:"concurrency"`
+	GCRA        yamldoc.Block[gcraDoc]        `yaml:"gcra"`
+	Adaptive    yamldoc.Block[adaptiveDoc]    `yaml:"adaptive"`
+	Quota       yamldoc.Block[quotaDoc]       `yaml:"quota"`
+	Sliding     yamldoc.Block[slidingDoc]     `yaml:"sliding"`
+	Concurrency yamldoc.Block[concurrencyDoc] `yaml:"concurrency"`
 }
 
 // given returns the names of the blocks given, in the order of their
@@ -500,9 +501,9 @@ func (l *limitsDoc) given(keys map[string]int) []string {
 		set  bool
 		line int
 	}{
-		{"gcra", l.GCRA.set, l.GCRA.line}, {"adaptive", l.Adaptive.set, l.Adaptive.line},
-		{"quota", l.Quota.set, l.Quota.line}, {"sliding", l.Sliding.set, l.Sliding.line},
-		{"concurrency", l.Concurrency.set, l.Concurrency.line},
+		{"gcra", l.GCRA.Set, l.GCRA.Line}, {"adaptive", l.Adaptive.Set, l.Adaptive.Line},
+		{"quota", l.Quota.Set, l.Quota.Line}, {"sliding", l.Sliding.Set, l.Sliding.Line},
+		{"concurrency", l.Concurrency.Set, l.Concurrency.Line},
 	} {
 		if g.set {
 			out = append(out, g.name)
@@ -515,13 +516,13 @@ func (l *limitsDoc) given(keys map[string]int) []string {
 
 // read reads the one limit given; nil when there is none. one says that
 // there must be one.
-func (l *limitsDoc) read(r *reader, keys map[string]int, one string) quotas.Limit {
+func (l *limitsDoc) read(r *yamldoc.Reader, keys map[string]int, one string) quotas.Limit {
 	given := l.given(keys)
 	switch {
 	case len(given) == 0:
 		return nil
 	case len(given) > 1:
-		r.fail("", r.ls.of(given[1]), "has both %s and %s; %s", given[0], given[1], one)
+		r.Fail("", r.Lines.Of(given[1]), "has both %s and %s; %s", given[0], given[1], one)
 		return nil
 	}
 	switch given[0] {
@@ -540,24 +541,24 @@ func (l *limitsDoc) read(r *reader, keys map[string]int, one string) quotas.Limi
 // limitOf reads the limit block b, name.
 func limitOf[T any, P interface {
 	*T
-	limit(r *reader, line int) quotas.Limit
-}](r *reader, name string, b *block[T]) quotas.Limit {
-	d := open(r, name, b)
-	if d == nil || r.fe != nil {
+	limit(r *yamldoc.Reader, line int) quotas.Limit
+}](r *yamldoc.Reader, name string, b *yamldoc.Block[T]) quotas.Limit {
+	d := yamldoc.Open(r, name, b)
+	if d == nil || r.First != nil {
 		return nil
 	}
-	l := P(d).limit(r, b.line)
-	if r.fe != nil {
+	l := P(d).limit(r, b.Line)
+	if r.First != nil {
 		return nil
 	}
 	return l
 }
 
 // need fails unless every key of block (at line) is given.
-func need(r *reader, block string, line int, keys []string, given ...bool) bool {
+func need(r *yamldoc.Reader, block string, line int, keys []string, given ...bool) bool {
 	for i, ok := range given {
 		if !ok {
-			r.fail(block+"."+keys[i], line, "missing; %s needs %s", block, strings.Join(keys, " and "))
+			r.Fail(block+"."+keys[i], line, "missing; %s needs %s", block, strings.Join(keys, " and "))
 			return false
 		}
 	}
@@ -565,16 +566,16 @@ func need(r *reader, block string, line int, keys []string, given ...bool) bool 
 }
 
 type gcraDoc struct {
-	Rate  val[float64]       `yaml:"rate"`
-	Per   val[time.Duration] `yaml:"per"`
-	Burst val[int]           `yaml:"burst"`
+	Rate  yamldoc.Val[float64]       `yaml:"rate"`
+	Per   yamldoc.Val[time.Duration] `yaml:"per"`
+	Burst yamldoc.Val[int]           `yaml:"burst"`
 }
 
-func (d *gcraDoc) limit(r *reader, line int) quotas.Limit {
-	rate, okRate := get(r, "gcra.rate", d.Rate)
-	per, okPer := get(r, "gcra.per", d.Per)
-	burst, okBurst := get(r, "gcra.burst", d.Burst)
-	if r.fe != nil || !need(r, "gcra", line, []string{"rate", "per"}, okRate, okPer) {
+func (d *gcraDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
+	rate, okRate := yamldoc.Get(r, "gcra.rate", d.Rate)
+	per, okPer := yamldoc.Get(r, "gcra.per", d.Per)
+	burst, okBurst := yamldoc.Get(r, "gcra.burst", d.Burst)
+	if r.First != nil || !need(r, "gcra", line, []string{"rate", "per"}, okRate, okPer) {
 		return nil
 	}
 	if !okBurst {
@@ -584,80 +585,80 @@ func (d *gcraDoc) limit(r *reader, line int) quotas.Limit {
 }
 
 type adaptiveDoc struct {
-	Max   val[float64]       `yaml:"max"`
-	Min   val[float64]       `yaml:"min"`
-	Start val[float64]       `yaml:"start"`
-	Per   val[time.Duration] `yaml:"per"`
-	Burst val[int]           `yaml:"burst"`
+	Max   yamldoc.Val[float64]       `yaml:"max"`
+	Min   yamldoc.Val[float64]       `yaml:"min"`
+	Start yamldoc.Val[float64]       `yaml:"start"`
+	Per   yamldoc.Val[time.Duration] `yaml:"per"`
+	Burst yamldoc.Val[int]           `yaml:"burst"`
 }
 
-func (d *adaptiveDoc) limit(r *reader, line int) quotas.Limit {
-	maxRate, okMax := get(r, "adaptive.max", d.Max)
-	minRate, _ := get(r, "adaptive.min", d.Min)
-	start, _ := get(r, "adaptive.start", d.Start)
-	per, okPer := get(r, "adaptive.per", d.Per)
-	burst, _ := get(r, "adaptive.burst", d.Burst)
-	if r.fe != nil || !need(r, "adaptive", line, []string{"max", "per"}, okMax, okPer) {
+func (d *adaptiveDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
+	maxRate, okMax := yamldoc.Get(r, "adaptive.max", d.Max)
+	minRate, _ := yamldoc.Get(r, "adaptive.min", d.Min)
+	start, _ := yamldoc.Get(r, "adaptive.start", d.Start)
+	per, okPer := yamldoc.Get(r, "adaptive.per", d.Per)
+	burst, _ := yamldoc.Get(r, "adaptive.burst", d.Burst)
+	if r.First != nil || !need(r, "adaptive", line, []string{"max", "per"}, okMax, okPer) {
 		return nil
 	}
 	return quotas.Adaptive{Max: maxRate, Min: minRate, Start: start, Per: per, Burst: burst}
 }
 
 type quotaDoc struct {
-	Limit val[int]           `yaml:"limit"`
-	Every val[time.Duration] `yaml:"every"`
-	Cron  val[string]        `yaml:"cron"`
-	TZ    val[string]        `yaml:"tz"`
+	Limit yamldoc.Val[int]           `yaml:"limit"`
+	Every yamldoc.Val[time.Duration] `yaml:"every"`
+	Cron  yamldoc.Val[string]        `yaml:"cron"`
+	TZ    yamldoc.Val[string]        `yaml:"tz"`
 }
 
-func (d *quotaDoc) limit(r *reader, line int) quotas.Limit {
-	limit, okLimit := get(r, "quota.limit", d.Limit)
-	every, okEvery := get(r, "quota.every", d.Every)
-	cron, okCron := get(r, "quota.cron", d.Cron)
-	tz, okTZ := get(r, "quota.tz", d.TZ)
-	if r.fe != nil || !need(r, "quota", line, []string{"limit"}, okLimit) {
+func (d *quotaDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
+	limit, okLimit := yamldoc.Get(r, "quota.limit", d.Limit)
+	every, okEvery := yamldoc.Get(r, "quota.every", d.Every)
+	cron, okCron := yamldoc.Get(r, "quota.cron", d.Cron)
+	tz, okTZ := yamldoc.Get(r, "quota.tz", d.TZ)
+	if r.First != nil || !need(r, "quota", line, []string{"limit"}, okLimit) {
 		return nil
 	}
 	switch {
 	case okEvery && okCron:
-		r.fail("quota", line, "has both every and cron; use every for a fixed window or cron (with tz) for a calendar window")
+		r.Fail("quota", line, "has both every and cron; use every for a fixed window or cron (with tz) for a calendar window")
 	case okTZ && !okCron:
-		r.fail("quota.tz", d.TZ.line, "only allowed with cron (the calendar window's time zone)")
+		r.Fail("quota.tz", d.TZ.Line, "only allowed with cron (the calendar window's time zone)")
 	case okEvery:
 		return quotas.FixedWindow{Limit: limit, Every: every}
 	case okCron:
 		return quotas.CalendarWindow{Limit: limit, Cron: cron, TZ: tz}
 	default:
-		r.fail("quota", line, "needs every (a fixed window, e.g. every: 10s) or cron (a calendar window, e.g. cron: \"0 0 * * *\")")
+		r.Fail("quota", line, "needs every (a fixed window, e.g. every: 10s) or cron (a calendar window, e.g. cron: \"0 0 * * *\")")
 	}
 	return nil
 }
 
 type slidingDoc struct {
-	Limit val[int]           `yaml:"limit"`
-	Every val[time.Duration] `yaml:"every"`
+	Limit yamldoc.Val[int]           `yaml:"limit"`
+	Every yamldoc.Val[time.Duration] `yaml:"every"`
 }
 
-func (d *slidingDoc) limit(r *reader, line int) quotas.Limit {
-	limit, okLimit := get(r, "sliding.limit", d.Limit)
-	every, okEvery := get(r, "sliding.every", d.Every)
-	if r.fe != nil || !need(r, "sliding", line, []string{"limit", "every"}, okLimit, okEvery) {
+func (d *slidingDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
+	limit, okLimit := yamldoc.Get(r, "sliding.limit", d.Limit)
+	every, okEvery := yamldoc.Get(r, "sliding.every", d.Every)
+	if r.First != nil || !need(r, "sliding", line, []string{"limit", "every"}, okLimit, okEvery) {
 		return nil
 	}
 	return quotas.SlidingWindow{Limit: limit, Every: every}
 }
 
 type concurrencyDoc struct {
-	Max      val[int]           `yaml:"max"`
-	Lease    val[time.Duration] `yaml:"lease"`
-	Reserved val[int]           `yaml:"reserved"`
+	Max      yamldoc.Val[int]           `yaml:"max"`
+	Lease    yamldoc.Val[time.Duration] `yaml:"lease"`
+	Reserved yamldoc.Val[int]           `yaml:"reserved"`
 }
 
-func (d *concurrencyDoc) limit(r *reader, line int) quotas.Limit {
-	maxSlots, okMax := get(r, "concurrency.max", d.Max)
-	lease, okLease := get(r, "concurrency.lease", d.Lease)
-	reserved, _ := get(r, "concurrency.reserved", d.Reserved)
-	if r.fe != nil || !need(r, "concurrency", line, []string{"max", "lease"}, okMax, okLease) {
+func (d *concurrencyDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
+	maxSlots, okMax := yamldoc.Get(r, "concurrency.max", d.Max)
+	lease, okLease := yamldoc.Get(r, "concurrency.lease", d.Lease)
+	reserved, _ := yamldoc.Get(r, "concurrency.reserved", d.Reserved)
+	if r.First != nil || !need(r, "concurrency", line, []string{"max", "lease"}, okMax, okLease) {
 		return nil
 	}
 	return quotas.Concurrency{Max: maxSlots, Lease: lease, Reserved: reserved}

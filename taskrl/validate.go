@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/taskrl/taskrl/internal/yamldoc"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -16,7 +17,7 @@ import (
 // lines, and skip marks rules already reported (they are only checked for
 // duplicate names) and left nil in the Policy returned, which then serves
 // only to check the rest of the document.
-func buildPolicy(rules []Rule, pos []lines, skip []bool, mode FailureMode) (*Policy, errList) {
+func buildPolicy(rules []Rule, pos []yamldoc.Lines, skip []bool, mode FailureMode) (*Policy, errList) {
 	var errs errList
 	if len(rules) == 0 {
 		errs.add(&PolicyError{Field: "rules", Msg: "a policy needs at least one rule"})
@@ -25,7 +26,7 @@ func buildPolicy(rules []Rule, pos []lines, skip []bool, mode FailureMode) (*Pol
 	p := &Policy{mode: mode, rules: make([]*crule, len(rules))}
 	seen := map[string]int{}
 	for i, r := range rules {
-		var ls lines
+		var ls yamldoc.Lines
 		if pos != nil {
 			ls = pos[i]
 		}
@@ -37,7 +38,7 @@ func buildPolicy(rules []Rule, pos []lines, skip []bool, mode FailureMode) (*Pol
 		}
 		c, field, msg := compileRule(r)
 		if msg != "" {
-			e := &PolicyError{Line: ls.of(field), Index: i + 1, Field: field, Msg: msg}
+			e := &PolicyError{Line: ls.Of(field), Index: i + 1, Field: field, Msg: msg}
 			if checkName(r.Name) == nil {
 				e.Rule = r.Name
 			}
@@ -45,7 +46,7 @@ func buildPolicy(rules []Rule, pos []lines, skip []bool, mode FailureMode) (*Pol
 			continue
 		}
 		if j, dup := seen[r.Name]; dup {
-			errs.add(&PolicyError{Line: ls.of("name"), Index: i + 1, Field: "name", Msg: fmt.Sprintf("%q is already the name of rule %d", r.Name, j)})
+			errs.add(&PolicyError{Line: ls.Of("name"), Index: i + 1, Field: "name", Msg: fmt.Sprintf("%q is already the name of rule %d", r.Name, j)})
 			continue
 		}
 		seen[r.Name] = i + 1
@@ -58,13 +59,13 @@ func buildPolicy(rules []Rule, pos []lines, skip []bool, mode FailureMode) (*Pol
 		if c == nil || c.Borrow == 0 {
 			continue
 		}
-		var ls lines
+		var ls yamldoc.Lines
 		if pos != nil {
 			ls = pos[i]
 		}
 		shared := sharedRule(p.rules, c)
 		if shared == nil {
-			errs.add(&PolicyError{Line: ls.of("borrow"), Index: i + 1, Rule: c.Name, Field: "borrow",
+			errs.add(&PolicyError{Line: ls.Of("borrow"), Index: i + 1, Rule: c.Name, Field: "borrow",
 				Msg: "needs an enforced fair gcra rule (fair: ...) governing every task this rule governs: the shared limit it borrows from, whose fair sharing gives the capacity back when other keys have work; no rule's match covers " + matchText(c.Match)})
 			continue
 		}
@@ -72,7 +73,7 @@ func buildPolicy(rules []Rule, pos []lines, skip []bool, mode FailureMode) (*Pol
 			own, sh := c.Limit.(quotas.GCRA), shared.Limit.(quotas.GCRA)
 			c.Borrow = perSecond(sh) / perSecond(own)
 			if c.Borrow <= 1 {
-				errs.add(&PolicyError{Line: ls.of("borrow"), Index: i + 1, Rule: c.Name, Field: "borrow",
+				errs.add(&PolicyError{Line: ls.Of("borrow"), Index: i + 1, Rule: c.Name, Field: "borrow",
 					Msg: fmt.Sprintf("true, but the shared rule %q (%s) is no faster than this rule (%s): nothing to borrow", shared.Name, sh, own)})
 			}
 		}
