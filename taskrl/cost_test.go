@@ -16,7 +16,7 @@ import (
 	"github.com/taskrl/taskrl/quotas"
 )
 
-// TestCostPolicyErrors: cost, default_cost and settle_header are checked
+// TestCostPolicyErrors: cost and default_cost are checked
 // like the rest of a rule, each error naming the line and the field.
 func TestCostPolicyErrors(t *testing.T) {
 	for _, tc := range []struct{ name, doc, want string }{
@@ -33,8 +33,7 @@ func TestCostPolicyErrors(t *testing.T) {
 		{"default_cost zero or less", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: -1"), `policy: line 6: rule "a": default_cost: must be a whole number of at least 1, got -1`},
 		{"default_cost above burst", doc("gcra: {rate: 30, per: 1s, burst: 3}\n    cost: \"{{.u}}\"\n    default_cost: 4"), `policy: line 6: rule "a": default_cost: 4 is above the rule's burst of 3: no task could ever pass`},
 		{"default_cost not whole", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: 1.5"), `policy: line 6: rule "a": default_cost: must be a whole number`},
-		{"settle_header without cost", doc("gcra: {rate: 30, per: 1s}\n    settle_header: X-Cost"), `policy: line 5: rule "a": settle_header: set, but the rule has no cost to settle`},
-		{"settle_header not a name", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    settle_header: \"X Cost\""), `policy: line 6: rule "a": settle_header: must be an HTTP header name such as X-Actual-Cost, got "X Cost"`},
+		{"settle_header is the worker's", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    settle_header: X-Cost"), `policy: line 6: rule "a": settle_header: unknown field; expected name, match, key, default_key, fair, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParsePolicy([]byte(tc.doc))
@@ -189,18 +188,22 @@ func TestSettleOutsideATask(t *testing.T) {
 	if err := Settle(context.Background(), 1); !errors.Is(err, ErrNoCost) {
 		t.Errorf("outside a task: %v", err)
 	}
-	if err := SettleFromHeaders(context.Background(), func(string) string { return "1" }); !errors.Is(err, ErrNoCost) {
+	headers := map[string]string{"a": "X-Cost", "b": "X-Other"}
+	if err := SettleFromHeaders(context.Background(), headers, func(string) string { return "1" }); !errors.Is(err, ErrNoCost) {
 		t.Errorf("from headers outside a task: %v", err)
 	}
-	st := &settlement{costs: []int{3, 0}, headers: []string{"X-Cost", ""}, actual: []int{-1, -1}}
+	st := &settlement{costs: []int{3, 0}, rules: []string{"a", "b"}, actual: []int{-1, -1}}
 	ctx := context.WithValue(context.Background(), settleKey{}, st)
 	if err := Settle(ctx, -1); err == nil || errors.Is(err, ErrNoCost) {
 		t.Errorf("negative: %v", err)
 	}
-	if err := SettleFromHeaders(ctx, func(string) string { return "abc" }); err == nil || fmt.Sprint(st.actual) != "[-1 -1]" {
+	if err := SettleFromHeaders(ctx, headers, func(string) string { return "abc" }); err == nil || fmt.Sprint(st.actual) != "[-1 -1]" {
 		t.Errorf("an invalid header: %v, actual %v", err, st.actual)
 	}
-	if err := SettleFromHeaders(ctx, func(h string) string { return map[string]string{"X-Cost": " 1 "}[h] }); err != nil || fmt.Sprint(st.actual) != "[1 -1]" {
+	if err := SettleFromHeaders(ctx, nil, func(string) string { return "1" }); err != nil || fmt.Sprint(st.actual) != "[-1 -1]" {
+		t.Errorf("no headers named: %v, actual %v", err, st.actual)
+	}
+	if err := SettleFromHeaders(ctx, headers, func(h string) string { return map[string]string{"X-Cost": " 1 ", "X-Other": "5"}[h] }); err != nil || fmt.Sprint(st.actual) != "[1 -1]" {
 		t.Errorf("X-Cost: 1: %v, actual %v", err, st.actual)
 	}
 	if err := Settle(ctx, 2); err != nil || fmt.Sprint(st.actual) != "[2 -1]" {

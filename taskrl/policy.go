@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -103,7 +102,8 @@ type Rule struct {
 	// adaptive burst, a window's limit, or an override's for the task's
 	// key) is archived (asynq.SkipRetry) with a *CostError naming the
 	// rule, the cost and the limit, and nothing is charged. A handler may
-	// report the real cost afterwards with Settle. Not for concurrency
+	// report the real cost afterwards with Settle (or SettleFromHeaders).
+	// Not for concurrency
 	// rules, nor with Prefetch. Policy file: cost: "{{.units}}".
 	Cost string
 	// DefaultCost is the cost used when the payload lacks a field Cost
@@ -111,13 +111,6 @@ type Rule struct {
 	// *CostError. It requires a Cost that references a field. Policy
 	// file: default_cost: 1.
 	DefaultCost int
-	// SettleHeader names a response header that carries a call's actual
-	// cost under this rule (e.g. "X-Actual-Cost"), for handlers that
-	// settle from a response: SettleFromHeaders reads it, as the worker's
-	// http:call handler does after every call. "" (the default): none; a
-	// handler may still call Settle. It requires a Cost. Policy file:
-	// settle_header: X-Actual-Cost.
-	SettleHeader string
 	// Limit is the rule's limit, exactly one of quotas.GCRA,
 	// quotas.Adaptive, quotas.FixedWindow, quotas.CalendarWindow,
 	// quotas.SlidingWindow or quotas.Concurrency (a pointer to one is
@@ -207,8 +200,7 @@ type Policy struct {
 	critical  []Match
 	throttle  []string // rules an upstream throttle blocks; nil: a task's rate rules
 	overrides []Override
-	hosts     []string // http.allow_hosts
-	shed      *Shed    // nil: no shed section
+	shed      *Shed // nil: no shed section
 
 	mu      sync.RWMutex
 	bound   map[bindKey]*Binding // nil values: no rule matches
@@ -247,7 +239,7 @@ func (p *Policy) with() *Policy {
 	if p == nil {
 		return &Policy{}
 	}
-	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical, throttle: p.throttle, overrides: p.overrides, hosts: p.hosts, shed: p.shed}
+	return &Policy{rules: p.rules, mode: p.mode, critical: p.critical, throttle: p.throttle, overrides: p.overrides, shed: p.shed}
 }
 
 // WithFailureMode returns a copy of p that uses mode when Redis is
@@ -343,42 +335,6 @@ func (p *Policy) Critical() []Match {
 		return nil
 	}
 	return slices.Clone(p.critical)
-}
-
-// WithAllowHosts returns a copy of p that carries the hosts an http:call
-// handler may call (the policy file's http.allow_hosts): exact names or
-// IP addresses, "*.example.com" for any name under example.com, each with
-// an optional ":port". The middleware does not use them; the worker
-// binary's http:call handler refuses every request and redirect to a host
-// not on a non-empty list. The error names the entry
-// (http.allow_hosts[1]) and what is wrong. No hosts (the default) means
-// unrestricted.
-func (p *Policy) WithAllowHosts(hosts ...string) (*Policy, error) {
-	var errs errList
-	out := make([]string, 0, len(hosts))
-	for i, h := range hosts {
-		pt, err := egress.ParsePattern(h)
-		if err != nil {
-			errs.add(&PolicyError{Field: fmt.Sprintf("http.allow_hosts[%d]", i+1), Msg: err.Error()})
-			continue
-		}
-		out = append(out, pt.String())
-	}
-	if err := errs.err(); err != nil {
-		return nil, err
-	}
-	q := p.with()
-	q.hosts = out
-	return q, nil
-}
-
-// AllowHosts returns a copy of the hosts an http:call handler may call
-// (see WithAllowHosts), in canonical form; nil means unrestricted.
-func (p *Policy) AllowHosts() []string {
-	if p == nil || len(p.hosts) == 0 {
-		return nil
-	}
-	return slices.Clone(p.hosts)
 }
 
 // criticalField names field ("match", "match.type", ...) of the i-th

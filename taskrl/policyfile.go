@@ -12,7 +12,6 @@ import (
 
 	"github.com/goccy/go-yaml/ast"
 
-	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/internal/yamldoc"
 	"github.com/taskrl/taskrl/quotas"
 )
@@ -37,7 +36,6 @@ import (
 //	    cost: "{{.units}}"               # optional: units per task, a template or a
 //	                                     # whole number; not concurrency; see Rule.Cost
 //	    default_cost: 1                  # optional; see Rule.DefaultCost
-//	    settle_header: X-Actual-Cost     # optional; see Rule.SettleHeader
 //	    gcra: {rate: 30, per: 1s, burst: 30}
 //	  - name: vendor-window
 //	    match: {type: "http:call"}
@@ -68,8 +66,8 @@ import (
 //	  above: 0.8                         # required
 //	  classes: [{queue: bulk}, default]  # required; a bare name is a queue
 //	  grace: 2s                          # optional (default 2s); also ramp (5s), window (10s)
-//	http:                                # optional: the worker's http:call handler
-//	  allow_hosts: [api.example.com, "*.example.net:443"]  # see Policy.WithAllowHosts
+//	http:                                # optional: not read here, but by the worker
+//	  ...                                # binary, for its http:call handler
 //
 // Each rule has exactly one limit:
 //   - gcra: rate (a positive number, fractions allowed), per (a duration),
@@ -144,36 +142,30 @@ type policyDoc struct {
 	Critical         yamldoc.List[yamldoc.Block[matchDoc]]      `yaml:"critical"`
 	Throttle         yamldoc.List[yamldoc.Val[string]]          `yaml:"throttle"`
 	Overrides        yamldoc.List[yamldoc.Block[overrideEntry]] `yaml:"overrides"`
-	HTTP             yamldoc.Block[httpDoc]                     `yaml:"http"`
+	HTTP             yamldoc.Skip                               `yaml:"http"`
 	Shed             yamldoc.Block[shedDoc]                     `yaml:"shed"`
 }
 
 // ruleDoc is a rule as written in a policy file.
 type ruleDoc struct {
-	Name         yamldoc.Val[string]          `yaml:"name"`
-	Match        yamldoc.Block[matchDoc]      `yaml:"match"`
-	Key          yamldoc.Val[string]          `yaml:"key"`
-	DefaultKey   yamldoc.Val[string]          `yaml:"default_key"`
-	Fair         yamldoc.Val[string]          `yaml:"fair"`
-	Mode         yamldoc.Val[string]          `yaml:"mode"`
-	Soft         yamldoc.Val[yamldoc.Share]   `yaml:"soft"`
-	Borrow       yamldoc.Val[yamldoc.Factor]  `yaml:"borrow"`
-	Prefetch     yamldoc.Val[time.Duration]   `yaml:"prefetch"`
-	Cost         yamldoc.Val[yamldoc.IntText] `yaml:"cost"`
-	DefaultCost  yamldoc.Val[int]             `yaml:"default_cost"`
-	SettleHeader yamldoc.Val[string]          `yaml:"settle_header"`
-	Limits       limitsDoc                    `yaml:",inline"`
+	Name        yamldoc.Val[string]          `yaml:"name"`
+	Match       yamldoc.Block[matchDoc]      `yaml:"match"`
+	Key         yamldoc.Val[string]          `yaml:"key"`
+	DefaultKey  yamldoc.Val[string]          `yaml:"default_key"`
+	Fair        yamldoc.Val[string]          `yaml:"fair"`
+	Mode        yamldoc.Val[string]          `yaml:"mode"`
+	Soft        yamldoc.Val[yamldoc.Share]   `yaml:"soft"`
+	Borrow      yamldoc.Val[yamldoc.Factor]  `yaml:"borrow"`
+	Prefetch    yamldoc.Val[time.Duration]   `yaml:"prefetch"`
+	Cost        yamldoc.Val[yamldoc.IntText] `yaml:"cost"`
+	DefaultCost yamldoc.Val[int]             `yaml:"default_cost"`
+	Limits      limitsDoc                    `yaml:",inline"`
 }
 
 // matchDoc is a matcher: a rule's match, a critical entry, a shed class.
 type matchDoc struct {
 	Type  yamldoc.Val[string] `yaml:"type"`
 	Queue yamldoc.Val[string] `yaml:"queue"`
-}
-
-// httpDoc is the http section: the worker's http:call handler.
-type httpDoc struct {
-	AllowHosts yamldoc.List[yamldoc.Val[string]] `yaml:"allow_hosts"`
 }
 
 // shedDoc is the shed section (see Shed).
@@ -232,8 +224,6 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	add(fe, 0, "")
 	overrides, overridesAt, more := readOverrides(&d.Overrides)
 	errs = append(errs, more...)
-	hosts, more := readHTTP(&d.HTTP)
-	errs = append(errs, more...)
 	shed, fe := readShed(&d.Shed)
 	add(fe, 0, "")
 
@@ -276,7 +266,6 @@ func parsePolicy(data []byte) (*Policy, errList) {
 		var more errList
 		p.overrides, more = p.checkOverrides(overrides, overridesAt)
 		errs = append(errs, more...)
-		p.hosts = hosts
 		p.shed = shed
 	}
 	slices.SortStableFunc(errs, func(a, b *PolicyError) int {
@@ -408,43 +397,6 @@ func readShed(b *yamldoc.Block[shedDoc]) (*Shed, *yamldoc.Problem) {
 	return &s, nil
 }
 
-// readHTTP reads the top-level http section: allow_hosts, a list of host
-// patterns (see Policy.WithAllowHosts), returned in canonical form.
-func readHTTP(b *yamldoc.Block[httpDoc]) ([]string, errList) {
-	var errs errList
-	add := func(fe *yamldoc.Problem) { errs.add(&PolicyError{Line: fe.Line, Field: fe.Field, Msg: fe.Msg}) }
-	r := &yamldoc.Reader{}
-	hd := yamldoc.Open(r, "http", b)
-	if hd == nil {
-		if r.First != nil {
-			add(r.First)
-		}
-		return nil, errs
-	}
-	var hosts []string
-	es := yamldoc.Entries(r, "http.allow_hosts", &hd.AllowHosts, `a list of hosts such as [api.example.com, "*.example.net:443"]`)
-	if r.First != nil {
-		add(r.First)
-	}
-	for i, s := range es {
-		f := fmt.Sprintf("http.allow_hosts[%d]", i+1)
-		r := &yamldoc.Reader{}
-		if h, ok := yamldoc.Get(r, f, s); ok {
-			if pt, err := egress.ParsePattern(h); err != nil {
-				r.Fail(f, s.Line, "%v", err)
-			} else {
-				hosts = append(hosts, pt.String())
-			}
-		} else {
-			r.Fail(f, hd.AllowHosts.At[i], "must be a host such as api.example.com")
-		}
-		if r.First != nil {
-			add(r.First)
-		}
-	}
-	return hosts, errs
-}
-
 // readRule reads one rule, the entry at line of the rules list. It returns
 // what it could read (the name at least, when there is one) even on error.
 func readRule(b *yamldoc.Block[ruleDoc], line int) (Rule, yamldoc.Lines, *yamldoc.Problem) {
@@ -476,7 +428,6 @@ func readRule(b *yamldoc.Block[ruleDoc], line int) (Rule, yamldoc.Lines, *yamldo
 	cost, _ := yamldoc.Get(r, "cost", rd.Cost)
 	rule.Cost = string(cost)
 	rule.DefaultCost, _ = yamldoc.Get(r, "default_cost", rd.DefaultCost)
-	rule.SettleHeader, _ = yamldoc.Get(r, "settle_header", rd.SettleHeader)
 	rule.Limit = rd.Limits.read(r, b.Keys, "a rule has exactly one limit")
 	return rule, r.Lines, r.First
 }
@@ -565,6 +516,7 @@ func need(r *yamldoc.Reader, block string, line int, keys []string, given ...boo
 	return true
 }
 
+// gcraDoc is the limit block gcra: quotas.GCRA; burst defaults to 1.
 type gcraDoc struct {
 	Rate  yamldoc.Val[float64]       `yaml:"rate"`
 	Per   yamldoc.Val[time.Duration] `yaml:"per"`
@@ -584,6 +536,7 @@ func (d *gcraDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
 	return quotas.GCRA{Rate: rate, Period: per, Burst: burst}
 }
 
+// adaptiveDoc is the limit block adaptive: quotas.Adaptive.
 type adaptiveDoc struct {
 	Max   yamldoc.Val[float64]       `yaml:"max"`
 	Min   yamldoc.Val[float64]       `yaml:"min"`
@@ -604,6 +557,7 @@ func (d *adaptiveDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
 	return quotas.Adaptive{Max: maxRate, Min: minRate, Start: start, Per: per, Burst: burst}
 }
 
+// quotaDoc is the limit block quota: quotas.FixedWindow (every) or quotas.CalendarWindow (cron, tz).
 type quotaDoc struct {
 	Limit yamldoc.Val[int]           `yaml:"limit"`
 	Every yamldoc.Val[time.Duration] `yaml:"every"`
@@ -634,6 +588,7 @@ func (d *quotaDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
 	return nil
 }
 
+// slidingDoc is the limit block sliding: quotas.SlidingWindow.
 type slidingDoc struct {
 	Limit yamldoc.Val[int]           `yaml:"limit"`
 	Every yamldoc.Val[time.Duration] `yaml:"every"`
@@ -648,6 +603,7 @@ func (d *slidingDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
 	return quotas.SlidingWindow{Limit: limit, Every: every}
 }
 
+// concurrencyDoc is the limit block concurrency: quotas.Concurrency.
 type concurrencyDoc struct {
 	Max      yamldoc.Val[int]           `yaml:"max"`
 	Lease    yamldoc.Val[time.Duration] `yaml:"lease"`

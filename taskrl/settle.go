@@ -21,11 +21,11 @@ type settleKey struct{}
 // settlement is what a handler reports of its task's actual cost, per
 // rate rule of the task (j.sp.rates), applied when the handler returns.
 type settlement struct {
-	mu      sync.Mutex
-	costs   []int    // per rate rule: the cost charged; 0: the rule has no Cost
-	headers []string // per rate rule: its SettleHeader
-	actual  []int    // per rate rule: the actual cost reported; -1: none
-	done    bool     // the handler returned: too late to settle
+	mu     sync.Mutex
+	costs  []int    // per rate rule: the cost charged; 0: the rule has no Cost
+	rules  []string // per rate rule: its name
+	actual []int    // per rate rule: the actual cost reported; -1: none
+	done   bool     // the handler returned: too late to settle
 }
 
 // Settle reports the actual cost of the task whose handler calls it, in
@@ -77,21 +77,25 @@ func openSettlement(ctx context.Context) (*settlement, error) {
 }
 
 // SettleFromHeaders settles (see Settle) the task whose handler calls it
-// from a response's headers: each of the task's rules with a SettleHeader
-// takes the whole number (at least 0) that header carries, get(name)
-// returning its value (http.Header.Get). A header that is absent leaves
-// the rule's charge as it is; one that is not a whole number of at least 0
-// too, and is reported in the error, to be logged. It returns ErrNoCost
-// as Settle does, and nil when no rule of the task names a header.
-// SettleFromHeaders is safe for concurrent use.
-func SettleFromHeaders(ctx context.Context, get func(name string) string) error {
+// from a response's headers: each of the task's rules with a Cost that
+// headers names (rule name → header name, e.g. "vendor-points" →
+// "X-Actual-Cost") takes the whole number (at least 0) its header
+// carries, get(name) returning a header's value (http.Header.Get). A
+// header that is absent leaves the rule's charge as it is; one that is not
+// a whole number of at least 0 too, and is reported in the error, to be
+// logged. It returns ErrNoCost as Settle does, and nil when headers names
+// no rule of the task. The worker binary's http:call handler calls it
+// with the policy file's http.settle_headers. SettleFromHeaders is safe
+// for concurrent use; it does not keep headers.
+func SettleFromHeaders(ctx context.Context, headers map[string]string, get func(name string) string) error {
 	st, err := openSettlement(ctx)
 	if err != nil {
 		return err
 	}
 	defer st.mu.Unlock()
 	var bad []string
-	for i, h := range st.headers {
+	for i, rule := range st.rules {
+		h := headers[rule]
 		if h == "" || st.costs[i] == 0 {
 			continue
 		}
@@ -118,12 +122,12 @@ func (j *job) newSettlement(b *Binding) *settlement {
 	if j.rates.Costs == nil {
 		return nil
 	}
-	st := &settlement{costs: make([]int, len(j.sp.rateIdx)), headers: make([]string, len(j.sp.rateIdx)), actual: make([]int, len(j.sp.rateIdx))}
+	st := &settlement{costs: make([]int, len(j.sp.rateIdx)), rules: make([]string, len(j.sp.rateIdx)), actual: make([]int, len(j.sp.rateIdx))}
 	some := false
 	for k, i := range j.sp.rateIdx {
 		st.actual[k] = -1
 		if r := b.rules[i]; r.Cost != "" {
-			st.costs[k], st.headers[k] = j.rates.Costs[k], r.SettleHeader
+			st.costs[k], st.rules[k] = j.rates.Costs[k], r.Name
 			some = true
 		}
 	}

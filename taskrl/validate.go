@@ -197,7 +197,7 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		}
 		c.ftmpl = t
 	}
-	if r.Cost != "" || r.DefaultCost != 0 || r.SettleHeader != "" {
+	if r.Cost != "" || r.DefaultCost != 0 {
 		if field, msg := c.compileCost(lim); msg != "" {
 			return nil, field, msg
 		}
@@ -214,16 +214,12 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 	return c, "", ""
 }
 
-// compileCost validates the rule's Cost, DefaultCost and SettleHeader
-// under its limit lim; on failure it returns the field at fault and what
-// is wrong.
+// compileCost validates the rule's Cost and DefaultCost under its limit
+// lim; on failure it returns the field at fault and what is wrong.
 func (c *crule) compileCost(lim quotas.Limit) (field, msg string) {
 	r := c.Rule
 	if r.Cost == "" {
-		if r.DefaultCost != 0 {
-			return "default_cost", "set, but the rule has no cost"
-		}
-		return "settle_header", "set, but the rule has no cost to settle"
+		return "default_cost", "set, but the rule has no cost"
 	}
 	if _, ok := lim.(quotas.Concurrency); ok {
 		return "cost", "a concurrency rule takes one slot per task; only gcra, adaptive, quota and sliding rules have a cost"
@@ -257,9 +253,6 @@ func (c *crule) compileCost(lim quotas.Limit) (field, msg string) {
 	case r.DefaultCost > capacity(lim):
 		return "default_cost", fmt.Sprintf("%d is above the rule's %s of %d: no task could ever pass", r.DefaultCost, capacityName(lim), capacity(lim))
 	}
-	if h := r.SettleHeader; h != "" && !validHeaderName(h) {
-		return "settle_header", fmt.Sprintf("must be an HTTP header name such as X-Actual-Cost, got %q", h)
-	}
 	return "", ""
 }
 
@@ -288,20 +281,6 @@ func capacityName(l quotas.Limit) string {
 		return "burst"
 	}
 	return "limit"
-}
-
-// validHeaderName reports whether h is an HTTP header field name (an RFC
-// 9110 token).
-func validHeaderName(h string) bool {
-	for _, c := range []byte(h) {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return h != ""
 }
 
 // checkMatch validates m; on failure it returns the field at fault

@@ -8,7 +8,8 @@
 // check, reloads the policy file on SIGHUP and when it changes, and shuts
 // down gracefully on SIGTERM or SIGINT. "worker --check --policy FILE"
 // validates a policy file and exits. Run it with --help for every flag and
-// the exit statuses.
+// the exit statuses. The policy file's http section (allow_hosts,
+// settle_headers: see httpConf) is the worker's own: the library skips it.
 package main
 
 import (
@@ -58,6 +59,12 @@ and X-Business-ID: <business_id>. 2xx: done; 429: backs off every worker for
 Retry-After and reschedules; other 4xx: archived with the reason; 5xx and
 network errors: retried. Built-in task type taskrl:fanout turns each tick of
 a campaign that "enqueue --cron" schedules into its tasks, once per tick.
+
+The policy file's http section is the worker's own, for http:call:
+  http:
+    allow_hosts: [api.example.com, "*.example.net:443"]   (see --allow-hosts)
+    settle_headers:        (the answer's header carries the call's actual cost
+      - {rule: vendor-points, header: X-Actual-Cost}    under a rule with a cost)
 
 Flags (--name and -name are the same; values as --name=V or --name V):
   --redis URL              Redis to use for queues and limits: redis://[[user]:password@]host[:port][/db],
@@ -162,7 +169,7 @@ type config struct {
 	prefix          string
 	httpTimeout     time.Duration
 	maxPayload      int            // bytes
-	allowHosts      *egress.Policy // --allow-hosts; nil: the policy file's http.allow_hosts
+	allowHosts      *egress.Policy // --allow-hosts; nil: the policy file's http.allow_hosts (httpConf)
 	logFormat       string
 	logLevel        slog.Level
 	check           bool   // --check: validate the policy file and exit
@@ -235,6 +242,10 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// reloader, never missed.
 	cfg.policyData, _ = os.ReadFile(cfg.policyPath)
 	policy, err := taskrl.LoadPolicyFile(cfg.policyPath)
+	var hc httpConf
+	if err == nil {
+		hc, err = parseHTTPConf(cfg.policyPath, cfg.policyData, policy)
+	}
 	if err != nil {
 		if cfg.check {
 			fmt.Fprintf(stderr, "%v\n", err)
@@ -253,15 +264,15 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 			names = append(names, r.Name)
 		}
 		hosts := ""
-		if h := policy.AllowHosts(); h != nil {
-			hosts = ", http.allow_hosts: " + strings.Join(h, ", ")
+		if hc.allowHosts != nil {
+			hosts = ", http.allow_hosts: " + strings.Join(hc.allowHosts, ", ")
 		}
 		fmt.Fprintf(stdout, "policy %s: ok, %d rules (%s), redis_unavailable: %s%s\n", cfg.policyPath, len(names), strings.Join(names, ", "), policy.FailureMode(), hosts)
 		return exitOK
 	}
 	logger := newLogger(stderr, cfg.logFormat, cfg.logLevel)
 	redis.SetLogger(redisLogger{logger.With("component", "go-redis")})
-	if err := run(ctx, cfg, policy, logger); err != nil {
+	if err := run(ctx, cfg, policy, hc, logger); err != nil {
 		logger.Error("worker failed", "err", err)
 		fmt.Fprintf(stderr, "worker: %v\n", err)
 		return exitRuntime

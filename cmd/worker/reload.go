@@ -27,13 +27,14 @@ const policyCheckInterval = time.Second
 // has another kind of limit) is skipped with a warning.
 type reloader struct {
 	path   string
-	apply  func(*taskrl.Policy) error // the middleware's SetPolicy
+	apply  func(*taskrl.Policy, httpConf) error // the middleware's SetPolicy, and the http section's
 	logger *slog.Logger
 	result func(ok bool)              // counts a reload of the file; may be nil
 	store  *overrides.Store           // the live overrides; nil: none
 	counts func(applied, skipped int) // reports the live overrides; may be nil
 
 	base    *taskrl.Policy    // the policy file's policy in force
+	conf    httpConf          // the policy file's http section in force
 	seen    []byte            // the content last loaded or refused
 	live    []overrides.Entry // the live overrides as last read
 	version int64             // of live; -1: never read
@@ -98,7 +99,7 @@ func (r *reloader) install() error {
 			r.logger.Warn("live override skipped", "rule", e.Rule, "key", e.Key, "limit", e.Spec, "err", strings.TrimPrefix(err.Error(), "policy: "))
 		}
 	}
-	if err := r.apply(p); err != nil {
+	if err := r.apply(p, r.conf); err != nil {
 		return err
 	}
 	if r.counts != nil {
@@ -124,6 +125,10 @@ func (r *reloader) check(forced bool) bool {
 	}
 	r.seen = data
 	p, err := taskrl.ParsePolicy(data)
+	var hc httpConf
+	if err == nil {
+		hc, err = parseHTTPConf("", data, p)
+	}
 	if err != nil {
 		lines := strings.Split(err.Error(), "\n")
 		r.logger.Error("policy reload refused; keeping the running policy", "policy", r.path, "errors", len(lines))
@@ -133,10 +138,10 @@ func (r *reloader) check(forced bool) bool {
 		r.count(false)
 		return false
 	}
-	old := r.base
-	r.base = p
+	old, oldConf := r.base, r.conf
+	r.base, r.conf = p, hc
 	if err := r.install(); err != nil {
-		r.base = old
+		r.base, r.conf = old, oldConf
 		r.logger.Error("policy reload failed; keeping the running policy", "policy", r.path, "err", err)
 		r.count(false)
 		return false

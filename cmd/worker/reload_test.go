@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/taskrl/taskrl/cmd/internal/overrides"
@@ -32,7 +33,7 @@ func TestReloader(t *testing.T) {
 	data, _ := os.ReadFile(path)
 	r := &reloader{
 		path:   path,
-		apply:  func(p *taskrl.Policy) error { applied = append(applied, p); return nil },
+		apply:  func(p *taskrl.Policy, _ httpConf) error { applied = append(applied, p); return nil },
 		logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		result: func(good bool) {
 			if good {
@@ -106,14 +107,18 @@ func TestReloader(t *testing.T) {
 }
 
 // TestReloadEgress: a reloaded policy file's http.allow_hosts takes effect
-// at once unless --allow-hosts was given.
+// at once unless --allow-hosts was given; its settle headers too.
 func TestReloadEgress(t *testing.T) {
-	parse := func(doc string) *taskrl.Policy {
-		p, err := taskrl.ParsePolicy([]byte(doc + goodPolicy))
+	p, err := taskrl.ParsePolicy([]byte(goodPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parse := func(doc string) httpConf {
+		hc, err := parseHTTPConf("", []byte(doc+goodPolicy), p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return p
+		return hc
 	}
 	logs := &logBuffer{}
 	logger := newLogger(logs, "text", slog.LevelInfo)
@@ -123,15 +128,16 @@ func TestReloadEgress(t *testing.T) {
 	cfg := &config{}
 	guard := new(egress.Guard)
 	guard.Set(cfg.egressPolicy(parse("")))
-	apply := cfg.applyEgress(guard, logger, set)
+	settle := new(atomic.Pointer[map[string]string])
+	apply := cfg.applyHTTP(guard, settle, logger, set)
 	if err := guard.CheckURL(u); err != nil {
 		t.Fatalf("unrestricted: %v", err)
 	}
-	apply(parse("http: {allow_hosts: [other.example.com]}\n"))
+	apply(p, parse("http: {allow_hosts: [other.example.com]}\n"))
 	if guard.CheckURL(u) == nil || !strings.Contains(logs.String(), `msg="http:call may call only the allowed hosts" allow_hosts=[other.example.com] from="policy file"`) {
 		t.Fatalf("a reloaded allow list not applied; log:\n%s", logs)
 	}
-	apply(parse(""))
+	apply(p, parse(""))
 	if err := guard.CheckURL(u); err != nil || !strings.Contains(logs.String(), "http:call is unrestricted") {
 		t.Fatalf("the allow list removed: %v; log:\n%s", err, logs)
 	}
@@ -139,10 +145,25 @@ func TestReloadEgress(t *testing.T) {
 	// --allow-hosts beats the file, across reloads.
 	cfg.allowHosts, _ = egress.ParseList("api.example.com")
 	guard.Set(cfg.egressPolicy(parse("http: {allow_hosts: [other.example.com]}\n")))
-	apply = cfg.applyEgress(guard, logger, set)
-	apply(parse("http: {allow_hosts: [third.example.com]}\n"))
+	apply = cfg.applyHTTP(guard, settle, logger, set)
+	apply(p, parse("http: {allow_hosts: [third.example.com]}\n"))
 	if err := guard.CheckURL(u); err != nil {
 		t.Fatalf("--allow-hosts overridden by the file: %v", err)
+	}
+	if *settle.Load() != nil {
+		t.Fatalf("settle headers %v, want none", *settle.Load())
+	}
+	costly, err := taskrl.ParsePolicy([]byte(goodPolicy + "    cost: \"{{.units}}\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc, err := parseHTTPConf("", []byte("http: {settle_headers: [{rule: peak, header: X-Actual-Cost}]}\n"+goodPolicy+"    cost: \"{{.units}}\"\n"), costly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(costly, hc)
+	if got := *settle.Load(); got["peak"] != "X-Actual-Cost" || len(got) != 1 {
+		t.Fatalf("settle headers %v after a reload", got)
 	}
 }
 
@@ -201,7 +222,7 @@ func TestReloaderLive(t *testing.T) {
 	store := overrides.New(redistest.Client(t), redistest.Prefix(t))
 	var logs logBuffer
 	var applied *taskrl.Policy
-	r := &reloader{path: path, apply: func(p *taskrl.Policy) error { applied = p; return nil },
+	r := &reloader{path: path, apply: func(p *taskrl.Policy, _ httpConf) error { applied = p; return nil },
 		logger: slog.New(slog.NewTextHandler(&logs, nil)), store: store, base: base, version: -1}
 	for _, o := range [][3]string{{"per-business", "b7", "gcra: {rate: 5, per: 1s}"}, {"peak", "b7", "gcra: {rate: 5, per: 1s}"}} {
 		if err := store.Set(ctx, o[0], o[1], o[2], nil); err != nil {

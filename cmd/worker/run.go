@@ -33,8 +33,9 @@ const pingTimeout = 5 * time.Second
 // gracefully: no new tasks are taken, running ones get cfg.shutdownTimeout
 // to finish (asynq puts the others back in their queue), then the
 // middleware, the metrics server and the Redis client are closed. It returns
-// an error when starting fails or the metrics server dies.
-func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.Logger) error {
+// an error when starting fails or the metrics server dies. hc is the
+// policy file's http section.
+func run(ctx context.Context, cfg *config, policy *taskrl.Policy, hc httpConf, logger *slog.Logger) error {
 	client := cfg.redis.Client(cfg.pool)
 	defer client.Close()
 	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
@@ -115,16 +116,18 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 		logger.Info("metrics listening", "addr", l.Addr().String())
 	}
 
-	// http:call's egress policy: --allow-hosts, else the policy file's,
-	// which a reload may change.
+	// http:call's egress policy (--allow-hosts, else the policy file's)
+	// and settle headers, which a reload may change.
 	guard := new(egress.Guard)
-	guard.Set(cfg.egressPolicy(policy))
+	guard.Set(cfg.egressPolicy(hc))
 	logEgress(logger, guard.Policy(), cfg.allowHosts != nil)
-	apply := cfg.applyEgress(guard, logger, mw.SetPolicy)
+	settle := new(atomic.Pointer[map[string]string])
+	settle.Store(&hc.settle)
+	apply := cfg.applyHTTP(guard, settle, logger, mw.SetPolicy)
 
 	// The live overrides apply from the first task on.
 	rl := &reloader{path: cfg.policyPath, apply: apply, logger: logger, result: m.PolicyReload, counts: m.Overrides,
-		store: overrides.New(client, cfg.prefix), base: policy, seen: cfg.policyData, version: -1}
+		store: overrides.New(client, cfg.prefix), base: policy, conf: hc, seen: cfg.policyData, version: -1}
 	rl.pollLive(ctx)
 	rctx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
@@ -134,6 +137,7 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 	mux.Use(maxPayload(cfg.maxPayload), mw.Handler)
 	registerHandlers(mux, client, handlerDeps{
 		httpClient: httpcall.NewClient(cfg.httpTimeout, guard),
+		settle:     func() map[string]string { return *settle.Load() },
 		metrics:    m,
 		logger:     logger,
 	})
@@ -180,28 +184,30 @@ func run(ctx context.Context, cfg *config, policy *taskrl.Policy, logger *slog.L
 	return runErr
 }
 
-// egressPolicy is the egress policy of http:call under policy p:
-// --allow-hosts when given, else p's http.allow_hosts.
-func (cfg *config) egressPolicy(p *taskrl.Policy) *egress.Policy {
+// egressPolicy is the egress policy of http:call under the policy file's
+// http section hc: --allow-hosts when given, else hc's allow_hosts.
+func (cfg *config) egressPolicy(hc httpConf) *egress.Policy {
 	if cfg.allowHosts != nil {
 		return cfg.allowHosts
 	}
-	e, err := egress.New(p.AllowHosts())
-	if err != nil { // cannot happen: the policy validated its hosts
+	e, err := egress.New(hc.allowHosts)
+	if err != nil { // cannot happen: parseHTTPConf validated the hosts
 		panic(err)
 	}
 	return e
 }
 
-// applyEgress returns the reloader's apply: set, then the new policy's
-// http.allow_hosts into guard when it changed (--allow-hosts, when given,
+// applyHTTP returns the reloader's apply: set (the middleware's SetPolicy),
+// then the policy file's http section: its settle headers into settle,
+// its allow_hosts into guard when they changed (--allow-hosts, when given,
 // stays).
-func (cfg *config) applyEgress(guard *egress.Guard, logger *slog.Logger, set func(*taskrl.Policy) error) func(*taskrl.Policy) error {
-	return func(p *taskrl.Policy) error {
+func (cfg *config) applyHTTP(guard *egress.Guard, settle *atomic.Pointer[map[string]string], logger *slog.Logger, set func(*taskrl.Policy) error) func(*taskrl.Policy, httpConf) error {
+	return func(p *taskrl.Policy, hc httpConf) error {
 		if err := set(p); err != nil {
 			return err
 		}
-		if e := cfg.egressPolicy(p); !slices.Equal(e.Hosts(), guard.Policy().Hosts()) {
+		settle.Store(&hc.settle)
+		if e := cfg.egressPolicy(hc); !slices.Equal(e.Hosts(), guard.Policy().Hosts()) {
 			guard.Set(e)
 			logEgress(logger, e, false)
 		}
@@ -225,7 +231,8 @@ func logEgress(logger *slog.Logger, e *egress.Policy, flag bool) {
 // handlerDeps is what the built-in task handlers need besides Redis.
 type handlerDeps struct {
 	httpClient *http.Client
-	metrics    *metrics.Metrics // may be nil
+	settle     func() map[string]string // http:call's settle headers; nil: none
+	metrics    *metrics.Metrics         // may be nil
 	logger     *slog.Logger
 }
 
@@ -237,7 +244,7 @@ func registerHandlers(mux *asynq.ServeMux, client redis.UniversalClient, deps ha
 	if deps.metrics != nil {
 		opts = append(opts, httpcall.WithResultHook(deps.metrics.HTTPCall))
 	}
-	opts = append(opts, httpcall.WithLogger(deps.logger))
+	opts = append(opts, httpcall.WithLogger(deps.logger), httpcall.WithSettleHeaders(deps.settle))
 	mux.Handle(httpcall.TypeHTTPCall, httpcall.NewHandler(deps.httpClient, opts...))
 }
 

@@ -701,3 +701,10 @@ func Entries[T any](r *Reader, field string, l *List[T], want string) []T {
 	}
 	return l.V
 }
+
+// Skip is a field whose value this reader accepts whatever it is and does
+// not read: another reader does, e.g. with DecodeSection.
+type Skip struct{}
+
+// UnmarshalYAML accepts the value.
+func (*Skip) UnmarshalYAML(func(any) error) error { return nil }

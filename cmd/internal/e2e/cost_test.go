@@ -110,9 +110,9 @@ func TestCostPerTask(t *testing.T) {
 	r.stop()
 }
 
-// TestSettleActualCost: the same rule, with settle_header: X-Actual-Cost,
-// and an API that answers each call of 3 points with an actual cost of 1
-// (and gives it the 2 back). 60 tasks of units 3 arrive one every 50ms
+// TestSettleActualCost: the same rule, with the settle header
+// X-Actual-Cost (http.settle_headers), and an API that answers each call
+// of 3 points with an actual cost of 1 (and gives it the 2 back). 60 tasks of units 3 arrive one every 50ms
 // (20 a second: 60 units a second at the estimate, twice the rule's 30).
 // On the estimate alone the last call could come no sooner than
 // (60·3 − 30)/30 = 5 s after the first; settled at 1, each task's net
@@ -122,7 +122,7 @@ func TestCostPerTask(t *testing.T) {
 func TestSettleActualCost(t *testing.T) {
 	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	const tasks, units = 60, 3
-	policy := strings.Replace(costPolicy, `    cost: "{{.units}}"`, "    cost: \"{{.units}}\"\n    settle_header: X-Actual-Cost", 1)
+	policy := "http: {settle_headers: [{rule: points, header: X-Actual-Cost}]}\n" + costPolicy
 	r := start(t, fakeapi.Limits{Points: pointsAPI, ActualCost: func(int) int { return 1 }}, policy, 3, "--task-check-interval", "50ms")
 	client := asynq.NewClientFromRedisClient(redistest.Client(t))
 	begin := time.Now()

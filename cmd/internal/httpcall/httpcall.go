@@ -40,9 +40,10 @@
 //     with the reason.
 //
 // Actual cost: whatever the status, once an answer came back, each of the
-// task's rules with a cost and a settle_header (taskrl.Rule.SettleHeader)
-// takes the whole number that header of the answer carries as the call's
-// actual cost (taskrl.SettleFromHeaders): the middleware gives the
+// task's rules with a cost and a settle header (WithSettleHeaders: the
+// worker's http.settle_headers) takes the whole number that header of the
+// answer carries as the call's actual cost (taskrl.SettleFromHeaders):
+// the middleware gives the
 // difference from the estimate back, or charges it, when the handler
 // returns. An absent header, or one that is not a whole number of at least
 // 0, leaves the estimate (logged at debug level).
@@ -165,6 +166,18 @@ func WithLogger(l *slog.Logger) Option {
 	return func(h *handler) { h.logger = l }
 }
 
+// WithSettleHeaders makes the handler settle each task's actual cost from
+// the answer's headers: headers returns, for each call, the response
+// header that carries the cost under each rule that has one (rule name →
+// header name, e.g. "vendor-points" → "X-Actual-Cost"; see
+// taskrl.SettleFromHeaders), so that a reloaded policy file takes effect
+// for the calls that follow. headers is called on worker goroutines and
+// must be safe for concurrent use; the map it returns is not modified.
+// nil, the default, settles nothing.
+func WithSettleHeaders(headers func() map[string]string) Option {
+	return func(h *handler) { h.settle = headers }
+}
+
 // NewClient returns the HTTP client the handler sends with: the given
 // per-request timeout (DefaultTimeout when timeout <= 0), a transport that
 // keeps up to 64 idle connections per host (so many workers calling one
@@ -267,7 +280,16 @@ func NewHandler(client *http.Client, opts ...Option) asynq.Handler {
 type handler struct {
 	client *http.Client
 	hook   func(string)
-	logger *slog.Logger // nil: slog.Default()
+	logger *slog.Logger             // nil: slog.Default()
+	settle func() map[string]string // rule name → settle header; nil: none
+}
+
+// settleFrom settles the task's actual cost from the answer's header.
+func (h *handler) settleFrom(ctx context.Context, header http.Header) error {
+	if h.settle == nil {
+		return nil
+	}
+	return taskrl.SettleFromHeaders(ctx, h.settle(), header.Get)
 }
 
 func (h *handler) report(class string) {
@@ -304,7 +326,7 @@ func (h *handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	snippet := drain(resp.Body, resp.StatusCode/100 != 2)
 	// The call was made: the answer may say what it actually cost.
-	if err := taskrl.SettleFromHeaders(ctx, resp.Header.Get); err != nil && !errors.Is(err, taskrl.ErrNoCost) {
+	if err := h.settleFrom(ctx, resp.Header); err != nil && !errors.Is(err, taskrl.ErrNoCost) {
 		logger := h.logger
 		if logger == nil {
 			logger = slog.Default()
@@ -379,11 +401,11 @@ func newRequest(ctx context.Context, t *asynq.Task) (*http.Request, string, erro
 	if method == "" {
 		method = http.MethodPost
 	}
-	if !isToken(method) {
+	if !IsToken(method) {
 		return nil, "", payloadErr("method: not a valid HTTP method: %q", clip(p.Method))
 	}
 	for k, v := range p.Headers {
-		if !isToken(k) {
+		if !IsToken(k) {
 			return nil, "", payloadErr("headers: invalid header name %q", clip(k))
 		}
 		if !validValue(v) {
@@ -591,9 +613,9 @@ func clip(s string) string {
 	return s[:cut] + "…"
 }
 
-// isToken reports whether s is a non-empty RFC 9110 token (method and
-// header field names).
-func isToken(s string) bool {
+// IsToken reports whether s is a non-empty RFC 9110 token (method and
+// header field names, such as the worker's http.settle_headers).
+func IsToken(s string) bool {
 	if s == "" {
 		return false
 	}

@@ -641,7 +641,7 @@ func TestTooManyRequestsResetHeader(t *testing.T) {
 }
 
 // TestSettleHeader: under the middleware, a rule of burst 10 refilling one
-// unit a minute with cost "{{.units}}" and settle_header X-Actual-Cost: a
+// unit a minute with cost "{{.units}}" and settle header X-Actual-Cost: a
 // call of 5 units answered "X-Actual-Cost: 1" leaves 9 units, so a call of
 // 9 units passes at once; answered without the header (or with a garbled
 // one), the estimate of 5 stands and a call of 9 would wait minutes.
@@ -665,7 +665,6 @@ rules:
   - name: points
     match: {type: "http:call"}
     cost: "{{.units}}"
-    settle_header: X-Actual-Cost
     gcra: {rate: 1, per: 1m, burst: 10}
 `))
 			if err != nil {
@@ -677,7 +676,7 @@ rules:
 			}
 			mux := asynq.NewServeMux()
 			mux.Use(m.Handler)
-			mux.Handle(TypeHTTPCall, NewHandler(nil))
+			mux.Handle(TypeHTTPCall, NewHandler(nil, WithSettleHeaders(func() map[string]string { return map[string]string{"points": "X-Actual-Cost"} })))
 			as := asynq.NewServerFromRedisClient(rc, m.ServerConfig(asynq.Config{
 				Queues: map[string]int{queue: 1}, Concurrency: 1, LogLevel: asynq.ErrorLevel,
 				TaskCheckInterval: 50 * time.Millisecond,
