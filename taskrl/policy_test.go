@@ -127,8 +127,9 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"tag", doc("gcra: {rate: !!str 5, per: 1s}"), `rule "a": gcra.rate: YAML tags (!!str) are not supported`},
 		{"bool for number", doc("gcra: {rate: true, per: 1s}"), `rule "a": gcra.rate: must be a number, got the boolean true`},
 		{"list for duration", doc("gcra: {rate: 1, per: [1s]}"), `rule "a": gcra.per: must be a duration such as 1s, 10m or 24h, got a list`},
-		{"alias before anchor", "critical: [*m]\nrules:\n  - name: a\n    match: &m {type: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 1: alias *m refers to no anchor defined before it`},
-		{"anchor twice", "critical: [&m {queue: q}]\nrules:\n  - name: a\n    match: &m {type: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 4: anchor &m is defined twice`},
+		{"alias before anchor", "critical: [*m]\nrules:\n  - name: a\n    match: &m {type: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 1: critical[1]: alias *m refers to no anchor defined before it`},
+		{"anchor twice", "critical: [&m {queue: q}]\nrules:\n  - name: a\n    match: &m {type: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 4: rule 1: match: anchor &m is defined twice; give each anchor its own name`},
+		{"null limit", doc("gcra: ~"), `policy: line 4: rule "a": gcra: must be a mapping, got null (an empty value)`},
 		{"throttle and a rule not read", "throttle: [a]\nrules:\n  - name: a\n    match: 5\n    gcra: {rate: 1, per: 1s}\n", `policy: line 4: rule "a": match: must be a mapping, got the integer 5`},
 		{"merged unknown field", doc("gcra: {rate: 1, per: 1s, <<: {brust: 2}}"), `policy: line 4: rule "a": gcra.brust: unknown field; expected rate, per or burst`},
 		{"huge integer", doc("quota: {limit: 100000000000000000000, every: 1s}"), `rule "a": quota.limit: out of range (at most 9007199254740992 in magnitude), got 100000000000000000000`},
@@ -555,7 +556,7 @@ func TestParsePolicyAnchors(t *testing.T) {
 		t.Errorf("merged duplicate: %v", err)
 	}
 	_, err = ParsePolicy([]byte("rules:\n  - &r\n    name: a\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n    <<: *r\n"))
-	if err == nil || !strings.Contains(err.Error(), "line 6: alias *r is inside the value it refers to") {
+	if err == nil || !strings.Contains(err.Error(), "line 6: rule 1: <<: alias *r is inside the value it refers to") {
 		t.Errorf("self-merge: %v", err)
 	}
 	// Keys written override those merged, wherever the merge key is.

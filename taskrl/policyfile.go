@@ -207,7 +207,12 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	}
 	var doc yamldoc.Block[policyDoc]
 	if fe := yamldoc.Decode(data, "a policy needs a rules list", &doc); fe != nil {
-		add(fe, 0, "")
+		// A problem within a rule (an alias, say) names the rule.
+		index := 0
+		if n, err := fmt.Sscanf(fe.Field, "rules[%d]", &index); n == 1 && err == nil {
+			fe.Field = strings.TrimPrefix(fe.Field[strings.IndexByte(fe.Field, ']')+1:], ".")
+		}
+		add(fe, index, "")
 		return nil, errs
 	}
 	top := &yamldoc.Reader{}
@@ -469,6 +474,12 @@ func (l *limitsDoc) given(keys map[string]int) []string {
 // there must be one.
 func (l *limitsDoc) read(r *yamldoc.Reader, keys map[string]int, one string) quotas.Limit {
 	given := l.given(keys)
+	for _, name := range []string{"gcra", "adaptive", "quota", "sliding", "concurrency"} {
+		if keys[name] > 0 && !slices.Contains(given, name) { // written, but null
+			r.Fail(name, keys[name], "must be a mapping, got null (an empty value)")
+			return nil
+		}
+	}
 	switch {
 	case len(given) == 0:
 		return nil

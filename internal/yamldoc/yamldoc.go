@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -232,7 +233,7 @@ func (v refVisitor) Visit(n ast.Node) ast.Visitor {
 	case *ast.AnchorNode:
 		name := tokText(n.Name)
 		if v.c.defined[name] {
-			v.c.fe = &Problem{Line: lineOf(n), Msg: fmt.Sprintf("anchor &%s is defined twice; give each anchor its own name", name)}
+			v.c.fe = &Problem{Field: fieldOf(n), Line: lineOf(n), Msg: fmt.Sprintf("anchor &%s is defined twice; give each anchor its own name", name)}
 			return nil
 		}
 		v.c.defined[name] = true
@@ -241,13 +242,23 @@ func (v refVisitor) Visit(n ast.Node) ast.Visitor {
 		name := tokText(n.Value)
 		switch {
 		case !v.c.defined[name]:
-			v.c.fe = &Problem{Line: lineOf(n), Msg: fmt.Sprintf("alias *%s refers to no anchor defined before it", name)}
+			v.c.fe = &Problem{Field: fieldOf(n), Line: lineOf(n), Msg: fmt.Sprintf("alias *%s refers to no anchor defined before it", name)}
 		case slices.Contains(v.inside, name):
-			v.c.fe = &Problem{Line: lineOf(n), Msg: fmt.Sprintf("alias *%s is inside the value it refers to", name)}
+			v.c.fe = &Problem{Field: fieldOf(n), Line: lineOf(n), Msg: fmt.Sprintf("alias *%s is inside the value it refers to", name)}
 		}
 		return nil
 	}
 	return v
+}
+
+// fieldOf names the field of n as a Problem does: the YAML path
+// $.rules[0].match is rules[1].match.
+func fieldOf(n ast.Node) string {
+	path := strings.TrimPrefix(strings.TrimPrefix(n.GetPath(), "$"), ".")
+	return regexp.MustCompile(`\[(\d+)\]`).ReplaceAllStringFunc(path, func(ix string) string {
+		i, _ := strconv.Atoi(ix[1 : len(ix)-1])
+		return "[" + strconv.Itoa(i+1) + "]"
+	})
 }
 
 // ValueOf returns the node being decoded, resolved (anchors and aliases
