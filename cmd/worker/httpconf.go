@@ -42,7 +42,10 @@ type settleDoc struct {
 }
 
 // parseHTTPConf reads the http section of data, the policy file at path
-// ("" when it is not to be named), whose policy p is. Every problem is
+// ("" when it is not to be named), whose policy p is; nil when the
+// library refused the file: then the section is checked but for its
+// rules, and a document the library could not read is left to its error,
+// so that every problem of the file is reported at once. Every problem is
 // reported as a *taskrl.PolicyError, several joined, as the library
 // reports the rest of the file's, e.g.
 //
@@ -54,6 +57,9 @@ func parseHTTPConf(path string, data []byte, p *taskrl.Policy) (httpConf, error)
 	}
 	var b yamldoc.Block[httpDoc]
 	if fe := yamldoc.DecodeSection(data, "http", &b); fe != nil {
+		if p == nil {
+			return httpConf{}, nil // the library's error says it
+		}
 		add(fe)
 		return httpConf{}, errors.Join(errs...)
 	}
@@ -80,7 +86,7 @@ func parseHTTPConf(path string, data []byte, p *taskrl.Policy) (httpConf, error)
 			add(r.First)
 		}
 	}
-	costs := map[string]bool{}
+	costs := map[string]bool{} // nil p: the rules are not checked
 	for _, rule := range p.Rules() {
 		costs[rule.Name] = rule.Cost != ""
 	}
@@ -97,9 +103,9 @@ func parseHTTPConf(path string, data []byte, p *taskrl.Policy) (httpConf, error)
 			case r.First != nil:
 			case rule == "":
 				r.Fail(f+".rule", e.Line, "missing; an entry names the rule whose cost the header carries")
-			case !known:
+			case !known && p != nil:
 				r.Fail(f+".rule", sd.Rule.Line, "no rule is named %q", rule)
-			case !hasCost:
+			case !hasCost && p != nil:
 				r.Fail(f+".rule", sd.Rule.Line, "rule %q has no cost to settle", rule)
 			case at[rule] > 0:
 				r.Fail(f+".rule", sd.Rule.Line, "rule %q already has its header, http.settle_headers[%d]", rule, at[rule])

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -49,5 +51,21 @@ func TestHTTPConf(t *testing.T) {
 				t.Errorf("got  %v\nwant %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestHTTPConfWithPolicyErrors: a file wrong in its rules and in its http
+// section is refused with both, each on its line.
+func TestHTTPConfWithPolicyErrors(t *testing.T) {
+	path := writePolicy(t, "http:\n  allow_hosts: [\"https://a.example.com\"]\n  settle_headers: [{rule: nope, header: X-Cost}]\n"+
+		"rules:\n  - name: a\n    match: {type: \"http:call\"}\n    gcra: {rate: -1, per: 1s}\n")
+	var stdout, stderr bytes.Buffer
+	if code := cli(context.Background(), []string{"--check", "--policy", path}, noEnv, &stdout, &stderr); code != exitUsage {
+		t.Fatalf("exit %d", code)
+	}
+	want := "policy " + path + ": line 7: rule \"a\": gcra.rate: must be a positive number, got -1\n" +
+		"policy " + path + ": line 2: http.allow_hosts[1]: \"https://a.example.com\" is a URL; give the host alone, e.g. api.example.com or api.example.com:443\n"
+	if stderr.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", stderr.String(), want)
 	}
 }

@@ -242,11 +242,8 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// reloader, never missed.
 	cfg.policyData, _ = os.ReadFile(cfg.policyPath)
 	policy, err := taskrl.LoadPolicyFile(cfg.policyPath)
-	var hc httpConf
-	if err == nil {
-		hc, err = parseHTTPConf(cfg.policyPath, cfg.policyData, policy)
-	}
-	if err != nil {
+	hc, herr := parseHTTPConf(cfg.policyPath, cfg.policyData, policy)
+	if err = errors.Join(err, herr); err != nil {
 		if cfg.check {
 			fmt.Fprintf(stderr, "%v\n", err)
 			return exitUsage

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -125,11 +126,8 @@ func (r *reloader) check(forced bool) bool {
 	}
 	r.seen = data
 	p, err := taskrl.ParsePolicy(data)
-	var hc httpConf
-	if err == nil {
-		hc, err = parseHTTPConf("", data, p)
-	}
-	if err != nil {
+	hc, herr := parseHTTPConf("", data, p)
+	if err = errors.Join(err, herr); err != nil {
 		lines := strings.Split(err.Error(), "\n")
 		r.logger.Error("policy reload refused; keeping the running policy", "policy", r.path, "errors", len(lines))
 		for _, l := range lines {
