@@ -46,6 +46,8 @@ type Problem struct {
 	Msg string
 }
 
+// lineOf is the line of n's token, or of its first key for a block
+// mapping; 0 when unknown.
 func lineOf(n ast.Node) int {
 	if m, ok := n.(*ast.MappingNode); ok && !m.IsFlowStyle && len(m.Values) > 0 {
 		n = m.Values[0].Key
@@ -105,6 +107,7 @@ func kindOf(n ast.Node) string {
 	return n.Type().String()
 }
 
+// orList writes s as "a, b or c".
 func orList(s []string) string {
 	switch len(s) {
 	case 1:
@@ -251,11 +254,14 @@ func (v refVisitor) Visit(n ast.Node) ast.Visitor {
 	return v
 }
 
+// pathIndex is an index in a YAML path: [0].
+var pathIndex = regexp.MustCompile(`\[\d+\]`)
+
 // fieldOf names the field of n as a Problem does: the YAML path
 // $.rules[0].match is rules[1].match.
 func fieldOf(n ast.Node) string {
 	path := strings.TrimPrefix(strings.TrimPrefix(n.GetPath(), "$"), ".")
-	return regexp.MustCompile(`\[(\d+)\]`).ReplaceAllStringFunc(path, func(ix string) string {
+	return pathIndex.ReplaceAllStringFunc(path, func(ix string) string {
 		i, _ := strconv.Atoi(ix[1 : len(ix)-1])
 		return "[" + strconv.Itoa(i+1) + "]"
 	})
@@ -537,6 +543,7 @@ func (b *Block[T]) UnmarshalYAML(decode func(any) error) error {
 	return nil
 }
 
+// mergeFirst orders merge keys (<<) before the keys written.
 func mergeFirst(mv *ast.MappingValueNode) int {
 	if mv.Key.IsMergeKey() {
 		return 0
@@ -544,6 +551,8 @@ func mergeFirst(mv *ast.MappingValueNode) int {
 	return 1
 }
 
+// unknownField is the Problem of key, at line, in a block of the fields
+// expected.
 func unknownField(key string, line int, expected []string) *Problem {
 	return &Problem{Field: key, Line: line, Msg: "unknown field; expected " + orList(expected)}
 }
