@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -67,5 +69,32 @@ func TestHTTPConfWithPolicyErrors(t *testing.T) {
 		"policy " + path + ": line 2: http.allow_hosts[1]: \"https://a.example.com\" is a URL; give the host alone, e.g. api.example.com or api.example.com:443\n"
 	if stderr.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", stderr.String(), want)
+	}
+}
+
+// TestDocHTTPConf: the http sections of docs/policy.md's examples are
+// accepted by the worker, with the rules of their own example.
+func TestDocHTTPConf(t *testing.T) {
+	b, err := os.ReadFile("../../docs/policy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)\n```").FindAllStringSubmatch(string(b), -1) {
+		doc := []byte(m[1] + "\n")
+		if !strings.Contains(m[1], "\nhttp:") && !strings.HasPrefix(m[1], "http:") {
+			continue
+		}
+		n++
+		p, err := taskrl.ParsePolicy(doc)
+		if err != nil {
+			t.Fatalf("docs/policy.md example:\n%s\nrefused: %v", doc, err)
+		}
+		if _, err := parseHTTPConf("", doc, p); err != nil {
+			t.Errorf("docs/policy.md example:\n%s\nhttp section refused: %v", doc, err)
+		}
+	}
+	if n < 2 {
+		t.Errorf("found %d examples with an http section in docs/policy.md, want at least 2", n)
 	}
 }
