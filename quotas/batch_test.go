@@ -142,7 +142,7 @@ func TestBatchMatchesOneByOne(t *testing.T) {
 					t.Fatal(err)
 				}
 				if it.p.op == opRefund {
-					if r.status != 1 {
+					if r.status != stAdmitted {
 						t.Fatalf("seed %d round %d: refund replied %v", seed, round, it.job.Reply)
 					}
 					continue

@@ -182,8 +182,8 @@ func (l *Limiter) bookAt(ctx context.Context, gs [][]call, last int, p params) (
 		missed := false
 		for _, r := range got {
 			// A miss replies the moment found; a refusal its now.
-			missed = missed || r.status != 1
-			refused = refused || r.status != 1 && r.at <= r.now
+			missed = missed || r.status != stAdmitted
+			refused = refused || r.status != stAdmitted && r.at <= r.now
 		}
 		if missed {
 			return ran, rs, refused, nil
@@ -217,7 +217,7 @@ func (l *Limiter) undo(ctx context.Context, gs [][]call, rs []reply, p params) (
 	p.op, p.ats, p.undo = opRefund, make([]int64, rules), make([][2]int64, rules)
 	var charged [][]call
 	for i, g := range gs {
-		if rs[i].status != 1 {
+		if rs[i].status != stAdmitted {
 			continue
 		}
 		charged = append(charged, g)

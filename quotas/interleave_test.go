@@ -69,7 +69,7 @@ func TestShardedInterleavings(t *testing.T) {
 				r := m.decide(g, opAllow, now, 1, 0, 0, p.holder, false, "n")
 				p.rs = append(p.rs, r)
 				var cs []*charge
-				if r.status == 1 {
+				if r.status == stAdmitted {
 					for _, c := range g {
 						if c.c.kind == kindGCRA {
 							ch := &charge{key: c.keys[0], em: c.c.em, at: now}
@@ -84,11 +84,11 @@ func TestShardedInterleavings(t *testing.T) {
 			}
 			ok := true
 			for _, r := range p.rs {
-				ok = ok && r.status == 1
+				ok = ok && r.status == stAdmitted
 			}
 			for gi, g := range p.gs {
 				r := p.rs[gi]
-				if r.status != 1 {
+				if r.status != stAdmitted {
 					continue
 				}
 				ats, undo := make([]int64, 4), make([][2]int64, 4)

@@ -272,7 +272,7 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 	rks, rargv, _ := l.args(rcalls, rp, tm)
 	sks, sargv, _ := l.args(scalls, sp, tm)
 	if tm.now < 0 {
-		sargv[2] = prevNow
+		sargv[argNow] = prevNow
 	}
 	cmd := setProgram.Head(len(rks) + len(sks))
 	for _, k := range rks {
@@ -301,7 +301,7 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 			return Decision{}, Decision{}, false, err
 		}
 	}
-	if rs[0].status == -2 {
+	if rs[0].status == stNoTicks {
 		// Calendar ticks around the wrong time: nothing was charged.
 		rd, err = l.Reserve(ctx, s, req, horizon)
 		return rd, Decision{}, false, err
@@ -310,8 +310,8 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 		l.skew.Learn(time.UnixMicro(rs[0].now), time.Now())
 	}
 	rd = l.assemble(s, [][]call{rcalls}, rs[:1], rp)
-	if rs[1].status == -3 || rs[1].status == -2 {
-		// Not decided: the rates did not admit now (or, -2, the slots'
+	if rs[1].status == stSkipped || rs[1].status == stNoTicks {
+		// Not decided: the rates did not admit now (or the slots'
 		// calendar ticks missed; nothing charged).
 		return rd, Decision{}, false, nil
 	}
@@ -511,7 +511,7 @@ func (l *Limiter) Held(ctx context.Context, s *Set, req Request, d Decision) (bo
 		return false, err
 	}
 	for _, r := range rs {
-		if r.status != 1 {
+		if r.status != stAdmitted {
 			return false, nil
 		}
 	}
@@ -544,13 +544,13 @@ func (l *Limiter) Block(ctx context.Context, s *Set, req Request, until time.Tim
 // it under its token. It reports false when the lease was lost (expired and
 // reclaimed, or re-acquired by a redelivery of the same holder).
 func (l *Limiter) Renew(ctx context.Context, lease Lease) (bool, error) {
-	return l.lease(ctx, lease, 0)
+	return l.lease(ctx, lease, leaseRenew)
 }
 
 // Release gives lease's slot back if its holder still holds it under its
 // token; it reports whether it did.
 func (l *Limiter) Release(ctx context.Context, lease Lease) (bool, error) {
-	return l.lease(ctx, lease, 1)
+	return l.lease(ctx, lease, leaseRelease)
 }
 
 func (l *Limiter) lease(ctx context.Context, ls Lease, op int) (bool, error) {

@@ -480,7 +480,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 		return r
 	}
 	if op == opStatus {
-		return out(1, 0, 0, now, nil)
+		return out(stAdmitted, 0, 0, now, nil)
 	}
 	t, wait, worst, agreed := now, int64(0), int64(0), false
 	if op == opReserve {
@@ -494,7 +494,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			}
 			e := m.earliest(c, t, cost(c), now, holder, critical)
 			if e < 0 {
-				return out(0, -1, int64(i+1), now, nil)
+				return out(stDenied, -1, int64(i+1), now, nil)
 			}
 			if op == opAllow {
 				if e-now > wait {
@@ -511,7 +511,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 		t = nt
 	}
 	if op == opAllow && worst > 0 {
-		return out(0, wait, worst, now, nil)
+		return out(stDenied, wait, worst, now, nil)
 	}
 	// A reserve books t unless denied (deny: the wait and rule); a set with
 	// a fair rule may take a booking over instead.
@@ -553,7 +553,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 		})
 	}
 	if deny != nil {
-		return out(0, deny[0], deny[1], now, nil)
+		return out(stDenied, deny[0], deny[1], now, nil)
 	}
 	owner := ""
 	if victim >= 0 {
@@ -680,7 +680,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 		}
 	}
 	m.flush()
-	return out(1, t-now, 0, t, undo)
+	return out(stAdmitted, t-now, 0, t, undo)
 }
 
 // load mirrors booked.lua's gc_load for fair rules: the request's tag and

@@ -194,12 +194,12 @@ func replay(t *testing.T, ds []logged) {
 		calls, _ := l.bind(rates, Request{Keys: []string{"", "", d.biz}}, true)
 		r := m.decide(calls, opAllow, d.at, 1, 0, 0, "", false, "")
 		rule := "-"
-		if r.status != 1 {
+		if r.status != stAdmitted {
 			rule = rates.rules[r.rule-1].Name
 		}
-		if (r.status == 1) != d.allowed || !d.allowed && rule != d.rule {
+		if (r.status == stAdmitted) != d.allowed || !d.allowed && rule != d.rule {
 			t.Fatalf("decision %d of %d at %d for %s: limiter said allowed=%v rule=%s, the rules say allowed=%v rule=%s",
-				i, len(ds), d.at, d.biz, d.allowed, d.rule, r.status == 1, rule)
+				i, len(ds), d.at, d.biz, d.allowed, d.rule, r.status == stAdmitted, rule)
 		}
 	}
 	t.Logf("replayed %d decisions: each one is what the rules permit", len(ds))

@@ -130,15 +130,6 @@ type Rule struct {
 	Prefetch time.Duration
 }
 
-const (
-	kindGCRA = iota + 1
-	kindFixed
-	kindCalendar
-	kindSliding
-	kindConcurrency
-	kindAdaptive // only in the script's arguments: a GCRA rule with learn
-)
-
 // compiled is a validated limit in the units the script takes.
 type compiled struct {
 	kind   int

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	_ "embed"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -16,18 +15,6 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/internal/keys"
-	"github.com/taskrl/taskrl/internal/script"
-)
-
-var (
-	//go:embed quotas.lua
-	setLua string
-	// setProgram decides rule sets; Redis runs it as a function where it
-	// can (script.Program): its library is large.
-	setProgram = script.NewProgram(setLua, "gcra", "booked", "rules", "learn")
-	//go:embed lease.lua
-	leaseLua    string
-	leaseScript = script.New(leaseLua, "gcra", "rules")
 )
 
 // explicitTTLFloor: see gcra; keys written on an explicit clock live at least
@@ -144,19 +131,6 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	return calls, nil
 }
 
-const (
-	opAllow = iota
-	opReserve
-	opRefund
-	opStatus
-	opBlock
-	opHeld
-	opEarliest   // a reserve's moment, nothing charged (Cluster)
-	opReserveAt  // a reserve of exactly p.notBefore, or nothing (Cluster)
-	opAllowAfter // an allow at the previous request's now, if it was admitted then (ReserveAndAllow)
-	opSettle     // a charge becomes its actual cost (Settle)
-)
-
 // prevNow is the "now" argument of an opAllowAfter request: the previous
 // request's (the script does not read TIME for it).
 var prevNow any = int64(-2)
@@ -222,7 +196,7 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 	if tm.now >= 0 {
 		now = tm.now
 	}
-	nk, na := 0, 10
+	nk, na := 0, argRules
 	for _, c := range g {
 		nk += len(c.keys)
 		na += len(c.c.args) + 3
@@ -234,7 +208,10 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 	if p.op == opHeld || p.op == opRefund || p.op == opSettle {
 		horizon = p.decided
 	}
-	argv = append(argv, 1, p.op, now, tm.floor, groupCost(g, p.n), horizon, holderField(p.req.Holder), b2i(p.req.Critical), p.nonce, at, len(g))
+	argv = argv[:argRules+1]
+	argv[0] = 1
+	argv[argOp], argv[argNow], argv[argFloor], argv[argCost], argv[argHorizon] = p.op, now, tm.floor, groupCost(g, p.n), horizon
+	argv[argHolder], argv[argCritical], argv[argNonce], argv[argAt], argv[argRules] = holderField(p.req.Holder), b2i(p.req.Critical), p.nonce, at, len(g)
 	for _, c := range g {
 		ks = append(ks, c.keys...)
 		if c.c.kind == kindCalendar {
@@ -331,9 +308,9 @@ func digest(s *Set, calls []call) string {
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
-// specAt is where the rules' parameters start in args' argv: after the
-// request count and nine request arguments.
-const specAt = 10
+// specAt is where the rules' parameters start in args' argv: the number
+// of rules, then their kinds and parameters.
+const specAt = argRules
 
 // minusOne is the boxed "no explicit time" argument.
 var minusOne any = int64(-1)
@@ -391,7 +368,7 @@ func parseReply(v []any, n int) (reply, error) {
 	}
 	r := reply{status: x[0], wait: x[1], rule: x[2], now: x[3], at: x[4]}
 	if len(v) == 5 {
-		// A calendar miss (status -2) or a held reply: no rule states.
+		// A calendar miss (stNoTicks) or a held reply: no rule states.
 		return r, nil
 	}
 	if len(v) != 5+6*n {
@@ -435,7 +412,7 @@ func (l *Limiter) run(ctx context.Context, gs [][]call, p params) ([]reply, erro
 			if l.now == nil {
 				l.skew.Learn(time.UnixMicro(replies[i].now), time.Now())
 			}
-			retry = retry || replies[i].status == -2
+			retry = retry || replies[i].status == stNoTicks
 		}
 		if !retry {
 			return replies, nil
@@ -473,7 +450,7 @@ func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
 		if gi == 0 {
 			d.Now = time.UnixMicro(r.now)
 		}
-		if r.status != 1 {
+		if r.status != stAdmitted {
 			d.Allowed = false
 			w := time.Duration(r.wait) * time.Microsecond
 			if r.wait < 0 {

@@ -1,6 +1,7 @@
-// Package script holds the Lua sources shared by the Redis scripts of gcra
-// and quotas, so that each algorithm is written once, and builds scripts from
-// them.
+// Package script holds the Lua library shared by the Redis scripts of gcra,
+// quotas and taskrl (lua/gcra.lua: the GCRA arithmetic and the helpers every
+// script uses), so that it is written once, and builds scripts and
+// programs from it. A package's own Lua lives in that package.
 //
 // Foundation layer, imported by gcra, quotas and taskrl.
 package script

@@ -1,7 +1,7 @@
 -- Adaptive rules: a GCRA rule whose rate is learned (quotas/adaptive.go
 -- states the algorithm and mirrors these functions in Go, operation for
 -- operation, so that both compute the same doubles). A library, not a
--- script: composed after gcra.lua; it touches only the learn key of the
+-- script: composed after internal/script/lua/gcra.lua and booked.lua; it touches only the learn key of the
 -- rule tables passed to it.
 --
 -- State of an adaptive rule r: the string at r.lkey,

@@ -1,9 +1,10 @@
 -- Renews or releases one concurrency lease. Composed after
--- internal/script/lua/gcra.lua (gcra_now) and rules.lua.
+-- internal/script/lua/gcra.lua (gcra_now), the protocol's constants (LEASE:
+-- their values are quotas/protocol.go's) and rules.lua.
 --
 -- KEYS[1]  the rule's holders sorted set
 -- KEYS[2]  the rule's tokens hash
--- ARGV[1]  op: 0 renew, 1 release
+-- ARGV[1]  op: LEASE.RENEW or LEASE.RELEASE
 -- ARGV[2]  explicit now in microseconds, or -1 for the server's TIME
 -- ARGV[3]  TTL floor in milliseconds (0 in production)
 -- ARGV[4]  holder id
@@ -12,14 +13,14 @@
 --
 -- Reply: 1 if the lease was renewed / released, 0 if the holder no longer
 -- holds it under that token (expired and reclaimed, or re-acquired).
-local now = gcra_now(ARGV[2])
+local op, now = tonumber(ARGV[1]), gcra_now(ARGV[2])
 local ttl_floor = tonumber(ARGV[3])
-if ARGV[1] == '0' then
+if op == LEASE.RENEW then
   -- Expired leases are reclaimed first, as on every look.
   local r = {key = KEYS[1], hkey = KEYS[2], oldest = false}
   cc_oldest(r)
   if r.oldest and r.oldest <= now then cc_reclaim(KEYS[1], KEYS[2], now) end
   return cc_renew(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), now, ttl_floor)
 end
--- A release reclaims what it needs to itself (cc_release).
+-- LEASE.RELEASE: a release reclaims what it needs to itself (cc_release).
 return cc_release(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), now, ttl_floor)

@@ -1,7 +1,7 @@
 -- GCRA rules of rule sets, with bookings anywhere ahead and fair sharing. A
 -- library, not a script: it defines functions and touches only the keys of
--- the rule tables passed to it. Composed after gcra.lua, whose locals and
--- gcra_decide it uses. Times are integer microseconds below 2^53.
+-- the rule tables passed to it. Composed after internal/script/lua/gcra.lua,
+-- whose locals and gcra_decide it uses. Times are integer microseconds below 2^53.
 --
 -- The model. Every admitted or booked request of cost n occupies an
 -- interval [x, x + n*em) of virtual time; the intervals of one key never

@@ -1,7 +1,8 @@
 -- Rule kinds other than GCRA, shared by the scripts that decide rule sets.
 -- A library, not a script: it defines functions and touches only the keys of
 -- the rule tables passed to them. Times are integer microseconds below 2^53.
--- Composed after gcra.lua, whose locals and helpers (fmt, ttl_ms) it uses.
+-- Composed after internal/script/lua/gcra.lua, whose locals and helpers
+-- (fmt, ttl_ms) it uses, and the protocol's constants (KIND).
 --
 -- A rule table r holds the rule's parameters (kind, key, limit, p, ...) and
 -- caches what has been read of its key, so that a decision reads each value
@@ -10,12 +11,13 @@
 --   *_earliest(r, t, n, now) the earliest time >= t at which a cost-n request
 --                            conforms, or -1 if it never can (n > limit);
 --   *_charge(r, t, n, now, ttl_floor) record a cost-n request made at t;
---   *_status(r, now)         used, remaining, reset_after.
+--   *_status(r, now)         used, remaining, reset_after;
+--   *_block(r, till, now, ttl_floor) admit nothing before till.
 -- Windows also need win_flush() once at the end of the call.
 
--- Fixed (kind 2, p = {every}) and calendar (kind 3, p = ticks) windows: a
--- hash of window start -> count, so that reservations can charge future
--- windows without losing the current one.
+-- Fixed (KIND.FIXED, p = {every}) and calendar (KIND.CALENDAR, p = ticks)
+-- windows: a hash of window start -> count, so that reservations can charge
+-- future windows without losing the current one.
 --
 -- Counts are cached for the whole script call (r.w is the key's cache):
 -- the requests of one call read a field at most once between them, and
@@ -30,7 +32,7 @@ local function win_reset() win_cache, win_changed = {}, {} end
 -- win_at returns the window [start, stop) containing t, or -2 when a
 -- calendar window's ticks do not cover t. r needs only kind and p.
 local function win_at(r, t)
-  if r.kind == 2 then
+  if r.kind == KIND.FIXED then
     local start = t - (t % r.p[1])
     return start, start + r.p[1]
   end
@@ -175,7 +177,7 @@ local function win_flush()
   end
 end
 
--- Sliding window (kind 4, p = {every}), exact log: a sorted set of one
+-- Sliding window (KIND.SLIDING, p = {every}), exact log: a sorted set of one
 -- member per admitted unit, scored by its time. Entries at or before
 -- now - every are dropped on every look. An entry at e counts in the
 -- windows (x - every, x] with e <= x < e + every; a request of n units at t
@@ -273,7 +275,15 @@ local function sl_refund(r, from, to, nonce)
   call('ZREM', r.key, unpack(members))
 end
 
--- Concurrency (kind 5): a sorted set of holders scored by lease expiry
+-- sl_block makes the rule admit nothing before till: its block key (r.blk)
+-- holds the end, never lowered, and lives until then.
+local function sl_block(r, till, now, ttl_floor)
+  if till > now and till > (tonumber(call('GET', r.blk)) or 0) then
+    call('SET', r.blk, fmt(till), 'PX', fmt(ttl_ms(till - now, ttl_floor)))
+  end
+end
+
+-- Concurrency (KIND.CONCURRENCY): a sorted set of holders scored by lease expiry
 -- (r.key), and a hash of holder -> fencing token whose field "~seq" holds
 -- the last token issued, "~exp" the time both keys live until and "~blk"
 -- the end of a Block on the rule (r.hkey; the hash lives at least until

@@ -1,0 +1,685 @@
+-- Decides groups of rules atomically: for each request, all its rules
+-- admit and all are charged, or none is. One call may carry several
+-- independent requests, decided one after the other (each atomically), so
+-- that concurrent callers share a round trip. GCRA TATs and window state
+-- are read at most once per call and written back at its end. Composed
+-- after internal/script/lua/gcra.lua, the protocol's constants (OP, ARG,
+-- KIND, ST: their values are quotas/protocol.go's), booked.lua, rules.lua
+-- and learn.lua.
+--
+-- KEYS     per request, its rules' keys in rule order: for GCRA the TAT and
+--          the bookings sorted set (see booked.lua; and for a fair one the
+--          flows' finishes, for an adaptive one its learned state, see
+--          learn.lua); for a fixed or calendar window its hash of
+--          counts, which keeps a Block's end too (field "~blk",
+--          win_block); for concurrency the holders sorted set and tokens
+--          hash (which keeps a Block's end in "~blk", cc_block); for a
+--          sliding window its sorted set, then its block key (a string:
+--          until when a Block holds it, µs)
+-- ARGV[1]  number of requests; then per request, whose arguments follow
+--          ARGV[a0], these, each at ARGV[a0 + ARG[name]] (ARG.OP first):
+--   OP     OP.ALLOW, OP.RESERVE, OP.REFUND, OP.STATUS, OP.BLOCK, OP.HELD,
+--          OP.EARLIEST: the moment a reserve would book, nothing charged
+--          (the Cluster path agrees on one moment across slots with it),
+--          OP.RESERVE_AT: a reserve that books only at the time given in
+--          AT (or now, if that is past); a later moment is not booked and
+--          is replied as ST.DENIED with t that moment (the Cluster path
+--          books the agreed moment with it),
+--          OP.ALLOW_AFTER: an allow at the previous request's now, made
+--          only if the previous request (of this call) was admitted or
+--          booked at its now; else nothing is read or charged and the
+--          reply is ST.SKIPPED (Limiter.ReserveAndAllow: a task's slots
+--          decided in the call that books its turn),
+--          OP.SETTLE: a charge (undo values as for a refund) becomes its
+--          actual cost per rule: less gives the difference back as a
+--          refund would, more charges it now without a conformance check
+--          (gc_settle, win_refund/win_charge, sl_refund/sl_charge)
+--   NOW    explicit now in microseconds, or -1 for the server's TIME (read
+--          for each request: each is decided at its own time)
+--   FLOOR  TTL floor in milliseconds (0 in production)
+--   COST   cost: n, the same for every rule, or one per rule in rule order
+--          joined by commas ("3,1,2"), when they differ (concurrency rules
+--          ignore theirs); refund, held, settle: what the charge charged
+--   HORIZON reserve horizon, microseconds; refund, held, settle: when the
+--          charge was decided (0: unknown)
+--   HOLDER holder id (concurrency)
+--   CRITICAL 1 if the request may use a concurrency rule's critical reserve
+--   NONCE  nonce naming this request's GCRA bookings and sliding-window
+--          entries
+--   AT     refund, held, settle: the time the charge was made at (reply
+--          field t); reserve: book no earlier than this time (0: now);
+--          block: until when the rules admit nothing
+--   RULES  number of rules, then per rule its kind and its parameters
+--          (read_rule), or 0: the previous request's rules and parameters,
+--          unchanged;
+--            KIND.GCRA         em, burst, fair (1 shared fairly by flows)
+--            KIND.FIXED        limit, every
+--            KIND.CALENDAR     limit, k, tick_1 .. tick_k
+--            KIND.SLIDING      limit, every
+--            KIND.CONCURRENCY  max, reserved, lease
+--            KIND.ADAPTIVE     min, max, start, per, burst (a GCRA rule
+--                              whose em is learned: learn.lua)
+--          and, for a refund, held or settle only, per rule the two undo
+--          values u1, u2 the charge replied; then, per fair GCRA rule, the
+--          request's flow, and, if there is one, the digest g of the
+--          request's global rules and a string of one '1' per rule the
+--          request is charged on its own (keyed, not fair), else '0'
+--          (booked.lua); for a settle only, last, the actual cost per rule
+--          joined by commas
+--
+-- Reply: per request {status, wait, rule, now, t, then per rule: used,
+--   remaining, reset_after, u1, u2, em}; held, ST.NO_TICKS and ST.SKIPPED
+--   replies only the first five
+--   status  ST.ADMITTED admitted / booked / refunded / held, ST.DENIED
+--           denied, not booked or not held (rule: the fair rule whose
+--           booking was taken over), ST.NO_TICKS a calendar rule has no
+--           tick range around now (retry with ticks around the returned
+--           now); a refund's ticks surround t instead
+--   wait    denied: the longest rule wait (-1 never); reserve: t - now
+--   rule    1-based index of the rule that set wait, 0 if none
+--   t       the time the charge is made at (now, the booked time, or the
+--           moment of a booking taken over); for a reserve at that found
+--           a later moment, that moment
+--   u1, u2  what a refund needs to undo this charge exactly: a GCRA rule's
+--           TAT after and before the charge (0: none), or for a booking of
+--           its own -x and its tag (booked.lua); a concurrency rule's
+--           fencing token; else 0
+--   em      a GCRA rule's emission interval in this decision (learned, for
+--           an adaptive rule); else 0
+--
+-- A reserve of a set with a fair rule may take over another request's
+-- booking of the set's first fair rule instead of booking free time, when
+-- that comes sooner (booked.lua, Fair): it then runs at that booking's
+-- moment, inherits its owner's charges on the rules the two share (the
+-- global ones) and is charged its own. A refund of a booking taken over
+-- gives back only the owner's own rules.
+--
+-- A request is read into a table q (request) and served by the function of
+-- its op: decide (allow, reserve, status and the reserve variants), refund,
+-- settle, block or held; each dispatches per rule on its kind. They mirror
+-- quotas/model.go's functions of the same names.
+
+local last_rules
+
+local function flush()
+  gc_flush()
+  win_flush()
+end
+
+-- Per rule kind.
+
+-- load reads rule r's state once; later steps use and update the cache.
+-- Kinds other than GCRA admit nothing before the end of a block (r.till).
+local function load(r, now, critical)
+  local kind = r.kind
+  if kind == KIND.GCRA then
+    gc_load(r, now, critical)
+  elseif kind == KIND.FIXED or kind == KIND.CALENDAR then
+    win_load(r, now)
+  elseif kind == KIND.SLIDING then
+    r.till = tonumber(call('GET', r.blk)) or 0
+    sl_load(r, now)
+  else
+    cc_load(r, now)
+  end
+end
+
+-- earliest time >= t at which rule r admits a request of cost n made at
+-- now; -1 never. A GCRA rule keeps where it would place the request
+-- (gc_fit), which the charge then takes. Other kinds admit nothing before
+-- the end of a block (r.till).
+local function earliest(r, t, n, now, critical, holder)
+  local kind = r.kind
+  if kind == KIND.GCRA then
+    return gc_fit(r, t, n, now)
+  end
+  if t < r.till then t = r.till end
+  if kind == KIND.FIXED or kind == KIND.CALENDAR then
+    return win_earliest(r, t, n)
+  elseif kind == KIND.SLIDING then
+    return sl_earliest(r, t, n, now)
+  end
+  return max(t, cc_earliest(r, t, critical, holder))
+end
+
+-- status returns rule r's used, remaining and reset_after at now.
+local function status(r, now)
+  local kind = r.kind
+  if kind == KIND.GCRA then
+    return gc_status(r, now)
+  elseif kind == KIND.FIXED or kind == KIND.CALENDAR then
+    return win_status(r, now)
+  elseif kind == KIND.SLIDING then
+    return sl_status(r, now)
+  end
+  return cc_status(r, now)
+end
+
+-- charge charges rule r of request q at t and returns its undo values u1,
+-- u2. A concurrency rule is taken by an allow only.
+local function charge(q, r, t)
+  local kind, now = r.kind, q.now
+  if kind == KIND.GCRA then
+    local u1, u2 = gc_charge(r, t, r.n, now, q.ttl_floor, q.nonce, q.critical, q.g)
+    if r.adapt then ad_grow(r, now) end
+    return u1, u2
+  elseif kind == KIND.FIXED or kind == KIND.CALENDAR then
+    win_charge(r, t, r.n, now, q.ttl_floor)
+  elseif kind == KIND.SLIDING then
+    sl_charge(r, t, r.n, now, q.ttl_floor, q.nonce)
+  elseif q.op == OP.ALLOW then
+    return cc_acquire(r, q.holder, now, q.ttl_floor), 0
+  end
+  return 0, 0
+end
+
+-- inherit makes the charge on rule r of the booking's owner victim, taken
+-- over at t, request q's; it returns the undo values u1, u2.
+local function inherit(q, r, t, victim)
+  local kind = r.kind
+  if kind == KIND.GCRA then
+    return gc_inherit(r, t, victim, q.nonce, q.g)
+  elseif kind == KIND.SLIDING then
+    sl_inherit(r, r.n, victim, q.nonce)
+  end
+  return 0, 0
+end
+
+-- give_back undoes request q's charge on rule r, made at q.at.
+local function give_back(q, r)
+  local kind, t, now = r.kind, q.at, q.now
+  if kind == KIND.GCRA then
+    gc_refund(r, t, r.n, now, q.ttl_floor, q.nonce, q.g)
+  elseif kind == KIND.FIXED or kind == KIND.CALENDAR then
+    win_refund(r, t, r.n, now)
+  elseif kind == KIND.SLIDING then
+    sl_refund(r, 0, r.n, q.nonce)
+  elseif r.u1 > 0 then
+    cc_release(r.key, r.hkey, q.holder, r.u1, now, q.ttl_floor)
+  end
+end
+
+-- resettle makes request q's charge on rule r, made at q.at, d units less
+-- (d < 0: -d more, charged now). Concurrency rules are never settled.
+local function resettle(q, r, d)
+  local kind, t, now, ttl_floor = r.kind, q.at, q.now, q.ttl_floor
+  if kind == KIND.GCRA then
+    gc_settle(r, t, r.n, d, now, ttl_floor, q.nonce, q.g)
+  elseif kind == KIND.FIXED or kind == KIND.CALENDAR then
+    if d > 0 then
+      win_refund(r, t, d, now)
+    else
+      win_load(r, now)
+      local at = now
+      if win_at(r, now) < 0 then at = t end
+      win_charge(r, at, -d, now, ttl_floor)
+    end
+  elseif d > 0 then
+    sl_refund(r, r.n - d, r.n, q.nonce)
+  else
+    sl_load(r, now)
+    sl_charge(r, now, -d, now, ttl_floor, q.nonce, r.n)
+  end
+end
+
+-- block_rule makes rule r admit nothing before till. GCRA rules then
+-- resume at their rate (the TAT is moved so that one unit conforms exactly
+-- then; an adaptive rule the block cuts starts afresh); the others keep
+-- the end in their block key, never lowered.
+local function block_rule(r, till, now, ttl_floor)
+  local kind = r.kind
+  if kind == KIND.GCRA then
+    if r.adapt and ad_cut(r, now, till) then
+      ad_reset(r, till, now, ttl_floor)
+    else
+      gc_block(r, till, now, ttl_floor)
+    end
+  elseif kind == KIND.FIXED or kind == KIND.CALENDAR then
+    win_block(r, till, now, ttl_floor)
+  elseif kind == KIND.CONCURRENCY then
+    cc_block(r, till, now, ttl_floor)
+  else
+    sl_block(r, till, now, ttl_floor)
+  end
+end
+
+-- Reading a request.
+
+-- take_keys gives rule r its keys from KEYS[k] on and returns the index
+-- after them.
+local function take_keys(r, k)
+  r.key = KEYS[k]
+  k = k + 1
+  if r.kind == KIND.GCRA then
+    r.bkey = KEYS[k]
+    k = k + 1
+    if r.fair then
+      r.fkey = KEYS[k]
+      k = k + 1
+    end
+    if r.adapt then
+      r.lkey = KEYS[k]
+      k = k + 1
+    end
+  else
+    if r.kind == KIND.CONCURRENCY then
+      r.hkey = KEYS[k]
+      k = k + 1
+    end
+    -- A fixed or calendar window keeps its block in its own hash
+    -- (win_block), a concurrency rule in its tokens hash (cc_block).
+    if r.kind == KIND.SLIDING then
+      r.blk = KEYS[k]
+      k = k + 1
+    end
+  end
+  return k
+end
+
+-- read_rule reads the kind and parameters of a rule from ARGV[a] on into a new
+-- rule table and returns it and the index after them. An adaptive rule is
+-- a GCRA rule with adapt set.
+local function read_rule(a)
+  -- Every field a rule table gets is in its constructor: a field added
+  -- later makes Lua grow and rehash the table.
+  local r = {kind = tonumber(ARGV[a]), n = 0, key = false, em = 0, burst = 0, limit = 0, p = false,
+    max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, fair = false,
+    flow = false, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
+    stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
+    blk = false, till = 0, seq = 0, live = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
+    lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0}
+  local kind = r.kind
+  if kind == KIND.GCRA then
+    r.em, r.burst, r.fair = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'
+    return r, a + 4
+  elseif kind == KIND.ADAPTIVE then
+    r.kind, r.adapt = KIND.GCRA, true
+    r.lmin, r.lmax, r.lstart = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    r.lper, r.burst = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+    return r, a + 6
+  elseif kind == KIND.FIXED or kind == KIND.SLIDING then
+    r.limit, r.p = tonumber(ARGV[a + 1]), {tonumber(ARGV[a + 2])}
+    return r, a + 3
+  elseif kind == KIND.CALENDAR then
+    local cnt = tonumber(ARGV[a + 2])
+    local p = {}
+    for j = 1, cnt do p[j] = tonumber(ARGV[a + 2 + j]) end
+    r.limit, r.p = tonumber(ARGV[a + 1]), p
+    return r, a + 3 + cnt
+  end
+  r.max, r.reserved, r.lease = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  return r, a + 4
+end
+
+-- request reads the request whose arguments follow ARGV[a0] and whose keys
+-- start at KEYS[k0] into a table q, and returns it and the k0 and a0 of
+-- the next request. prev is the previous request's reply (an allow
+-- after's). OP.EARLIEST and OP.RESERVE_AT become OP.RESERVE with q.dry or
+-- q.exact set, OP.ALLOW_AFTER OP.ALLOW at the previous request's now, with
+-- q.skip set when that request was not admitted at it.
+local function request(k0, a0, prev)
+  local op = tonumber(ARGV[a0 + ARG.OP])
+  local q = {op = op, dry = op == OP.EARLIEST, exact = op == OP.RESERVE_AT, skip = false, now = 0,
+    ttl_floor = tonumber(ARGV[a0 + ARG.FLOOR]), horizon = tonumber(ARGV[a0 + ARG.HORIZON]),
+    holder = ARGV[a0 + ARG.HOLDER], critical = ARGV[a0 + ARG.CRITICAL] == '1',
+    nonce = ARGV[a0 + ARG.NONCE], at = tonumber(ARGV[a0 + ARG.AT]), rules = last_rules, nrules = 0,
+    fair = 0, g = '-', acts = false}
+  if q.dry or q.exact then q.op = OP.RESERVE end
+  if op == OP.ALLOW_AFTER then
+    q.op = OP.ALLOW
+    q.skip = not prev or prev[1] ~= ST.ADMITTED or prev[5] ~= prev[4]
+    if prev then q.now = prev[4] end
+  else
+    q.now = gcra_now(ARGV[a0 + ARG.NOW])
+  end
+
+  local rules, nrules = last_rules, tonumber(ARGV[a0 + ARG.RULES])
+  local a, k = a0 + ARG.RULES + 1, k0
+  if nrules == 0 then
+    -- The previous request's rules with this request's keys; load reads
+    -- their state afresh.
+    nrules = #rules
+    for i = 1, nrules do k = take_keys(rules[i], k) end
+  else
+    rules = {}
+    for i = 1, nrules do
+      rules[i], a = read_rule(a)
+      k = take_keys(rules[i], k)
+    end
+    last_rules = rules
+  end
+  q.rules, q.nrules = rules, nrules
+  -- Each rule's cost: the same for all, or one per rule.
+  local costs = ARGV[a0 + ARG.COST]
+  local n = tonumber(costs)
+  if n then
+    for i = 1, nrules do rules[i].n = n end
+  else
+    local i = 0
+    for v in string.gmatch(costs, '[^,]+') do
+      i = i + 1
+      rules[i].n = tonumber(v)
+    end
+  end
+  if q.op == OP.REFUND or q.op == OP.HELD or q.op == OP.SETTLE then
+    for i = 1, nrules do
+      rules[i].u1, rules[i].u2 = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+      a = a + 2
+    end
+  end
+  for i = 1, nrules do
+    local r = rules[i]
+    if r.fair then
+      r.flow = ARGV[a]
+      a = a + 1
+      if q.fair == 0 then q.fair = i end
+    end
+  end
+  if q.fair > 0 then
+    q.g = ARGV[a]
+    local own = ARGV[a + 1]
+    for i = 1, nrules do rules[i].own = string.byte(own, i) == 49 end
+    a = a + 2
+  end
+  if q.op == OP.SETTLE then
+    local acts = {}
+    for v in string.gmatch(ARGV[a], '[^,]+') do acts[#acts + 1] = tonumber(v) end
+    q.acts = acts
+    a = a + 1
+  end
+  return q, k, a - 1
+end
+
+-- learn_load gives each adaptive rule of request q the interval of its
+-- learned rate, for every op; an allow, a reserve that books and a block
+-- count the busy time since the last look (ad_load).
+local function learn_load(q)
+  local op, rules = q.op, q.rules
+  local credit = not q.dry and (op == OP.ALLOW or op == OP.RESERVE or op == OP.BLOCK)
+  for i = 1, q.nrules do
+    if rules[i].adapt then ad_load(rules[i], q.now, credit) end
+  end
+end
+
+-- ticked reports whether every calendar rule of request q has ticks around
+-- its now.
+local function ticked(q)
+  for i = 1, q.nrules do
+    local r = q.rules[i]
+    if r.kind == KIND.CALENDAR and win_at(r, q.now) < 0 then
+      return false
+    end
+  end
+  return true
+end
+
+-- Per op.
+
+-- reply is request q's reply: st, wait, rule, now, t, then per rule its
+-- status, the undo values (0 without undo) and a GCRA rule's interval.
+local function reply(q, st, wait, rule, t, undo)
+  local rules, now = q.rules, q.now
+  local out, j = {st, wait, rule, now, t}, 5
+  for i = 1, q.nrules do
+    local r = rules[i]
+    local used, rem, reset = status(r, now)
+    local u1, u2 = 0, 0
+    if undo then u1, u2 = undo[2 * i - 1], undo[2 * i] end
+    local em = 0
+    if r.kind == KIND.GCRA then em = r.em end
+    out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] = used, rem, reset, u1, u2, em
+    j = j + 6
+  end
+  return out
+end
+
+-- reloaded is request q's reply after a refund, settle or block: every
+-- rule's state read afresh.
+local function reloaded(q, t)
+  for i = 1, q.nrules do load(q.rules[i], q.now, q.critical) end
+  return reply(q, ST.ADMITTED, 0, 0, t)
+end
+
+-- held reports whether the booking of the set's first fair rule that
+-- request q's charge made is still its own: bookings are taken over by
+-- way of that rule.
+local function held(q)
+  return q.fair == 0 or gc_held(q.rules[q.fair], q.nonce, q.at, q.g)
+end
+
+-- uncut reports whether no adaptive rule of request q was cut after its
+-- charge was decided and before the charge's time (a booking made at a
+-- rate the remote side refused); if one was, it returns false and the
+-- rule's index.
+local function uncut(q)
+  local horizon = q.horizon
+  for i = 1, q.nrules do
+    local r = q.rules[i]
+    if r.adapt and r.ld > horizon and horizon > 0 and q.at > r.ld then
+      return false, i
+    end
+  end
+  return true
+end
+
+-- refund gives back request q's charge. A booking another request took
+-- over gives back only its own rules: the taker inherited the rest; an
+-- adaptive rule decided before a cut, which reset the rule's time, nothing.
+local function refund(q)
+  local taken, horizon = not held(q), q.horizon
+  for i = 1, q.nrules do
+    local r = q.rules[i]
+    if taken and not r.own then
+    elseif r.adapt and horizon > 0 and r.ld > horizon then
+    else
+      give_back(q, r)
+    end
+  end
+  return reloaded(q, q.at)
+end
+
+-- settle makes each rule's charge its actual cost. Less gives the
+-- difference back as a refund would (never more than the charge still
+-- holds); more charges the difference now, without a conformance check:
+-- the units were spent, later requests wait for them.
+local function settle(q)
+  local taken, horizon = not held(q), q.horizon
+  for i = 1, q.nrules do
+    local r = q.rules[i]
+    local d = r.n - q.acts[i]
+    if d == 0 or r.kind == KIND.CONCURRENCY or taken and not r.own then
+    elseif d > 0 and r.adapt and horizon > 0 and r.ld > horizon then
+      -- Decided before a cut, which reset the rule's time.
+    else
+      resettle(q, r, d)
+    end
+  end
+  return reloaded(q, q.at)
+end
+
+-- block makes the rules admit nothing before q.at.
+local function block(q)
+  for i = 1, q.nrules do block_rule(q.rules[i], q.at, q.now, q.ttl_floor) end
+  return reloaded(q, q.now)
+end
+
+-- take_over looks, for a reserve of a set whose first fair rule is
+-- rules[q.fair], for the earliest booking of that rule it may take over
+-- (gc_takeable) at whose moment, before limit, the request's own rules
+-- admit it; it returns that moment, with the booking in the fair rule's
+-- table (victim, vowner: its member and owner), or false.
+local function take_over(q, t0, limit)
+  local rules, now, critical, holder = q.rules, q.now, q.critical, q.holder
+  local rf, took = rules[q.fair], false
+  gc_takeable(rf, t0, rf.n, now, q.g, function(t, x, m, owner)
+    if t >= limit then return true end
+    for i = 1, q.nrules do
+      local r = rules[i]
+      if r.own and r.kind ~= KIND.CONCURRENCY and (earliest(r, t, r.n, now, critical, holder) ~= t or
+          r.kind == KIND.CALENDAR and win_at(r, t) < 0) then
+        return false
+      end
+    end
+    took = t
+    rf.at, rf.x, rf.front, rf.victim, rf.vowner = t, x, false, m, owner
+    return true
+  end)
+  return took
+end
+
+-- book decides whether a reserve books t, the moment every rule admits
+-- (agreed: all did; worst: the rule that set it), or a booking it takes
+-- over; it returns the moment to charge, or false and the reply.
+local function book(q, t, worst, agreed)
+  local rules, nrules, now, horizon = q.rules, q.nrules, q.now, q.horizon
+  -- deny, if not false, holds the wait and rule of a refusal.
+  local deny, known = false, true
+  for i = 1, nrules do
+    local r = rules[i]
+    if r.kind == KIND.CALENDAR and win_at(r, t) < 0 then known = false end
+  end
+  local from = max(now, q.at)
+  if not agreed or not known or t - now > horizon then
+    deny = {t - now, worst}
+  else
+    -- Nothing is booked beyond the reset of a window longer than the
+    -- horizon that is full until then: the request would keep its slot
+    -- after the reset even if refunds freed the window before it. The
+    -- caller tries again at the reset.
+    for i = 1, nrules do
+      local r = rules[i]
+      if r.kind == KIND.FIXED or r.kind == KIND.CALENDAR then
+        local start, stop = win_at(r, from)
+        if t >= stop and stop - start > horizon and win_earliest(r, from, r.n) >= stop then
+          deny = {t - now, i}
+          break
+        end
+      end
+    end
+  end
+  if q.fair > 0 then
+    local limit = now + horizon + 1
+    if not deny then limit = t end
+    local took = take_over(q, from, limit)
+    if took then t, deny = took, false end
+  end
+  if q.exact and t > from then
+    -- Another request took the moment: charge nothing, say which is next.
+    return false, reply(q, ST.DENIED, t - now, worst, t)
+  end
+  if q.dry and not deny then
+    -- The moment alone (a booking it would take over included).
+    return false, reply(q, ST.ADMITTED, t - now, 0, t)
+  end
+  if deny then
+    return false, reply(q, ST.DENIED, deny[1], deny[2], now)
+  end
+  return t
+end
+
+-- decide decides an allow, a reserve or a status of request q: it finds
+-- the time t at which every rule admits (now for an allow; for a reserve
+-- the earliest such time, by raising t to each rule's earliest time until
+-- all agree; concurrency is taken when work starts, never reserved) and
+-- charges every rule at t. Taking over a booking, the rules the request
+-- shares with its owner are inherited.
+local function decide(q)
+  local rules, nrules, now, op, critical, holder = q.rules, q.nrules, q.now, q.op, q.critical, q.holder
+  for i = 1, nrules do load(rules[i], now, critical) end
+  if op == OP.STATUS then
+    return reply(q, ST.ADMITTED, 0, 0, now)
+  end
+  local t, wait, worst, agreed = now, 0, 0, false
+  if op == OP.RESERVE then t = max(now, q.at) end
+  for _ = 1, 16 do
+    local nt = t
+    for i = 1, nrules do
+      local r = rules[i]
+      if not (op == OP.RESERVE and r.kind == KIND.CONCURRENCY) then
+        local e = earliest(r, t, r.n, now, critical, holder)
+        if e < 0 then
+          return reply(q, ST.DENIED, -1, i, now)
+        end
+        if op == OP.ALLOW then
+          if e - now > wait then wait, worst = e - now, i end
+        elseif e > nt then
+          nt, worst = e, i
+        end
+      end
+    end
+    if op == OP.ALLOW or nt == t then
+      agreed = true
+      break
+    end
+    t = nt
+  end
+  if op == OP.ALLOW and worst > 0 then
+    return reply(q, ST.DENIED, wait, worst, now)
+  end
+  if op == OP.RESERVE then
+    local out
+    t, out = book(q, t, worst, agreed)
+    if not t then return out end
+  end
+  -- undo holds per rule u1, u2.
+  local undo, victim, fair = {}, false, q.fair
+  if fair > 0 and rules[fair].victim then victim = rules[fair].vowner end
+  for i = 1, nrules do
+    local r = rules[i]
+    if victim and not r.own and i ~= fair then
+      undo[2 * i - 1], undo[2 * i] = inherit(q, r, t, victim)
+    else
+      undo[2 * i - 1], undo[2 * i] = charge(q, r, t)
+    end
+  end
+  return reply(q, ST.ADMITTED, t - now, 0, t, undo)
+end
+
+-- serve reads and serves the request whose arguments follow ARGV[a0] and
+-- whose keys start at KEYS[k0]; it returns the request's reply and the k0
+-- and a0 of the next request.
+local function serve(k0, a0, prev)
+  local q, k, a = request(k0, a0, prev)
+  local op, now = q.op, q.now
+  if q.skip then
+    return {ST.SKIPPED, 0, 0, now, now}, k, a
+  end
+  learn_load(q)
+  if op == OP.HELD then
+    if not held(q) then
+      return {ST.DENIED, 0, q.fair, now, now}, k, a
+    end
+    local ok, i = uncut(q)
+    if not ok then
+      return {ST.DENIED, 0, i, now, now}, k, a
+    end
+    return {ST.ADMITTED, 0, 0, now, now}, k, a
+  end
+  if op == OP.REFUND then
+    return refund(q), k, a
+  elseif op == OP.SETTLE then
+    return settle(q), k, a
+  elseif not ticked(q) then
+    return {ST.NO_TICKS, 0, 0, now, now}, k, a
+  elseif op == OP.BLOCK then
+    return block(q), k, a
+  end
+  return decide(q), k, a
+end
+
+-- run_call serves the call's requests in order. Everything above only
+-- defines; run as a Redis function (internal/script.Program) the
+-- definitions run once and each call runs this alone.
+local function run_call()
+  gc_reset()
+  win_reset()
+  last_rules = {}
+  local out, k, a = {}, 1, 1
+  for i = 1, tonumber(ARGV[1]) do
+    out[i], k, a = serve(k, a, out[i - 1])
+  end
+  flush()
+  return out
+end
+
+return run_call()

@@ -1,0 +1,142 @@
+package quotas
+
+import (
+	"embed"
+	"fmt"
+	"strings"
+
+	"github.com/taskrl/taskrl/internal/script"
+)
+
+// The protocol between the Limiter and its scripts (lua/quotas.lua decides
+// rule sets, lua/lease.lua renews and releases leases) is defined here
+// once: the op codes, the positions of a request's arguments, the rule
+// kinds and the reply statuses are Go constants, and the scripts read them
+// from Lua tables that luaProtocol renders from protocolConsts (OP.ALLOW,
+// ARG.NOW, KIND.GCRA, ST.DENIED, LEASE.RENEW) and compose before every
+// other file. The Lua compares with no bare literal of them:
+// TestProtocolConstants checks that every name the Lua uses is defined
+// here and that no literal op, kind or argument position remains.
+
+// Ops of a request of the set script (its argument ARG.OP).
+const (
+	opAllow      = iota
+	opReserve    // book the earliest moment every rule but concurrency admits
+	opRefund     // undo a charge
+	opStatus     // every rule's state, nothing charged
+	opBlock      // admit nothing until a time
+	opHeld       // whether a charge's booking is still its own
+	opEarliest   // a reserve's moment, nothing charged (Cluster)
+	opReserveAt  // a reserve of exactly p.notBefore, or nothing (Cluster)
+	opAllowAfter // an allow at the previous request's now, if it was admitted then (ReserveAndAllow)
+	opSettle     // a charge becomes its actual cost (Settle)
+)
+
+// Positions of one request's arguments in the argv args builds, whose
+// element 0 is the call's number of requests: the script reads argument
+// argX of the request whose arguments follow ARGV[a0] as ARGV[a0 + ARG.X].
+const (
+	argOp       = iota + 1
+	argNow      // explicit now, µs, or -1 for the server's TIME
+	argFloor    // TTL floor, ms
+	argCost     // the cost of every rule, or one per rule joined by commas
+	argHorizon  // reserve horizon, µs; refund, held, settle: when the charge was decided
+	argHolder   // holder id (concurrency)
+	argCritical // 1: the request is critical
+	argNonce    // names the request's GCRA bookings and sliding-window entries
+	argAt       // refund, held, settle: the charge's time; reserve: not before; block: until
+	argRules    // the number of rules, then each rule's kind and parameters (specAt)
+)
+
+// Rule kinds: the first argument of a rule's parameters (compiled.args).
+const (
+	kindGCRA = iota + 1
+	kindFixed
+	kindCalendar
+	kindSliding
+	kindConcurrency
+	kindAdaptive // only in the script's arguments: a GCRA rule with learn
+)
+
+// Statuses: the first element of a request's reply.
+const (
+	stDenied   = 0  // denied, not booked, not held
+	stAdmitted = 1  // admitted, booked, refunded, settled, blocked, held
+	stNoTicks  = -2 // a calendar rule's ticks do not cover the server's now
+	stSkipped  = -3 // an allow after whose previous request was not admitted at its now
+)
+
+// Ops of the lease script (its ARGV[1]).
+const (
+	leaseRenew = iota
+	leaseRelease
+)
+
+// protocolConsts names the constants above in Lua, by table.
+var protocolConsts = []struct {
+	table, name string
+	value       int
+}{
+	{"OP", "ALLOW", opAllow}, {"OP", "RESERVE", opReserve}, {"OP", "REFUND", opRefund},
+	{"OP", "STATUS", opStatus}, {"OP", "BLOCK", opBlock}, {"OP", "HELD", opHeld},
+	{"OP", "EARLIEST", opEarliest}, {"OP", "RESERVE_AT", opReserveAt},
+	{"OP", "ALLOW_AFTER", opAllowAfter}, {"OP", "SETTLE", opSettle},
+	{"ARG", "OP", argOp}, {"ARG", "NOW", argNow}, {"ARG", "FLOOR", argFloor},
+	{"ARG", "COST", argCost}, {"ARG", "HORIZON", argHorizon}, {"ARG", "HOLDER", argHolder},
+	{"ARG", "CRITICAL", argCritical}, {"ARG", "NONCE", argNonce}, {"ARG", "AT", argAt},
+	{"ARG", "RULES", argRules},
+	{"KIND", "GCRA", kindGCRA}, {"KIND", "FIXED", kindFixed}, {"KIND", "CALENDAR", kindCalendar},
+	{"KIND", "SLIDING", kindSliding}, {"KIND", "CONCURRENCY", kindConcurrency},
+	{"KIND", "ADAPTIVE", kindAdaptive},
+	{"ST", "DENIED", stDenied}, {"ST", "ADMITTED", stAdmitted}, {"ST", "NO_TICKS", stNoTicks},
+	{"ST", "SKIPPED", stSkipped},
+	{"LEASE", "RENEW", leaseRenew}, {"LEASE", "RELEASE", leaseRelease},
+}
+
+// luaProtocol renders protocolConsts as Lua: one local table per table
+// name, in order of first use.
+func luaProtocol() string {
+	var b strings.Builder
+	b.WriteString("-- The protocol's constants, rendered from quotas/protocol.go.\n")
+	for i, c := range protocolConsts {
+		if i == 0 || c.table != protocolConsts[i-1].table {
+			if i > 0 {
+				b.WriteString("}\n")
+			}
+			fmt.Fprintf(&b, "local %s = {", c.table)
+		} else {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s = %d", c.name, c.value)
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// luaText returns the protocol's constants followed by the package's Lua
+// files lua/<name>.lua, in order: one script's text after the shared
+// internal/script libraries.
+func luaText(names ...string) string {
+	var b strings.Builder
+	b.WriteString(luaProtocol())
+	for _, n := range names {
+		src, err := luaFiles.ReadFile("lua/" + n + ".lua")
+		if err != nil {
+			panic("quotas: no embedded Lua file " + n)
+		}
+		b.WriteByte('\n')
+		b.Write(src)
+	}
+	return b.String()
+}
+
+var (
+	// setProgram decides rule sets; Redis runs it as a function where it
+	// can (script.Program): its library is large.
+	setProgram = script.NewProgram(luaText("booked", "rules", "learn", "quotas"), "gcra")
+	// leaseScript renews and releases leases.
+	leaseScript = script.New(luaText("rules", "lease"), "gcra")
+)
