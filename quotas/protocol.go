@@ -2,7 +2,8 @@ package quotas
 
 import (
 	"embed"
-	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/taskrl/taskrl/internal/script"
@@ -11,12 +12,13 @@ import (
 // The protocol between the Limiter and its scripts (lua/quotas.lua decides
 // rule sets, lua/lease.lua renews and releases leases) is defined here
 // once: the op codes, the positions of a request's arguments, the rule
-// kinds and the reply statuses are Go constants, and the scripts read them
-// from Lua tables that luaProtocol renders from protocolConsts (OP.ALLOW,
-// ARG.NOW, KIND.GCRA, ST.DENIED, LEASE.RENEW) and compose before every
-// other file. The Lua compares with no bare literal of them:
-// TestProtocolConstants checks that every name the Lua uses is defined
-// here and that no literal op, kind or argument position remains.
+// kinds and the reply statuses are Go constants. The Lua names them
+// OP.ALLOW, ARG.NOW, KIND.GCRA, ST.DENIED, LEASE.RENEW (protocolConsts),
+// and luaText replaces each name by its value when it composes a script,
+// so the script compares with literals, as fast as before, and a name Go
+// does not define fails every test (luaText panics). TestProtocolConstants
+// checks that no op, kind, status or argument position is written in the
+// Lua as a bare number.
 
 // Ops of a request of the set script (its argument ARG.OP).
 const (
@@ -93,42 +95,49 @@ var protocolConsts = []struct {
 	{"LEASE", "RENEW", leaseRenew}, {"LEASE", "RELEASE", leaseRelease},
 }
 
-// luaProtocol renders protocolConsts as Lua: one local table per table
-// name, in order of first use.
-func luaProtocol() string {
-	var b strings.Builder
-	b.WriteString("-- The protocol's constants, rendered from quotas/protocol.go.\n")
-	for i, c := range protocolConsts {
-		if i == 0 || c.table != protocolConsts[i-1].table {
-			if i > 0 {
-				b.WriteString("}\n")
-			}
-			fmt.Fprintf(&b, "local %s = {", c.table)
-		} else {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s = %d", c.name, c.value)
-	}
-	b.WriteString("}\n")
-	return b.String()
-}
-
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
-// luaText returns the protocol's constants followed by the package's Lua
-// files lua/<name>.lua, in order: one script's text after the shared
-// internal/script libraries.
+// protocolName is a protocol constant's name in the Lua.
+var protocolName = regexp.MustCompile(`\b(OP|ARG|KIND|ST|LEASE)\.([A-Za-z_]\w*)`)
+
+// luaText returns the text of the package's Lua files lua/<name>.lua, in
+// order, with every protocol constant the code (not a comment) names
+// replaced by its value: one script's text, composed after the shared
+// internal/script libraries. It panics on a name protocolConsts does not
+// define, a programming error every test catches.
 func luaText(names ...string) string {
+	values := map[string]string{}
+	for _, c := range protocolConsts {
+		// A negative value in parentheses: "a - -2" would start a comment.
+		v := strconv.Itoa(c.value)
+		if c.value < 0 {
+			v = "(" + v + ")"
+		}
+		values[c.table+"."+c.name] = v
+	}
 	var b strings.Builder
-	b.WriteString(luaProtocol())
-	for _, n := range names {
+	for i, n := range names {
 		src, err := luaFiles.ReadFile("lua/" + n + ".lua")
 		if err != nil {
 			panic("quotas: no embedded Lua file " + n)
 		}
-		b.WriteByte('\n')
-		b.Write(src)
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		for line := range strings.Lines(string(src)) {
+			code, comment, found := strings.Cut(line, "--")
+			b.WriteString(protocolName.ReplaceAllStringFunc(code, func(name string) string {
+				v, ok := values[name]
+				if !ok {
+					panic("quotas: lua/" + n + ".lua names " + name + ", which is no protocol constant")
+				}
+				return v
+			}))
+			if found {
+				b.WriteString("--" + comment)
+			}
+		}
 	}
 	return b.String()
 }

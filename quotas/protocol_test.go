@@ -1,6 +1,7 @@
 package quotas
 
 import (
+	"fmt"
 	"io/fs"
 	"regexp"
 	"strings"
@@ -11,9 +12,10 @@ import (
 )
 
 // TestProtocolConstants checks that the Lua of the package names the
-// protocol's constants only by the tables luaProtocol renders from the Go
-// constants: every name it uses is defined there, and no op, kind, status
-// or argument position is written as a bare number.
+// protocol's constants only as protocolConsts defines them (its comments
+// too; luaText panics on an unknown name in code), that no op, kind,
+// status or argument position is written as a bare number, and that the
+// composed scripts have every name replaced by its value.
 func TestProtocolConstants(t *testing.T) {
 	defined := map[string]bool{}
 	for _, c := range protocolConsts {
@@ -55,9 +57,16 @@ func TestProtocolConstants(t *testing.T) {
 			}
 		}
 	}
-	text := setProgram.Text()
-	if !strings.Contains(text, "local OP = {ALLOW = 0, RESERVE = 1,") || !strings.Contains(text, "local ST = {") {
-		t.Errorf("the set script does not start with the protocol's constants:\n%.400s", text)
+	for _, text := range []string{setProgram.Text(), luaText("rules", "lease")} {
+		for line := range strings.Lines(text) {
+			code, _, _ := strings.Cut(line, "--")
+			if ref.MatchString(code) {
+				t.Errorf("a protocol constant is left in a composed script: %s", strings.TrimSpace(line))
+			}
+		}
+	}
+	if want := fmt.Sprintf("if op == %d then", leaseRenew); !strings.Contains(luaText("lease"), want) {
+		t.Errorf("the lease script has no %q", want)
 	}
 }
 

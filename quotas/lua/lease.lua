@@ -1,6 +1,6 @@
 -- Renews or releases one concurrency lease. Composed after
--- internal/script/lua/gcra.lua (gcra_now), the protocol's constants (LEASE:
--- their values are quotas/protocol.go's) and rules.lua.
+-- internal/script/lua/gcra.lua (gcra_now) and rules.lua. LEASE.* name the
+-- constants of quotas/protocol.go, replaced by their values (luaText).
 --
 -- KEYS[1]  the rule's holders sorted set
 -- KEYS[2]  the rule's tokens hash

@@ -3,9 +3,9 @@
 -- independent requests, decided one after the other (each atomically), so
 -- that concurrent callers share a round trip. GCRA TATs and window state
 -- are read at most once per call and written back at its end. Composed
--- after internal/script/lua/gcra.lua, the protocol's constants (OP, ARG,
--- KIND, ST: their values are quotas/protocol.go's), booked.lua, rules.lua
--- and learn.lua.
+-- after internal/script/lua/gcra.lua, booked.lua, rules.lua and learn.lua.
+-- OP.*, ARG.*, KIND.* and ST.* name the constants of quotas/protocol.go,
+-- which replaces each by its value when it composes the script (luaText).
 --
 -- KEYS     per request, its rules' keys in rule order: for GCRA the TAT and
 --          the bookings sorted set (see booked.lua; and for a fair one the
@@ -94,12 +94,22 @@
 -- global ones) and is charged its own. A refund of a booking taken over
 -- gives back only the owner's own rules.
 --
--- A request is read into a table q (request) and served by the function of
--- its op: decide (allow, reserve, status and the reserve variants), refund,
--- settle, block or held; each dispatches per rule on its kind. They mirror
--- quotas/model.go's functions of the same names.
+-- serve reads a request (request) and serves it with the function of its
+-- op: decide (allow, reserve, status and the reserve variants), refund,
+-- settle, block, or held and uncut; they, and the functions they call per
+-- rule, which dispatch on its kind (load, earliest, status, charge, ...),
+-- mirror quotas/model.go's functions of the same names.
 
-local last_rules
+-- The request being served, as request reads it (the functions below read
+-- it; locals, not a table, as every look-up costs): op, with OP.EARLIEST
+-- and OP.RESERVE_AT read as OP.RESERVE with dry or exact set, and
+-- OP.ALLOW_AFTER as OP.ALLOW with skip set unless the previous request was
+-- admitted at its now; its arguments (now, ttl_floor, horizon, holder,
+-- critical, nonce, at: ARG.AT); its rules, nrules of them (the previous
+-- request's table, when it sends 0); the index of its first fair rule, 0
+-- if none, and the digest g; a settle's actual costs.
+local op, dry, exact, skip, now, ttl_floor, horizon, holder, critical, nonce, at
+local rules, nrules, fair, g, acts
 
 local function flush()
   gc_flush()
@@ -110,7 +120,7 @@ end
 
 -- load reads rule r's state once; later steps use and update the cache.
 -- Kinds other than GCRA admit nothing before the end of a block (r.till).
-local function load(r, now, critical)
+local function load(r)
   local kind = r.kind
   if kind == KIND.GCRA then
     gc_load(r, now, critical)
@@ -124,26 +134,26 @@ local function load(r, now, critical)
   end
 end
 
--- earliest time >= t at which rule r admits a request of cost n made at
--- now; -1 never. A GCRA rule keeps where it would place the request
--- (gc_fit), which the charge then takes. Other kinds admit nothing before
--- the end of a block (r.till).
-local function earliest(r, t, n, now, critical, holder)
+-- earliest time >= t at which rule r admits a request of cost r.n; -1
+-- never. A GCRA rule keeps where it would place the request (gc_fit),
+-- which the charge then takes. Other kinds admit nothing before the end of
+-- a block (r.till).
+local function earliest(r, t)
   local kind = r.kind
   if kind == KIND.GCRA then
-    return gc_fit(r, t, n, now)
+    return gc_fit(r, t, r.n, now)
   end
   if t < r.till then t = r.till end
   if kind == KIND.FIXED or kind == KIND.CALENDAR then
-    return win_earliest(r, t, n)
+    return win_earliest(r, t, r.n)
   elseif kind == KIND.SLIDING then
-    return sl_earliest(r, t, n, now)
+    return sl_earliest(r, t, r.n, now)
   end
   return max(t, cc_earliest(r, t, critical, holder))
 end
 
 -- status returns rule r's used, remaining and reset_after at now.
-local function status(r, now)
+local function status(r)
   local kind = r.kind
   if kind == KIND.GCRA then
     return gc_status(r, now)
@@ -155,70 +165,70 @@ local function status(r, now)
   return cc_status(r, now)
 end
 
--- charge charges rule r of request q at t and returns its undo values u1,
--- u2. A concurrency rule is taken by an allow only.
-local function charge(q, r, t)
-  local kind, now = r.kind, q.now
+-- charge charges rule r at t and returns its undo values u1, u2. A
+-- concurrency rule is taken by an allow only.
+local function charge(r, t)
+  local kind = r.kind
   if kind == KIND.GCRA then
-    local u1, u2 = gc_charge(r, t, r.n, now, q.ttl_floor, q.nonce, q.critical, q.g)
+    local u1, u2 = gc_charge(r, t, r.n, now, ttl_floor, nonce, critical, g)
     if r.adapt then ad_grow(r, now) end
     return u1, u2
   elseif kind == KIND.FIXED or kind == KIND.CALENDAR then
-    win_charge(r, t, r.n, now, q.ttl_floor)
+    win_charge(r, t, r.n, now, ttl_floor)
   elseif kind == KIND.SLIDING then
-    sl_charge(r, t, r.n, now, q.ttl_floor, q.nonce)
-  elseif q.op == OP.ALLOW then
-    return cc_acquire(r, q.holder, now, q.ttl_floor), 0
+    sl_charge(r, t, r.n, now, ttl_floor, nonce)
+  elseif op == OP.ALLOW then
+    return cc_acquire(r, holder, now, ttl_floor), 0
   end
   return 0, 0
 end
 
 -- inherit makes the charge on rule r of the booking's owner victim, taken
--- over at t, request q's; it returns the undo values u1, u2.
-local function inherit(q, r, t, victim)
+-- over at t, the request's; it returns the undo values u1, u2.
+local function inherit(r, t, victim)
   local kind = r.kind
   if kind == KIND.GCRA then
-    return gc_inherit(r, t, victim, q.nonce, q.g)
+    return gc_inherit(r, t, victim, nonce, g)
   elseif kind == KIND.SLIDING then
-    sl_inherit(r, r.n, victim, q.nonce)
+    sl_inherit(r, r.n, victim, nonce)
   end
   return 0, 0
 end
 
--- give_back undoes request q's charge on rule r, made at q.at.
-local function give_back(q, r)
-  local kind, t, now = r.kind, q.at, q.now
+-- give_back undoes the request's charge on rule r, made at at.
+local function give_back(r)
+  local kind = r.kind
   if kind == KIND.GCRA then
-    gc_refund(r, t, r.n, now, q.ttl_floor, q.nonce, q.g)
+    gc_refund(r, at, r.n, now, ttl_floor, nonce, g)
   elseif kind == KIND.FIXED or kind == KIND.CALENDAR then
-    win_refund(r, t, r.n, now)
+    win_refund(r, at, r.n, now)
   elseif kind == KIND.SLIDING then
-    sl_refund(r, 0, r.n, q.nonce)
+    sl_refund(r, 0, r.n, nonce)
   elseif r.u1 > 0 then
-    cc_release(r.key, r.hkey, q.holder, r.u1, now, q.ttl_floor)
+    cc_release(r.key, r.hkey, holder, r.u1, now, ttl_floor)
   end
 end
 
--- resettle makes request q's charge on rule r, made at q.at, d units less
+-- resettle makes the request's charge on rule r, made at at, d units less
 -- (d < 0: -d more, charged now). Concurrency rules are never settled.
-local function resettle(q, r, d)
-  local kind, t, now, ttl_floor = r.kind, q.at, q.now, q.ttl_floor
+local function resettle(r, d)
+  local kind = r.kind
   if kind == KIND.GCRA then
-    gc_settle(r, t, r.n, d, now, ttl_floor, q.nonce, q.g)
+    gc_settle(r, at, r.n, d, now, ttl_floor, nonce, g)
   elseif kind == KIND.FIXED or kind == KIND.CALENDAR then
     if d > 0 then
-      win_refund(r, t, d, now)
+      win_refund(r, at, d, now)
     else
       win_load(r, now)
-      local at = now
-      if win_at(r, now) < 0 then at = t end
-      win_charge(r, at, -d, now, ttl_floor)
+      local t = now
+      if win_at(r, now) < 0 then t = at end
+      win_charge(r, t, -d, now, ttl_floor)
     end
   elseif d > 0 then
-    sl_refund(r, r.n - d, r.n, q.nonce)
+    sl_refund(r, r.n - d, r.n, nonce)
   else
     sl_load(r, now)
-    sl_charge(r, now, -d, now, ttl_floor, q.nonce, r.n)
+    sl_charge(r, now, -d, now, ttl_floor, nonce, r.n)
   end
 end
 
@@ -226,7 +236,7 @@ end
 -- resume at their rate (the TAT is moved so that one unit conforms exactly
 -- then; an adaptive rule the block cuts starts afresh); the others keep
 -- the end in their block key, never lowered.
-local function block_rule(r, till, now, ttl_floor)
+local function block_rule(r, till)
   local kind = r.kind
   if kind == KIND.GCRA then
     if r.adapt and ad_cut(r, now, till) then
@@ -276,9 +286,9 @@ local function take_keys(r, k)
   return k
 end
 
--- read_rule reads the kind and parameters of a rule from ARGV[a] on into a new
--- rule table and returns it and the index after them. An adaptive rule is
--- a GCRA rule with adapt set.
+-- read_rule reads the kind and parameters of a rule from ARGV[a] on into a
+-- new rule table and returns it and the index after them. An adaptive rule
+-- is a GCRA rule with adapt set.
 local function read_rule(a)
   -- Every field a rule table gets is in its constructor: a field added
   -- later makes Lua grow and rehash the table.
@@ -312,28 +322,24 @@ local function read_rule(a)
 end
 
 -- request reads the request whose arguments follow ARGV[a0] and whose keys
--- start at KEYS[k0] into a table q, and returns it and the k0 and a0 of
--- the next request. prev is the previous request's reply (an allow
--- after's). OP.EARLIEST and OP.RESERVE_AT become OP.RESERVE with q.dry or
--- q.exact set, OP.ALLOW_AFTER OP.ALLOW at the previous request's now, with
--- q.skip set when that request was not admitted at it.
+-- start at KEYS[k0]; prev is the previous request's reply. It returns the
+-- k0 and a0 of the next request.
 local function request(k0, a0, prev)
-  local op = tonumber(ARGV[a0 + ARG.OP])
-  local q = {op = op, dry = op == OP.EARLIEST, exact = op == OP.RESERVE_AT, skip = false, now = 0,
-    ttl_floor = tonumber(ARGV[a0 + ARG.FLOOR]), horizon = tonumber(ARGV[a0 + ARG.HORIZON]),
-    holder = ARGV[a0 + ARG.HOLDER], critical = ARGV[a0 + ARG.CRITICAL] == '1',
-    nonce = ARGV[a0 + ARG.NONCE], at = tonumber(ARGV[a0 + ARG.AT]), rules = last_rules, nrules = 0,
-    fair = 0, g = '-', acts = false}
-  if q.dry or q.exact then q.op = OP.RESERVE end
+  op = tonumber(ARGV[a0 + ARG.OP])
+  dry, exact, skip = op == OP.EARLIEST, op == OP.RESERVE_AT, false
+  if dry or exact then op = OP.RESERVE end
   if op == OP.ALLOW_AFTER then
-    q.op = OP.ALLOW
-    q.skip = not prev or prev[1] ~= ST.ADMITTED or prev[5] ~= prev[4]
-    if prev then q.now = prev[4] end
+    op, now = OP.ALLOW, 0
+    skip = not prev or prev[1] ~= ST.ADMITTED or prev[5] ~= prev[4]
+    if prev then now = prev[4] end
   else
-    q.now = gcra_now(ARGV[a0 + ARG.NOW])
+    now = gcra_now(ARGV[a0 + ARG.NOW])
   end
+  ttl_floor, horizon = tonumber(ARGV[a0 + ARG.FLOOR]), tonumber(ARGV[a0 + ARG.HORIZON])
+  holder, critical = ARGV[a0 + ARG.HOLDER], ARGV[a0 + ARG.CRITICAL] == '1'
+  nonce, at = ARGV[a0 + ARG.NONCE], tonumber(ARGV[a0 + ARG.AT])
 
-  local rules, nrules = last_rules, tonumber(ARGV[a0 + ARG.RULES])
+  nrules = tonumber(ARGV[a0 + ARG.RULES])
   local a, k = a0 + ARG.RULES + 1, k0
   if nrules == 0 then
     -- The previous request's rules with this request's keys; load reads
@@ -346,9 +352,7 @@ local function request(k0, a0, prev)
       rules[i], a = read_rule(a)
       k = take_keys(rules[i], k)
     end
-    last_rules = rules
   end
-  q.rules, q.nrules = rules, nrules
   -- Each rule's cost: the same for all, or one per rule.
   local costs = ARGV[a0 + ARG.COST]
   local n = tonumber(costs)
@@ -361,52 +365,51 @@ local function request(k0, a0, prev)
       rules[i].n = tonumber(v)
     end
   end
-  if q.op == OP.REFUND or q.op == OP.HELD or q.op == OP.SETTLE then
+  if op == OP.REFUND or op == OP.HELD or op == OP.SETTLE then
     for i = 1, nrules do
       rules[i].u1, rules[i].u2 = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
       a = a + 2
     end
   end
+  fair, g = 0, '-'
   for i = 1, nrules do
     local r = rules[i]
     if r.fair then
       r.flow = ARGV[a]
       a = a + 1
-      if q.fair == 0 then q.fair = i end
+      if fair == 0 then fair = i end
     end
   end
-  if q.fair > 0 then
-    q.g = ARGV[a]
+  if fair > 0 then
+    g = ARGV[a]
     local own = ARGV[a + 1]
     for i = 1, nrules do rules[i].own = string.byte(own, i) == 49 end
     a = a + 2
   end
-  if q.op == OP.SETTLE then
-    local acts = {}
+  acts = false
+  if op == OP.SETTLE then
+    acts = {}
     for v in string.gmatch(ARGV[a], '[^,]+') do acts[#acts + 1] = tonumber(v) end
-    q.acts = acts
     a = a + 1
   end
-  return q, k, a - 1
+  return k, a - 1
 end
 
--- learn_load gives each adaptive rule of request q the interval of its
--- learned rate, for every op; an allow, a reserve that books and a block
--- count the busy time since the last look (ad_load).
-local function learn_load(q)
-  local op, rules = q.op, q.rules
-  local credit = not q.dry and (op == OP.ALLOW or op == OP.RESERVE or op == OP.BLOCK)
-  for i = 1, q.nrules do
-    if rules[i].adapt then ad_load(rules[i], q.now, credit) end
+-- learn_load gives each adaptive rule the interval of its learned rate,
+-- for every op; an allow, a reserve that books and a block count the busy
+-- time since the last look (ad_load).
+local function learn_load()
+  local credit = not dry and (op == OP.ALLOW or op == OP.RESERVE or op == OP.BLOCK)
+  for i = 1, nrules do
+    if rules[i].adapt then ad_load(rules[i], now, credit) end
   end
 end
 
--- ticked reports whether every calendar rule of request q has ticks around
--- its now.
-local function ticked(q)
-  for i = 1, q.nrules do
-    local r = q.rules[i]
-    if r.kind == KIND.CALENDAR and win_at(r, q.now) < 0 then
+-- ticked reports whether every calendar rule has ticks around now.
+local function ticked()
+  for i = 1, nrules do
+    local r = rules[i]
+    if r.kind == KIND.CALENDAR and win_at(r, now) < 0 then
       return false
     end
   end
@@ -415,16 +418,17 @@ end
 
 -- Per op.
 
--- reply is request q's reply: st, wait, rule, now, t, then per rule its
--- status, the undo values (0 without undo) and a GCRA rule's interval.
-local function reply(q, st, wait, rule, t, undo)
-  local rules, now = q.rules, q.now
-  local out, j = {st, wait, rule, now, t}, 5
-  for i = 1, q.nrules do
+-- reply is the request's reply: st, wait, rule, now, t, then per rule its
+-- status, with charged its undo values (r.u1, r.u2; else 0) and a GCRA
+-- rule's interval.
+local function reply(st, wait, rule, t, charged)
+  -- Sized for one rule: a table that grows is rehashed.
+  local out, j = {st, wait, rule, now, t, 0, 0, 0, 0, 0, 0}, 5
+  for i = 1, nrules do
     local r = rules[i]
-    local used, rem, reset = status(r, now)
+    local used, rem, reset = status(r)
     local u1, u2 = 0, 0
-    if undo then u1, u2 = undo[2 * i - 1], undo[2 * i] end
+    if charged then u1, u2 = r.u1, r.u2 end
     local em = 0
     if r.kind == KIND.GCRA then em = r.em end
     out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] = used, rem, reset, u1, u2, em
@@ -433,89 +437,87 @@ local function reply(q, st, wait, rule, t, undo)
   return out
 end
 
--- reloaded is request q's reply after a refund, settle or block: every
--- rule's state read afresh.
-local function reloaded(q, t)
-  for i = 1, q.nrules do load(q.rules[i], q.now, q.critical) end
-  return reply(q, ST.ADMITTED, 0, 0, t)
+-- reloaded is the reply after a refund, settle or block: every rule's
+-- state read afresh.
+local function reloaded(t)
+  for i = 1, nrules do load(rules[i]) end
+  return reply(ST.ADMITTED, 0, 0, t)
 end
 
--- held reports whether the booking of the set's first fair rule that
--- request q's charge made is still its own: bookings are taken over by
--- way of that rule.
-local function held(q)
-  return q.fair == 0 or gc_held(q.rules[q.fair], q.nonce, q.at, q.g)
+-- held reports whether the booking of the set's first fair rule that the
+-- request's charge made is still its own: bookings are taken over by way
+-- of that rule.
+local function held()
+  return fair == 0 or gc_held(rules[fair], nonce, at, g)
 end
 
--- uncut reports whether no adaptive rule of request q was cut after its
+-- uncut reports whether no adaptive rule was cut after the request's
 -- charge was decided and before the charge's time (a booking made at a
 -- rate the remote side refused); if one was, it returns false and the
 -- rule's index.
-local function uncut(q)
-  local horizon = q.horizon
-  for i = 1, q.nrules do
-    local r = q.rules[i]
-    if r.adapt and r.ld > horizon and horizon > 0 and q.at > r.ld then
+local function uncut()
+  for i = 1, nrules do
+    local r = rules[i]
+    if r.adapt and r.ld > horizon and horizon > 0 and at > r.ld then
       return false, i
     end
   end
   return true
 end
 
--- refund gives back request q's charge. A booking another request took
+-- refund gives back the request's charge. A booking another request took
 -- over gives back only its own rules: the taker inherited the rest; an
 -- adaptive rule decided before a cut, which reset the rule's time, nothing.
-local function refund(q)
-  local taken, horizon = not held(q), q.horizon
-  for i = 1, q.nrules do
-    local r = q.rules[i]
+local function refund()
+  local taken = not held()
+  for i = 1, nrules do
+    local r = rules[i]
     if taken and not r.own then
     elseif r.adapt and horizon > 0 and r.ld > horizon then
     else
-      give_back(q, r)
+      give_back(r)
     end
   end
-  return reloaded(q, q.at)
+  return reloaded(at)
 end
 
 -- settle makes each rule's charge its actual cost. Less gives the
 -- difference back as a refund would (never more than the charge still
 -- holds); more charges the difference now, without a conformance check:
 -- the units were spent, later requests wait for them.
-local function settle(q)
-  local taken, horizon = not held(q), q.horizon
-  for i = 1, q.nrules do
-    local r = q.rules[i]
-    local d = r.n - q.acts[i]
+local function settle()
+  local taken = not held()
+  for i = 1, nrules do
+    local r = rules[i]
+    local d = r.n - acts[i]
     if d == 0 or r.kind == KIND.CONCURRENCY or taken and not r.own then
     elseif d > 0 and r.adapt and horizon > 0 and r.ld > horizon then
       -- Decided before a cut, which reset the rule's time.
     else
-      resettle(q, r, d)
+      resettle(r, d)
     end
   end
-  return reloaded(q, q.at)
+  return reloaded(at)
 end
 
--- block makes the rules admit nothing before q.at.
-local function block(q)
-  for i = 1, q.nrules do block_rule(q.rules[i], q.at, q.now, q.ttl_floor) end
-  return reloaded(q, q.now)
+-- block makes the rules admit nothing before at.
+local function block()
+  for i = 1, nrules do block_rule(rules[i], at) end
+  return reloaded(now)
 end
 
 -- take_over looks, for a reserve of a set whose first fair rule is
--- rules[q.fair], for the earliest booking of that rule it may take over
+-- rules[fair], for the earliest booking of that rule it may take over
 -- (gc_takeable) at whose moment, before limit, the request's own rules
 -- admit it; it returns that moment, with the booking in the fair rule's
 -- table (victim, vowner: its member and owner), or false.
-local function take_over(q, t0, limit)
-  local rules, now, critical, holder = q.rules, q.now, q.critical, q.holder
-  local rf, took = rules[q.fair], false
-  gc_takeable(rf, t0, rf.n, now, q.g, function(t, x, m, owner)
+local function take_over(t0, limit)
+  local rf, took = rules[fair], false
+  gc_takeable(rf, t0, rf.n, now, g, function(t, x, m, owner)
     if t >= limit then return true end
-    for i = 1, q.nrules do
+    for i = 1, nrules do
       local r = rules[i]
-      if r.own and r.kind ~= KIND.CONCURRENCY and (earliest(r, t, r.n, now, critical, holder) ~= t or
+      if r.own and r.kind ~= KIND.CONCURRENCY and (earliest(r, t) ~= t or
           r.kind == KIND.CALENDAR and win_at(r, t) < 0) then
         return false
       end
@@ -530,15 +532,14 @@ end
 -- book decides whether a reserve books t, the moment every rule admits
 -- (agreed: all did; worst: the rule that set it), or a booking it takes
 -- over; it returns the moment to charge, or false and the reply.
-local function book(q, t, worst, agreed)
-  local rules, nrules, now, horizon = q.rules, q.nrules, q.now, q.horizon
+local function book(t, worst, agreed)
   -- deny, if not false, holds the wait and rule of a refusal.
   local deny, known = false, true
   for i = 1, nrules do
     local r = rules[i]
     if r.kind == KIND.CALENDAR and win_at(r, t) < 0 then known = false end
   end
-  local from = max(now, q.at)
+  local from = max(now, at)
   if not agreed or not known or t - now > horizon then
     deny = {t - now, worst}
   else
@@ -557,48 +558,47 @@ local function book(q, t, worst, agreed)
       end
     end
   end
-  if q.fair > 0 then
+  if fair > 0 then
     local limit = now + horizon + 1
     if not deny then limit = t end
-    local took = take_over(q, from, limit)
+    local took = take_over(from, limit)
     if took then t, deny = took, false end
   end
-  if q.exact and t > from then
+  if exact and t > from then
     -- Another request took the moment: charge nothing, say which is next.
-    return false, reply(q, ST.DENIED, t - now, worst, t)
+    return false, reply(ST.DENIED, t - now, worst, t)
   end
-  if q.dry and not deny then
+  if dry and not deny then
     -- The moment alone (a booking it would take over included).
-    return false, reply(q, ST.ADMITTED, t - now, 0, t)
+    return false, reply(ST.ADMITTED, t - now, 0, t)
   end
   if deny then
-    return false, reply(q, ST.DENIED, deny[1], deny[2], now)
+    return false, reply(ST.DENIED, deny[1], deny[2], now)
   end
   return t
 end
 
--- decide decides an allow, a reserve or a status of request q: it finds
--- the time t at which every rule admits (now for an allow; for a reserve
--- the earliest such time, by raising t to each rule's earliest time until
--- all agree; concurrency is taken when work starts, never reserved) and
--- charges every rule at t. Taking over a booking, the rules the request
--- shares with its owner are inherited.
-local function decide(q)
-  local rules, nrules, now, op, critical, holder = q.rules, q.nrules, q.now, q.op, q.critical, q.holder
-  for i = 1, nrules do load(rules[i], now, critical) end
+-- decide decides an allow, a reserve or a status: it finds the time t at
+-- which every rule admits (now for an allow; for a reserve the earliest
+-- such time, by raising t to each rule's earliest time until all agree;
+-- concurrency is taken when work starts, never reserved) and charges
+-- every rule at t. Taking over a booking, the rules the request shares
+-- with its owner are inherited.
+local function decide()
+  for i = 1, nrules do load(rules[i]) end
   if op == OP.STATUS then
-    return reply(q, ST.ADMITTED, 0, 0, now)
+    return reply(ST.ADMITTED, 0, 0, now)
   end
   local t, wait, worst, agreed = now, 0, 0, false
-  if op == OP.RESERVE then t = max(now, q.at) end
+  if op == OP.RESERVE then t = max(now, at) end
   for _ = 1, 16 do
     local nt = t
     for i = 1, nrules do
       local r = rules[i]
       if not (op == OP.RESERVE and r.kind == KIND.CONCURRENCY) then
-        local e = earliest(r, t, r.n, now, critical, holder)
+        local e = earliest(r, t)
         if e < 0 then
-          return reply(q, ST.DENIED, -1, i, now)
+          return reply(ST.DENIED, -1, i, now)
         end
         if op == OP.ALLOW then
           if e - now > wait then wait, worst = e - now, i end
@@ -614,57 +614,56 @@ local function decide(q)
     t = nt
   end
   if op == OP.ALLOW and worst > 0 then
-    return reply(q, ST.DENIED, wait, worst, now)
+    return reply(ST.DENIED, wait, worst, now)
   end
   if op == OP.RESERVE then
     local out
-    t, out = book(q, t, worst, agreed)
+    t, out = book(t, worst, agreed)
     if not t then return out end
   end
-  -- undo holds per rule u1, u2.
-  local undo, victim, fair = {}, false, q.fair
+  -- Each rule keeps its undo values in u1, u2.
+  local victim = false
   if fair > 0 and rules[fair].victim then victim = rules[fair].vowner end
   for i = 1, nrules do
     local r = rules[i]
     if victim and not r.own and i ~= fair then
-      undo[2 * i - 1], undo[2 * i] = inherit(q, r, t, victim)
+      r.u1, r.u2 = inherit(r, t, victim)
     else
-      undo[2 * i - 1], undo[2 * i] = charge(q, r, t)
+      r.u1, r.u2 = charge(r, t)
     end
   end
-  return reply(q, ST.ADMITTED, t - now, 0, t, undo)
+  return reply(ST.ADMITTED, t - now, 0, t, true)
 end
 
 -- serve reads and serves the request whose arguments follow ARGV[a0] and
 -- whose keys start at KEYS[k0]; it returns the request's reply and the k0
 -- and a0 of the next request.
 local function serve(k0, a0, prev)
-  local q, k, a = request(k0, a0, prev)
-  local op, now = q.op, q.now
-  if q.skip then
+  local k, a = request(k0, a0, prev)
+  if skip then
     return {ST.SKIPPED, 0, 0, now, now}, k, a
   end
-  learn_load(q)
+  learn_load()
   if op == OP.HELD then
-    if not held(q) then
-      return {ST.DENIED, 0, q.fair, now, now}, k, a
+    if not held() then
+      return {ST.DENIED, 0, fair, now, now}, k, a
     end
-    local ok, i = uncut(q)
+    local ok, i = uncut()
     if not ok then
       return {ST.DENIED, 0, i, now, now}, k, a
     end
     return {ST.ADMITTED, 0, 0, now, now}, k, a
   end
   if op == OP.REFUND then
-    return refund(q), k, a
+    return refund(), k, a
   elseif op == OP.SETTLE then
-    return settle(q), k, a
-  elseif not ticked(q) then
+    return settle(), k, a
+  elseif not ticked() then
     return {ST.NO_TICKS, 0, 0, now, now}, k, a
   elseif op == OP.BLOCK then
-    return block(q), k, a
+    return block(), k, a
   end
-  return decide(q), k, a
+  return decide(), k, a
 end
 
 -- run_call serves the call's requests in order. Everything above only
@@ -673,7 +672,7 @@ end
 local function run_call()
   gc_reset()
   win_reset()
-  last_rules = {}
+  rules = {}
   local out, k, a = {}, 1, 1
   for i = 1, tonumber(ARGV[1]) do
     out[i], k, a = serve(k, a, out[i - 1])

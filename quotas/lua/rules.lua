@@ -2,7 +2,8 @@
 -- A library, not a script: it defines functions and touches only the keys of
 -- the rule tables passed to them. Times are integer microseconds below 2^53.
 -- Composed after internal/script/lua/gcra.lua, whose locals and helpers
--- (fmt, ttl_ms) it uses, and the protocol's constants (KIND).
+-- (fmt, ttl_ms) it uses. KIND.* name the constants of quotas/protocol.go,
+-- replaced by their values (luaText).
 --
 -- A rule table r holds the rule's parameters (kind, key, limit, p, ...) and
 -- caches what has been read of its key, so that a decision reads each value
