@@ -454,8 +454,8 @@ func (m *model) expire(k string, now int64) {
 	}
 }
 
-// decide mirrors quotas.lua for one group of calls: op allow, reserve or
-// status. It returns the reply the script would give.
+// decide mirrors lua/quotas.lua's decide for one group of calls: op allow,
+// reserve or status. It returns the reply the script would give.
 func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, holder string, critical bool, nonce string) reply {
 	// cost is the units rule c is charged: its call's (Request.Costs), else n.
 	cost := func(c call) int64 {
@@ -855,7 +855,7 @@ func (m *model) unlog(k, nonce string, n int64) {
 	m.logs[k] = log
 }
 
-// refund mirrors quotas.lua's refund of a charge made at ats[rule].
+// refund mirrors lua/quotas.lua's refund of a charge made at ats[rule].
 func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64, holder, nonce string, decided int64) {
 	m.housekeep(calls, now)
 	m.learnLoad(calls, now, false)
@@ -903,7 +903,7 @@ func (m *model) refund(calls []call, now, n int64, ats []int64, undo [][2]int64,
 	m.flush()
 }
 
-// settle mirrors quotas.lua's settle op (gc_settle in booked.lua): each
+// settle mirrors lua/quotas.lua's settle (gc_settle in booked.lua): each
 // call's charge (c.n units) becomes acts[c.i] units.
 func (m *model) settle(calls []call, now int64, acts []int, ats []int64, undo [][2]int64, nonce string, decided int64) {
 	m.housekeep(calls, now)
@@ -983,7 +983,7 @@ func (m *model) settle(calls []call, now int64, acts []int, ats []int64, undo []
 	m.flush()
 }
 
-// block mirrors quotas.lua's block op.
+// block mirrors lua/quotas.lua's block.
 func (m *model) block(calls []call, now, until int64) {
 	m.housekeep(calls, now)
 	m.learnLoad(calls, now, true)
@@ -1021,7 +1021,7 @@ func (m *model) block(calls []call, now, until int64) {
 	m.flush()
 }
 
-// held mirrors quotas.lua's held op: whether the booking of the set's first
+// held mirrors lua/quotas.lua's held: whether the booking of the set's first
 // fair rule that a charge made is still its own.
 func (m *model) held(calls []call, ats []int64, undo [][2]int64, nonce string) bool {
 	for _, c := range calls {
@@ -1056,8 +1056,8 @@ func (m *model) renew(k, holder string, token, lease, now int64) bool {
 	return true
 }
 
-// uncut mirrors quotas.lua's held op for adaptive rules: false if one
-// was cut after the charge was decided and before its time.
+// uncut mirrors lua/quotas.lua's uncut (OP.HELD) for adaptive rules: false
+// if one was cut after the charge was decided and before its time.
 func (m *model) uncut(calls []call, now int64, ats []int64, decided int64) bool {
 	for _, c := range calls {
 		if c.c.learn != nil {
@@ -1069,9 +1069,9 @@ func (m *model) uncut(calls []call, now int64, ats []int64, decided int64) bool 
 	return true
 }
 
-// learnLoad mirrors learn.lua's ad_load: each adaptive call's interval
-// is its learned rate's; with credit, the busy time since w is counted
-// and the state stored.
+// learnLoad mirrors lua/quotas.lua's learn_load (ad_load): each adaptive
+// call's interval is its learned rate's; with credit, the busy time since w
+// is counted and the state stored.
 func (m *model) learnLoad(calls []call, now int64, credit bool) {
 	for i, c := range calls {
 		if p := c.c.learn; p != nil {
