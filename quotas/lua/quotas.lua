@@ -72,7 +72,8 @@
 --   replies only the first five
 --   status  ST.ADMITTED admitted / booked / refunded / held, ST.DENIED
 --           denied, not booked or not held (rule: the fair rule whose
---           booking was taken over), ST.NO_TICKS a calendar rule has no
+--           booking was taken over, or the adaptive rule cut since the
+--           charge was decided), ST.NO_TICKS a calendar rule has no
 --           tick range around now (retry with ticks around the returned
 --           now); a refund's ticks surround t instead
 --   wait    denied: the longest rule wait (-1 never); reserve: t - now
@@ -96,9 +97,12 @@
 --
 -- serve reads a request (request) and serves it with the function of its
 -- op: decide (allow, reserve, status and the reserve variants), refund,
--- settle, block, or held and uncut; they, and the functions they call per
--- rule, which dispatch on its kind (load, earliest, status, charge, ...),
--- mirror quotas/model.go's functions of the same names.
+-- settle, block, or held and uncut, after learn_load; they act on a rule
+-- through functions that dispatch on its kind (load, earliest, status,
+-- charge, inherit, give_back, resettle, block_rule). decide, refund,
+-- settle, block, held, uncut, learn_load (learnLoad), load, earliest and
+-- status mirror quotas/model.go's functions of the same names; the model
+-- does the other steps inline.
 
 -- The request being served, as request reads it (the functions below read
 -- it; locals, not a table, as every look-up costs): op, with OP.EARLIEST
@@ -119,7 +123,8 @@ end
 -- Per rule kind.
 
 -- load reads rule r's state once; later steps use and update the cache.
--- Kinds other than GCRA admit nothing before the end of a block (r.till).
+-- A sliding window reads the end of a block from its block key (r.till);
+-- windows and concurrency rules read theirs with their state.
 local function load(r)
   local kind = r.kind
   if kind == KIND.GCRA then
@@ -195,7 +200,7 @@ local function inherit(r, t, victim)
   return 0, 0
 end
 
--- give_back undoes the request's charge on rule r, made at at.
+-- give_back undoes the request's charge on rule r, made at at (ARG.AT).
 local function give_back(r)
   local kind = r.kind
   if kind == KIND.GCRA then
