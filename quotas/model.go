@@ -475,7 +475,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			if c.c.kind == kindGCRA {
 				em = c.em
 			}
-			r.rules = append(r.rules, [6]int64{u, rem, reset, undo[j][0], undo[j][1], em})
+			r.rules = append(r.rules, [replyRule]int64{u, rem, reset, undo[j][0], undo[j][1], em})
 		}
 		return r
 	}

@@ -12,8 +12,9 @@ import (
 // The protocol between the Limiter and its scripts (lua/quotas.lua decides
 // rule sets, lua/lease.lua renews and releases leases) is defined here
 // once: the op codes, the positions of a request's arguments, the rule
-// kinds and the reply statuses are Go constants. The Lua names them
-// OP.ALLOW, ARG.NOW, KIND.GCRA, ST.DENIED, LEASE.RENEW (protocolConsts),
+// kinds, the reply statuses and layout are Go constants. The Lua names
+// them OP.ALLOW, ARG.NOW, KIND.GCRA, ST.DENIED, REPLY.HEAD, LEASE.RENEW
+// (protocolConsts),
 // and luaText replaces each name by its value when it composes a script,
 // so the script compares with literals, as fast as before, and a name Go
 // does not define fails every test (luaText panics). TestProtocolConstants
@@ -68,6 +69,15 @@ const (
 	stSkipped  = -3 // an allow after whose previous request was not admitted at its now
 )
 
+// The layout of a request's reply: a head of replyHead fields (status,
+// wait, rule, now, t), then, except for ST.NO_TICKS, ST.SKIPPED and held
+// replies, replyRule fields per rule (used, remaining, reset_after, u1,
+// u2, em).
+const (
+	replyHead = 5
+	replyRule = 6
+)
+
 // Ops of the lease script (its ARGV[1]).
 const (
 	leaseRenew = iota
@@ -92,6 +102,7 @@ var protocolConsts = []struct {
 	{"KIND", "ADAPTIVE", kindAdaptive},
 	{"ST", "DENIED", stDenied}, {"ST", "ADMITTED", stAdmitted}, {"ST", "NO_TICKS", stNoTicks},
 	{"ST", "SKIPPED", stSkipped},
+	{"REPLY", "HEAD", replyHead}, {"REPLY", "RULE", replyRule},
 	{"LEASE", "RENEW", leaseRenew}, {"LEASE", "RELEASE", leaseRelease},
 }
 
@@ -99,7 +110,7 @@ var protocolConsts = []struct {
 var luaFiles embed.FS
 
 // protocolName is a protocol constant's name in the Lua.
-var protocolName = regexp.MustCompile(`\b(OP|ARG|KIND|ST|LEASE)\.([A-Za-z_]\w*)`)
+var protocolName = regexp.MustCompile(`\b(OP|ARG|KIND|ST|REPLY|LEASE)\.([A-Za-z_]\w*)`)
 
 // luaText returns the text of the package's Lua files lua/<name>.lua, in
 // order, with every protocol constant the code (not a comment) names

@@ -25,7 +25,7 @@ func TestProtocolConstants(t *testing.T) {
 		}
 		defined[name] = true
 	}
-	ref := regexp.MustCompile(`\b(OP|ARG|KIND|ST|LEASE)\.([A-Za-z_]\w*)`)
+	ref := regexp.MustCompile(`\b(OP|ARG|KIND|ST|REPLY|LEASE)\.([A-Za-z_]\w*)`)
 	literals := []*regexp.Regexp{
 		regexp.MustCompile(`\b(op|kind)\s*[=~]=\s*-?\d`),                 // an op or kind compared with a number
 		regexp.MustCompile(`ARGV\[a0\s*\+\s*\d`),                         // an argument by its position

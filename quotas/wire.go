@@ -350,35 +350,32 @@ func b2i(b bool) int {
 // reply is one script call's parsed answer.
 type reply struct {
 	status, wait, rule, now, at int64
-	rules                       [][6]int64 // used, remaining, reset, u1, u2, em
+	rules                       [][replyRule]int64 // used, remaining, reset, u1, u2, em
 }
 
 // parseReply reads one request's reply: v holds int64s.
 func parseReply(v []any, n int) (reply, error) {
 	bad := func() (reply, error) { return reply{}, fmt.Errorf("quotas: unexpected script reply %v", v) }
-	if len(v) < 5 || len(v) != 5 && len(v) != 5+6*n {
+	if len(v) != replyHead && len(v) != replyHead+replyRule*n {
 		return bad()
 	}
-	var x [5]int64
-	for i := range 5 {
+	var x [replyHead]int64
+	for i := range replyHead {
 		var ok bool
 		if x[i], ok = v[i].(int64); !ok {
 			return bad()
 		}
 	}
 	r := reply{status: x[0], wait: x[1], rule: x[2], now: x[3], at: x[4]}
-	if len(v) == 5 {
+	if len(v) == replyHead {
 		// A calendar miss (stNoTicks) or a held reply: no rule states.
 		return r, nil
 	}
-	if len(v) != 5+6*n {
-		return bad()
-	}
-	r.rules = make([][6]int64, n)
+	r.rules = make([][replyRule]int64, n)
 	for i := range n {
-		for k := range 6 {
+		for k := range replyRule {
 			var ok bool
-			if r.rules[i][k], ok = v[5+6*i+k].(int64); !ok {
+			if r.rules[i][k], ok = v[replyHead+replyRule*i+k].(int64); !ok {
 				return bad()
 			}
 		}
@@ -488,7 +485,7 @@ func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
 	return d
 }
 
-func status(s *Set, c call, st [6]int64) RuleStatus {
+func status(s *Set, c call, st [replyRule]int64) RuleStatus {
 	return RuleStatus{Name: s.rules[c.i].Name, Key: c.key, Used: int(st[0]), Remaining: int(st[1]), ResetAfter: time.Duration(st[2]) * time.Microsecond,
 		Interval: time.Duration(st[5]) * time.Microsecond}
 }

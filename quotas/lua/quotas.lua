@@ -4,8 +4,9 @@
 -- that concurrent callers share a round trip. GCRA TATs and window state
 -- are read at most once per call and written back at its end. Composed
 -- after internal/script/lua/gcra.lua, booked.lua, rules.lua and learn.lua.
--- OP.*, ARG.*, KIND.* and ST.* name the constants of quotas/protocol.go,
--- which replaces each by its value when it composes the script (luaText).
+-- OP.*, ARG.*, KIND.*, ST.* and REPLY.* name the constants of
+-- quotas/protocol.go, which replaces each by its value when it composes
+-- the script (luaText).
 --
 -- KEYS     per request, its rules' keys in rule order: for GCRA the TAT and
 --          the bookings sorted set (see booked.lua; and for a fair one the
@@ -67,9 +68,9 @@
 --          (booked.lua); for a settle only, last, the actual cost per rule
 --          joined by commas
 --
--- Reply: per request {status, wait, rule, now, t, then per rule: used,
---   remaining, reset_after, u1, u2, em}; held, ST.NO_TICKS and ST.SKIPPED
---   replies only the first five
+-- Reply: per request {status, wait, rule, now, t (REPLY.HEAD fields),
+--   then per rule: used, remaining, reset_after, u1, u2, em (REPLY.RULE
+--   fields)}; held, ST.NO_TICKS and ST.SKIPPED replies only the head
 --   status  ST.ADMITTED admitted / booked / refunded / held, ST.DENIED
 --           denied, not booked or not held (rule: the fair rule whose
 --           booking was taken over, or the adaptive rule cut since the
@@ -428,7 +429,7 @@ end
 -- rule's interval.
 local function reply(st, wait, rule, t, charged)
   -- Sized for one rule: a table that grows is rehashed.
-  local out, j = {st, wait, rule, now, t, 0, 0, 0, 0, 0, 0}, 5
+  local out, j = {st, wait, rule, now, t, 0, 0, 0, 0, 0, 0}, REPLY.HEAD
   for i = 1, nrules do
     local r = rules[i]
     local used, rem, reset = status(r)
@@ -437,7 +438,7 @@ local function reply(st, wait, rule, t, charged)
     local em = 0
     if r.kind == KIND.GCRA then em = r.em end
     out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] = used, rem, reset, u1, u2, em
-    j = j + 6
+    j = j + REPLY.RULE
   end
   return out
 end
