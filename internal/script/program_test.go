@@ -12,9 +12,10 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// counterMain keeps a per-call cache in the library's state, as booked.lua
-// does, and returns how many keys the call saw and the cache's size: a
-// function whose caches outlived a call would answer more.
+// counterMain keeps a per-call cache in the library's state, as
+// quotas/lua/booked.lua does, and returns how many keys the call saw and
+// the cache's size: a function whose caches outlived a call would answer
+// more.
 const counterMain = `
 local seen
 local function run_call()
