@@ -35,14 +35,14 @@ func TestAdaptiveLearns(t *testing.T) {
 	m := NewModel()
 	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	status := func(at time.Time) float64 {
-		d, err := m.Status(at, s, Request{})
+		d, err := m.StatusAt(at, s, Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return rateOf(t, d, 0)
 	}
 	block := func(at time.Time) float64 {
-		d, err := m.Block(at, s, Request{}, at.Add(time.Second))
+		d, err := m.BlockAt(at, s, Request{}, at.Add(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +53,7 @@ func TestAdaptiveLearns(t *testing.T) {
 	admit := func(from, to time.Time) time.Time {
 		at := from
 		for at.Before(to) {
-			d, err := m.Allow(at, s, Request{})
+			d, err := m.AllowAt(at, s, Request{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -116,20 +116,20 @@ func TestAdaptiveRemembers(t *testing.T) {
 	m := NewModel()
 	at := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	for i := 0; i < 40; i++ { // 2 s at 20/s: good
-		if d, err := m.Allow(at, s, Request{}); err != nil || !d.Allowed {
+		if d, err := m.AllowAt(at, s, Request{}); err != nil || !d.Allowed {
 			t.Fatalf("%+v %v", d, err)
 		}
 		at = at.Add(50 * time.Millisecond)
 	}
 	rate := func(at time.Time) float64 {
-		d, err := m.Status(at, s, Request{})
+		d, err := m.StatusAt(at, s, Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return rateOf(t, d, 0)
 	}
 	for _, want := range []float64{19.4, 19.4 * 0.7, 19.4 * 0.7 * 0.7} { // the limit fell to 10/s
-		if _, err := m.Block(at, s, Request{}, at.Add(time.Second)); err != nil {
+		if _, err := m.BlockAt(at, s, Request{}, at.Add(time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		near(t, "cut", rate(at), want)
@@ -140,11 +140,11 @@ func TestAdaptiveRemembers(t *testing.T) {
 	// steps up from the good rate.
 	var seen []float64
 	for end := at.Add(time.Minute); at.Before(end); {
-		d, _ := m.Allow(at, s, Request{})
+		d, _ := m.AllowAt(at, s, Request{})
 		if r := rateOf(t, d, 0); len(seen) == 0 || r != seen[len(seen)-1] {
 			seen = append(seen, r)
 			if r > 10 {
-				m.Block(at, s, Request{}, at.Add(time.Second))
+				m.BlockAt(at, s, Request{}, at.Add(time.Second))
 				at = at.Add(time.Second)
 				continue
 			}
@@ -168,7 +168,7 @@ func TestAdaptiveClimbs(t *testing.T) {
 	at := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	start := at
 	for {
-		d, err := m.Allow(at, s, Request{})
+		d, err := m.AllowAt(at, s, Request{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -24,10 +24,10 @@ type modelDecider struct {
 }
 
 func (md modelDecider) allow(s *Set, req Request) (Decision, error) {
-	return md.m.Allow(*md.now, s, req)
+	return md.m.AllowAt(*md.now, s, req)
 }
 func (md modelDecider) settle(s *Set, req Request, d Decision, actual []int) error {
-	return md.m.Settle(*md.now, s, req, d, actual)
+	return md.m.SettleAt(*md.now, s, req, d, actual)
 }
 
 type limiterDecider struct{ l *clockedNow }
@@ -189,11 +189,11 @@ func TestReceiptKeepsCosts(t *testing.T) {
 		{Request{Cost: 4, Costs: []int{4, 4, 1}}, "9,9,9 9,9,9 9,9,9,9"},
 	} {
 		a, b := NewModel(), NewModel()
-		da, err := a.Allow(now, set, tc.req)
+		da, err := a.AllowAt(now, set, tc.req)
 		if err != nil || !da.Allowed {
 			t.Fatal(da, err)
 		}
-		db, err := b.Allow(now, set, tc.req)
+		db, err := b.AllowAt(now, set, tc.req)
 		if err != nil || !db.Allowed {
 			t.Fatal(db, err)
 		}
@@ -228,14 +228,14 @@ func TestReceiptKeepsCosts(t *testing.T) {
 		}
 		later := now // GCRA: the TAT of a cost 1 left
 		actual := []int{1, 0, 2}
-		if err := a.Settle(later, set, tc.req, da, actual); err != nil {
+		if err := a.SettleAt(later, set, tc.req, da, actual); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.Settle(later, set, tc.req, p, actual); err != nil {
+		if err := b.SettleAt(later, set, tc.req, p, actual); err != nil {
 			t.Fatal(err)
 		}
-		sa, _ := a.Status(later, set, tc.req)
-		sb, _ := b.Status(later, set, tc.req)
+		sa, _ := a.StatusAt(later, set, tc.req)
+		sb, _ := b.StatusAt(later, set, tc.req)
 		if !reflect.DeepEqual(sa.Rules, sb.Rules) {
 			t.Errorf("%+v: settled from the receipt %v, from the decision %v", tc.req, sb.Rules, sa.Rules)
 		}

@@ -267,7 +267,7 @@ func ExampleModel() {
 		panic(err)
 	}
 	for i := 0; i < 5; i++ {
-		d, err := m.Reserve(monday9, rates, quotas.Request{}, time.Minute)
+		d, err := m.ReserveAt(monday9, rates, quotas.Request{}, time.Minute)
 		if err != nil {
 			panic(err)
 		}
@@ -277,10 +277,10 @@ func ExampleModel() {
 	if err != nil {
 		panic(err)
 	}
-	first, _ := m.Allow(monday9, slots, quotas.Request{Holder: "task0"})
-	second, _ := m.Allow(monday9, slots, quotas.Request{Holder: "task1"})
+	first, _ := m.AllowAt(monday9, slots, quotas.Request{Holder: "task0"})
+	second, _ := m.AllowAt(monday9, slots, quotas.Request{Holder: "task1"})
 	fmt.Println("task1 waits", second.RetryAfter, "for", second.Rule)
-	released, _ := m.Release(monday9.Add(time.Second), first.Leases[0])
+	released, _ := m.ReleaseAt(monday9.Add(time.Second), first.Leases[0])
 	fmt.Println("task0 released its slot:", released)
 	// Output:
 	// task 0: booked true, runs in 0s
@@ -304,14 +304,14 @@ func ExampleAdaptive() {
 	m := quotas.NewModel()
 	rate := func(d quotas.Decision) float64 { return float64(time.Second) / float64(d.Rules[0].Interval) }
 	now := monday9
-	d, _ := m.Status(now, set, quotas.Request{})
+	d, _ := m.StatusAt(now, set, quotas.Request{})
 	fmt.Printf("start: %.1f/s\n", rate(d))
-	d, _ = m.Block(now, set, quotas.Request{}, now.Add(time.Second)) // a 429 with Retry-After: 1
+	d, _ = m.BlockAt(now, set, quotas.Request{}, now.Add(time.Second)) // a 429 with Retry-After: 1
 	fmt.Printf("after a 429: %.1f/s\n", rate(d))
 	// Calls flow at that rate for half a second after the block without
 	// a 429: it is good, and a probe 25 % above it starts.
 	for now = now.Add(time.Second); now.Before(monday9.Add(1800 * time.Millisecond)); {
-		d, _ = m.Allow(now, set, quotas.Request{})
+		d, _ = m.AllowAt(now, set, quotas.Request{})
 		now = now.Add(d.Rules[0].Interval)
 	}
 	fmt.Printf("probing: %.1f/s\n", rate(d))

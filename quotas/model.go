@@ -1,6 +1,7 @@
 package quotas
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"sort"
@@ -11,13 +12,16 @@ import (
 )
 
 // Model is an in-memory twin of Limiter: the same rule sets, requests and
-// decisions, computed in Go on explicit times instead of in Redis on the
-// server's clock. It is the reference the Redis scripts are tested against
+// decisions, computed in Go on its own clock instead of in Redis on the
+// server's. It is the reference the Redis scripts are tested against
 // (every rule kind, bookings, fair sharing, leases), and it serves
 // simulations, such as estimating how long a campaign takes under a set of
-// rules. Its methods mirror Limiter's, with the decision time now in place
-// of a context: a Decision or Lease from a Model is used with the same
-// Model, as one from a Limiter with that Limiter.
+// rules, and the middleware's in-process fallback. Like Limiter it is a
+// Decider: its methods take a context and decide at its clock's time
+// (NewModelOn); each has an explicit-time twin (AllowAt for Allow, and so
+// on) that takes the decision time instead. A Decision or Lease from a
+// Model is used with the same Model, as one from a Limiter with that
+// Limiter.
 //
 // Times must not go backwards: state is kept and forgotten as the scripts
 // keep and expire their keys, relative to the latest time seen. Calendar
@@ -26,36 +30,135 @@ import (
 // state for every key it has seen until the key's state no longer matters.
 // A Model is safe for concurrent use.
 type Model struct {
-	mu sync.Mutex
+	clock func() time.Time
+	mu    sync.Mutex
 	// l binds requests to keys, as a Limiter with the default prefix; only
 	// its prefix is used.
 	l *Limiter
 	m *model
 }
 
-// NewModel returns a Model with every rule idle.
-func NewModel() *Model {
-	return &Model{l: &Limiter{prefix: gcra.DefaultPrefix + "q:"}, m: newModel()}
+// NewModel returns a Model with every rule idle whose context methods
+// decide at time.Now.
+func NewModel() *Model { return NewModelOn(time.Now) }
+
+// NewModelOn returns a Model with every rule idle whose context methods
+// decide at clock(): a virtual clock for a simulation, or the clock the
+// caller keeps. clock must not go backwards (see Model); nil means
+// time.Now.
+func NewModelOn(clock func() time.Time) *Model {
+	if clock == nil {
+		clock = time.Now
+	}
+	return &Model{clock: clock, l: &Limiter{prefix: gcra.DefaultPrefix + "q:"}, m: newModel()}
 }
 
-// Allow decides req at time now as Limiter.Allow does: it admits it if
+// now is the model's clock, or ctx's error when ctx is done: a Model
+// decides at once, but like a Limiter it does nothing for a context that
+// has ended.
+func (m *Model) now(ctx context.Context) (time.Time, error) {
+	return m.clock(), ctx.Err()
+}
+
+// Allow is AllowAt at the model's clock.
+func (m *Model) Allow(ctx context.Context, s *Set, req Request) (Decision, error) {
+	now, err := m.now(ctx)
+	if err != nil {
+		return Decision{}, err
+	}
+	return m.AllowAt(now, s, req)
+}
+
+// Reserve is ReserveAt at the model's clock.
+func (m *Model) Reserve(ctx context.Context, s *Set, req Request, horizon time.Duration) (Decision, error) {
+	now, err := m.now(ctx)
+	if err != nil {
+		return Decision{}, err
+	}
+	return m.ReserveAt(now, s, req, horizon)
+}
+
+// Status is StatusAt at the model's clock.
+func (m *Model) Status(ctx context.Context, s *Set, req Request) (Decision, error) {
+	now, err := m.now(ctx)
+	if err != nil {
+		return Decision{}, err
+	}
+	return m.StatusAt(now, s, req)
+}
+
+// Refund is RefundAt at the model's clock.
+func (m *Model) Refund(ctx context.Context, s *Set, req Request, d Decision) error {
+	now, err := m.now(ctx)
+	if err != nil {
+		return err
+	}
+	return m.RefundAt(now, s, req, d)
+}
+
+// Settle is SettleAt at the model's clock.
+func (m *Model) Settle(ctx context.Context, s *Set, req Request, d Decision, actual []int) error {
+	now, err := m.now(ctx)
+	if err != nil {
+		return err
+	}
+	return m.SettleAt(now, s, req, d, actual)
+}
+
+// Held is HeldAt at the model's clock.
+func (m *Model) Held(ctx context.Context, s *Set, req Request, d Decision) (bool, error) {
+	now, err := m.now(ctx)
+	if err != nil {
+		return false, err
+	}
+	return m.HeldAt(now, s, req, d)
+}
+
+// Block is BlockAt at the model's clock.
+func (m *Model) Block(ctx context.Context, s *Set, req Request, until time.Time) (Decision, error) {
+	now, err := m.now(ctx)
+	if err != nil {
+		return Decision{}, err
+	}
+	return m.BlockAt(now, s, req, until)
+}
+
+// Renew is RenewAt at the model's clock.
+func (m *Model) Renew(ctx context.Context, lease Lease) (bool, error) {
+	now, err := m.now(ctx)
+	if err != nil {
+		return false, err
+	}
+	return m.RenewAt(now, lease)
+}
+
+// Release is ReleaseAt at the model's clock.
+func (m *Model) Release(ctx context.Context, lease Lease) (bool, error) {
+	now, err := m.now(ctx)
+	if err != nil {
+		return false, err
+	}
+	return m.ReleaseAt(now, lease)
+}
+
+// AllowAt decides req at time now as Limiter.Allow does: it admits it if
 // every rule of s admits it then, and charges every rule (concurrency rules
 // hand out a Lease each); otherwise it charges nothing and names the rule
 // with the longest wait.
-func (m *Model) Allow(now time.Time, s *Set, req Request) (Decision, error) {
+func (m *Model) AllowAt(now time.Time, s *Set, req Request) (Decision, error) {
 	return m.decide(now, s, req, opAllow, 0)
 }
 
-// Reserve books, at time now, the earliest moment at most horizon away at
+// ReserveAt books, at time now, the earliest moment at most horizon away at
 // which every rule of s except concurrency rules admits req, as
 // Limiter.Reserve does.
-func (m *Model) Reserve(now time.Time, s *Set, req Request, horizon time.Duration) (Decision, error) {
+func (m *Model) ReserveAt(now time.Time, s *Set, req Request, horizon time.Duration) (Decision, error) {
 	return m.decide(now, s, req, opReserve, max(horizon, 0))
 }
 
-// Status reports every rule's state at time now without charging anything,
+// StatusAt reports every rule's state at time now without charging anything,
 // as Limiter.Status does.
-func (m *Model) Status(now time.Time, s *Set, req Request) (Decision, error) {
+func (m *Model) StatusAt(now time.Time, s *Set, req Request) (Decision, error) {
 	return m.decide(now, s, req, opStatus, 0)
 }
 
@@ -81,10 +184,10 @@ func (m *Model) decide(now time.Time, s *Set, req Request, op int, horizon time.
 	return m.l.assemble(s, [][]call{calls}, []reply{r}, params{req: req, n: p.n, nonce: p.nonce}), nil
 }
 
-// Refund undoes, at time now, the charges of an admitted or booked Decision
+// RefundAt undoes, at time now, the charges of an admitted or booked Decision
 // d that m made for req, as Limiter.Refund does. Refunding a denied
 // decision does nothing.
-func (m *Model) Refund(now time.Time, s *Set, req Request, d Decision) error {
+func (m *Model) RefundAt(now time.Time, s *Set, req Request, d Decision) error {
 	if !d.Allowed {
 		return nil
 	}
@@ -99,10 +202,10 @@ func (m *Model) Refund(now time.Time, s *Set, req Request, d Decision) error {
 	return nil
 }
 
-// Settle changes, at time now, the charges of an admitted or booked
+// SettleAt changes, at time now, the charges of an admitted or booked
 // Decision d that m made for req to the actual costs per rule, as
 // Limiter.Settle does.
-func (m *Model) Settle(now time.Time, s *Set, req Request, d Decision, actual []int) error {
+func (m *Model) SettleAt(now time.Time, s *Set, req Request, d Decision, actual []int) error {
 	if !d.Allowed {
 		return nil
 	}
@@ -120,10 +223,10 @@ func (m *Model) Settle(now time.Time, s *Set, req Request, d Decision, actual []
 	return nil
 }
 
-// Held reports, at time now, whether the booking an admitted or booked
+// HeldAt reports, at time now, whether the booking an admitted or booked
 // Decision d made for req on the first fair rule of s is still its own, as
 // Limiter.Held does. With no fair rule in s it reports true.
-func (m *Model) Held(now time.Time, s *Set, req Request, d Decision) (bool, error) {
+func (m *Model) HeldAt(now time.Time, s *Set, req Request, d Decision) (bool, error) {
 	if !d.Allowed || !s.fair && !s.adaptive {
 		return true, nil
 	}
@@ -157,9 +260,9 @@ func (m *Model) charged(now time.Time, s *Set, req Request, d Decision, needHold
 	return calls, us, nil
 }
 
-// Block makes the rules of s admit nothing for req's keys until until, as
+// BlockAt makes the rules of s admit nothing for req's keys until until, as
 // Limiter.Block does at time now, and reports every rule's state after it.
-func (m *Model) Block(now time.Time, s *Set, req Request, until time.Time) (Decision, error) {
+func (m *Model) BlockAt(now time.Time, s *Set, req Request, until time.Time) (Decision, error) {
 	us, err := micros(now)
 	if err != nil {
 		return Decision{}, err
@@ -175,15 +278,15 @@ func (m *Model) Block(now time.Time, s *Set, req Request, until time.Time) (Deci
 	return m.l.assemble(s, [][]call{calls}, []reply{r}, params{req: req}), nil
 }
 
-// Renew extends lease, taken from m, to its Duration from now if its
+// RenewAt extends lease, taken from m, to its Duration from now if its
 // holder still holds it under its token, as Limiter.Renew does.
-func (m *Model) Renew(now time.Time, lease Lease) (bool, error) {
+func (m *Model) RenewAt(now time.Time, lease Lease) (bool, error) {
 	return m.lease(now, lease, false)
 }
 
-// Release gives lease's slot, taken from m, back at time now if its holder
+// ReleaseAt gives lease's slot, taken from m, back at time now if its holder
 // still holds it under its token, as Limiter.Release does.
-func (m *Model) Release(now time.Time, lease Lease) (bool, error) {
+func (m *Model) ReleaseAt(now time.Time, lease Lease) (bool, error) {
 	return m.lease(now, lease, true)
 }
 

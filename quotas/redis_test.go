@@ -281,7 +281,7 @@ func (d *differ) step(t testing.TB) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := d.mod.Status(d.l.now, s, req)
+		want, err := d.mod.StatusAt(d.l.now, s, req)
 		same("Status", got, want, err)
 	case x < 16:
 		until := d.l.now.Add(time.Duration(d.rng.Int64N(int64(d.scale) * 5)))
@@ -289,7 +289,7 @@ func (d *differ) step(t testing.TB) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := d.mod.Block(d.l.now, s, req, until)
+		want, err := d.mod.BlockAt(d.l.now, s, req, until)
 		same("Block", got, want, err)
 	case len(d.held) == 0:
 	case x < 18 && d.booking && d.rng.IntN(3) == 0:
@@ -335,7 +335,7 @@ func (d *differ) step(t testing.TB) {
 		if err := d.l.Settle(d.ctx, h.set, h.req, h.d, actual); err != nil {
 			t.Fatal(err)
 		}
-		if err := d.mod.Settle(d.l.now, h.set, h.req, h.d, actual); err != nil {
+		if err := d.mod.SettleAt(d.l.now, h.set, h.req, h.d, actual); err != nil {
 			t.Fatal(err)
 		}
 		d.settled++
@@ -344,7 +344,7 @@ func (d *differ) step(t testing.TB) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := d.mod.Status(d.l.now, h.set, h.req)
+		want, err := d.mod.StatusAt(d.l.now, h.set, h.req)
 		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Fatalf("op %d Settle %v of %+v on %v %+v:\n redis %+v\n model %+v %v", d.ops, actual, h.d, h.set.rules, h.req, got, want, err)
 		}
@@ -355,7 +355,7 @@ func (d *differ) step(t testing.TB) {
 		if err := d.l.Refund(d.ctx, h.set, h.req, h.d); err != nil {
 			t.Fatal(err)
 		}
-		if err := d.mod.Refund(d.l.now, h.set, h.req, h.d); err != nil {
+		if err := d.mod.RefundAt(d.l.now, h.set, h.req, h.d); err != nil {
 			t.Fatal(err)
 		}
 	default:
@@ -369,10 +369,10 @@ func (d *differ) step(t testing.TB) {
 		var merr error
 		if d.rng.IntN(2) == 0 {
 			got, err = d.l.Renew(d.ctx, ls)
-			want, merr = d.mod.Renew(d.l.now, ls)
+			want, merr = d.mod.RenewAt(d.l.now, ls)
 		} else {
 			got, err = d.l.Release(d.ctx, ls)
-			want, merr = d.mod.Release(d.l.now, ls)
+			want, merr = d.mod.ReleaseAt(d.l.now, ls)
 		}
 		if err != nil || merr != nil || got != want {
 			t.Fatalf("op %d lease %+v: redis %v %v, model %v %v", d.ops, ls, got, err, want, merr)
@@ -388,7 +388,7 @@ func (d *differ) checkHeld(t testing.TB, h held, now int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := d.mod.Held(d.l.now, h.set, h.req, h.d)
+	want, err := d.mod.HeldAt(d.l.now, h.set, h.req, h.d)
 	if err != nil || got != want {
 		t.Fatalf("op %d Held %+v: redis %v, model %v %v", d.ops, h.d, got, want, err)
 	}

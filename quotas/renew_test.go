@@ -31,7 +31,7 @@ func TestRenewAll(t *testing.T) {
 			for i, key := range []string{"a", "b", "c", "d"} {
 				req := Request{Keys: []string{key}, Holder: "task-" + key}
 				d, err := l.Allow(ctx, set, req)
-				md, merr := mod.Allow(now, set, req)
+				md, merr := mod.AllowAt(now, set, req)
 				if err != nil || merr != nil || !d.Allowed || !md.Allowed {
 					t.Fatalf("slot %d: %+v %v / %+v %v", i, d, err, md, merr)
 				}
@@ -41,12 +41,12 @@ func TestRenewAll(t *testing.T) {
 			if ok, err := l.Release(ctx, leases[2]); !ok || err != nil {
 				t.Fatal(ok, err)
 			}
-			mod.Release(now, modLeases[2])
+			mod.ReleaseAt(now, modLeases[2])
 			req := Request{Keys: []string{"d"}, Holder: "task-d"}
 			if d, err := l.Allow(ctx, set, req); err != nil || !d.Allowed {
 				t.Fatal(d, err)
 			}
-			mod.Allow(now, set, req)
+			mod.AllowAt(now, set, req)
 			now = now.Add(20 * time.Second)
 			ok, err := l.RenewAll(ctx, leases)
 			if err != nil {
@@ -54,7 +54,7 @@ func TestRenewAll(t *testing.T) {
 			}
 			var want []bool
 			for _, ls := range modLeases {
-				w, err := mod.Renew(now, ls)
+				w, err := mod.RenewAt(now, ls)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -66,7 +66,7 @@ func TestReserveAndAllowMatchesModel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wr, err := m.Reserve(l.now, rates, Request{}, 500*time.Millisecond)
+		wr, err := m.ReserveAt(l.now, rates, Request{}, 500*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +88,7 @@ func TestReserveAndAllowMatchesModel(t *testing.T) {
 		if !ok {
 			continue
 		}
-		ws, err := m.Allow(l.now, slots, Request{Holder: holder})
+		ws, err := m.AllowAt(l.now, slots, Request{Holder: holder})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,7 +97,7 @@ func TestReserveAndAllowMatchesModel(t *testing.T) {
 			if _, err := l.Release(ctx, sd.Leases[0]); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := m.Release(l.now, ws.Leases[0]); err != nil {
+			if _, err := m.ReleaseAt(l.now, ws.Leases[0]); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -302,7 +302,7 @@ func (j *job) localTurn() error {
 		}
 	}
 	for {
-		d, err := m.local.Reserve(m.cfg.Clock.Now(), j.sp.local[0], req, 24*time.Hour)
+		d, err := m.local.Reserve(j.ctx, j.sp.local[0], req, 24*time.Hour)
 		if err != nil {
 			return err
 		}
@@ -314,7 +314,7 @@ func (j *job) localTurn() error {
 		case admission.Run:
 			if err := hold(j.ctx, a.Wait); err != nil {
 				// The task does not run: its turn goes back.
-				_ = m.local.Refund(m.cfg.Clock.Now(), j.sp.local[0], req, d)
+				_ = m.local.Refund(context.WithoutCancel(j.ctx), j.sp.local[0], req, d)
 				return err
 			}
 			return nil
@@ -333,12 +333,11 @@ func (j *job) localTurn() error {
 func (j *job) localSlots(req quotas.Request) ([]quotas.Lease, error) {
 	m := j.m
 	for {
-		d, err := m.local.Allow(m.cfg.Clock.Now(), j.sp.local[1], req)
+		d, err := m.local.Allow(j.ctx, j.sp.local[1], req)
 		if err != nil || d.Allowed {
 			return d.Leases, err
 		}
-		now := m.cfg.Clock.Now()
-		a := admission.Plan(localLimits, admission.Step{Stage: admission.Slots, Now: now, Left: admission.NoDeadline, Decision: outcome(d), HoldEnd: now.Add(time.Hour)})
+		a := admission.Plan(localLimits, admission.Step{Stage: admission.Slots, Now: d.Now, Left: admission.NoDeadline, Decision: outcome(d), HoldEnd: d.Now.Add(time.Hour)})
 		if err := hold(j.ctx, a.Wait); err != nil {
 			return nil, err
 		}
@@ -383,7 +382,7 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 			}
 			defer func() {
 				for _, ls := range leases {
-					_, _ = m.local.Release(m.cfg.Clock.Now(), ls)
+					_, _ = m.local.Release(context.WithoutCancel(j.ctx), ls)
 				}
 			}()
 			return next.ProcessTask(j.ctx, j.t)

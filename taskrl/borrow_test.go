@@ -129,7 +129,7 @@ func TestBorrowGivesBack(t *testing.T) {
 	}
 	var tasks []*task
 	book := func(tk *task, now time.Time) {
-		d, err := m.Reserve(now, set, tk.req, horizon)
+		d, err := m.ReserveAt(now, set, tk.req, horizon)
 		if err != nil || !d.Allowed {
 			t.Fatalf("business %s at %v: %+v %v", tk.biz, now.Sub(t0), d, err)
 		}
@@ -164,12 +164,12 @@ func TestBorrowGivesBack(t *testing.T) {
 			if tk.at.IsZero() || tk.at.After(now.Add(300*time.Millisecond)) {
 				continue
 			}
-			held, err := m.Held(now, set, tk.req, tk.d)
+			held, err := m.HeldAt(now, set, tk.req, tk.d)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !held {
-				if err := m.Refund(now, set, tk.req, tk.d); err != nil {
+				if err := m.RefundAt(now, set, tk.req, tk.d); err != nil {
 					t.Fatal(err)
 				}
 				book(tk, now)

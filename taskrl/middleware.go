@@ -87,8 +87,8 @@ type Middleware struct {
 	cfg     Config
 	limits  admission.Limits // what admission.Plan reads of cfg; Mode is the policy's
 	policy  atomic.Pointer[Policy]
-	local   *quotas.Model // the FailLocal fallback
-	down    atomic.Int64  // until when (Unix ns) Redis counts as unreachable
+	local   quotas.Decider // the FailLocal fallback: a quotas.Model on Config.Clock
+	down    atomic.Int64   // until when (Unix ns) Redis counts as unreachable
 	prefix  string
 	pace    *pacer
 	sweep   *sweeper // nil: Config.KeepOrder
@@ -137,7 +137,7 @@ func New(cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("taskrl: %w", err)
 	}
-	m := &Middleware{cfg: cfg, local: quotas.NewModel(), limits: admission.Limits{MaxHold: cfg.MaxHold, Budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l}
+	m := &Middleware{cfg: cfg, local: quotas.NewModelOn(cfg.Clock.Now), limits: admission.Limits{MaxHold: cfg.MaxHold, Budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l}
 	m.policy.Store(cfg.Policy)
 	m.pace = newPacer(pacerDeps{client: cfg.Client, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
 	if !cfg.KeepOrder {

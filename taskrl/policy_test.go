@@ -778,7 +778,7 @@ func FuzzRequest(f *testing.F) {
 		if len(rq.Keys) != 2 || len(rq.Fair) != 2 {
 			t.Fatalf("payload %q: request %+v", payload, rq)
 		}
-		if _, err := quotas.NewModel().Allow(time.Unix(1e9, 0), b.Set(), rq); err != nil {
+		if _, err := quotas.NewModel().AllowAt(time.Unix(1e9, 0), b.Set(), rq); err != nil {
 			t.Fatalf("payload %q: keys %q: %v", payload, rq.Keys, err)
 		}
 	})

@@ -70,7 +70,7 @@ overrides:
 		per := map[int]int{}
 		// A backlog: every millisecond a task asks; 5 s.
 		for at := start; at.Before(start.Add(5 * time.Second)); at = at.Add(time.Millisecond) {
-			d, err := m.Allow(at, set, quotas.Request{})
+			d, err := m.AllowAt(at, set, quotas.Request{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -331,7 +331,7 @@ func (s simulation) run(use []int) (time.Duration, error) {
 				req.Costs[u] = s.costs[i][j]
 			}
 		}
-		d, err := m.Reserve(now, rates, req, forever)
+		d, err := m.ReserveAt(now, rates, req, forever)
 		switch {
 		case err != nil:
 			return fmt.Errorf("estimate: task %d: %w", i, err)
@@ -362,14 +362,14 @@ func (s simulation) run(use []int) (time.Duration, error) {
 			}
 		case release:
 			for _, ls := range e.leases {
-				if _, err := m.Release(e.at, ls); err != nil {
+				if _, err := m.ReleaseAt(e.at, ls); err != nil {
 					return 0, fmt.Errorf("estimate: task %d: %w", e.task, err)
 				}
 				wake(ls.Rule+"\x00"+ls.Key, e.at)
 			}
 		case start:
 			keys := pick(s.keys[e.task], slotIdx)
-			d, err := m.Allow(e.at, slots, quotas.Request{Keys: keys, Holder: strconv.Itoa(e.task)})
+			d, err := m.AllowAt(e.at, slots, quotas.Request{Keys: keys, Holder: strconv.Itoa(e.task)})
 			if err != nil {
 				return 0, fmt.Errorf("estimate: task %d: %w", e.task, err)
 			}

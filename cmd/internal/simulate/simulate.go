@@ -28,6 +28,7 @@ package simulate
 
 import (
 	"container/heap"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -203,7 +204,8 @@ func (e *events) Pop() any {
 
 type sim struct {
 	spec    Spec
-	m       *quotas.Model
+	m       quotas.Decider // a quotas.Model on the simulated clock
+	ctx     context.Context
 	vendor  *gcra.Model
 	now     time.Time
 	q       events
@@ -231,8 +233,9 @@ func Run(spec Spec) (Report, error) {
 	if err := spec.defaults(); err != nil {
 		return Report{}, err
 	}
-	s := &sim{spec: spec, m: quotas.NewModel(), vendor: &gcra.Model{}, now: spec.Start, free: spec.Workers * spec.Concurrency,
+	s := &sim{spec: spec, ctx: context.Background(), vendor: &gcra.Model{}, now: spec.Start, free: spec.Workers * spec.Concurrency,
 		markers: map[string]time.Time{}, learned: -1, rng: rand.New(rand.NewPCG(1, 2))}
+	s.m = quotas.NewModelOn(func() time.Time { return s.now })
 	if err := s.bind(); err != nil {
 		return Report{}, err
 	}
@@ -405,7 +408,7 @@ func (s *sim) start(t *task) {
 func (s *sim) refund(t *task) {
 	if s.rates != nil && t.charge.Allowed {
 		s.rep.Decisions++
-		_ = s.m.Refund(s.now, s.rates, s.rateReq, t.charge)
+		_ = s.m.Refund(s.ctx, s.rates, s.rateReq, t.charge)
 	}
 	t.charge = quotas.Decision{}
 }
@@ -416,7 +419,7 @@ func (s *sim) decide(t *task) {
 		return
 	}
 	s.rep.Decisions++
-	d, err := s.m.Reserve(s.now, s.rates, s.rateReq, s.horizon)
+	d, err := s.m.Reserve(s.ctx, s.rates, s.rateReq, s.horizon)
 	if err != nil {
 		panic(err) // the request is built from a binding; it cannot be wrong
 	}
@@ -445,7 +448,7 @@ func (s *sim) decide(t *task) {
 func (s *sim) check(t *task) {
 	if s.fair || s.adaptive {
 		s.rep.Decisions++
-		if ok, _ := s.m.Held(s.now, s.rates, s.rateReq, t.charge); !ok {
+		if ok, _ := s.m.Held(s.ctx, s.rates, s.rateReq, t.charge); !ok {
 			s.refund(t)
 			if t.taken++; t.taken <= 3 {
 				s.decide(t)
@@ -475,7 +478,7 @@ func (s *sim) call(t *task, holdEnd time.Time) {
 	var leases []quotas.Lease
 	if s.slots != nil {
 		s.rep.Decisions++
-		d, _ := s.m.Allow(s.now, s.slots, s.slotReq)
+		d, _ := s.m.Allow(s.ctx, s.slots, s.slotReq)
 		a := s.plan(admission.Step{Stage: admission.Slots, Decision: outcome(d), Charged: t.charge.Allowed, HoldEnd: holdEnd, Lease: s.lease})
 		switch a.Verb {
 		case admission.Wait:
@@ -504,7 +507,7 @@ func (s *sim) arrive(t *task, leases []quotas.Lease) {
 	s.after(s.spec.Latency, func() {
 		for _, l := range leases {
 			s.rep.Decisions++
-			_, _ = s.m.Release(s.now, l)
+			_, _ = s.m.Release(s.ctx, l)
 		}
 		t.taken = 0
 		if r.Allowed {
@@ -526,7 +529,7 @@ func (s *sim) throttled(t *task, retryAfter time.Duration) {
 	until := s.now.Add(retryAfter)
 	if s.scope != nil {
 		s.rep.Decisions++
-		_, _ = s.m.Block(s.now, s.scope, s.scopReq, until)
+		_, _ = s.m.Block(s.ctx, s.scope, s.scopReq, until)
 		for i, r := range s.scope.Rules() {
 			k := r.Name + "\x00" + s.scopReq.Keys[i]
 			if until.After(s.markers[k]) {
@@ -565,7 +568,7 @@ func (s *sim) closeRow(r *Row) {
 	l, _ := s.spec.Vendor.At(r.To - 1)
 	r.Limit = l.Rate / l.Period.Seconds()
 	if s.learned >= 0 {
-		d, _ := s.m.Status(s.now, s.rates, s.rateReq)
+		d, _ := s.m.Status(s.ctx, s.rates, s.rateReq)
 		r.Learned = float64(time.Second) / float64(d.Rules[s.learned].Interval)
 	}
 }
