@@ -6,10 +6,11 @@
 // Options.Start, as the middleware does with a backlog dequeued at once:
 // at Start, in enqueue order, each task books the earliest moment at which
 // every rate rule that applies to it (GCRA, fixed, calendar and sliding
-// windows) admits it (quotas.Limiter.Reserve, with no horizon); a
-// reservation that gives up (rules whose moments lie too far apart to
-// agree in one call) is made again at the moment it found, as the worker
-// reschedules the task. Then, in time order, each task takes its
+// windows) admits it (quotas.Limiter.Reserve, with no horizon), and
+// admission.Plan, the middleware's own, says what the task does with the
+// decision; a reservation that gives up (rules whose moments lie too far
+// apart to agree in one call) is made again at the moment it found, as the
+// worker reschedules the task. Then, in time order, each task takes its
 // concurrency slots at its moment (quotas.Limiter.Allow) or waits until a
 // slot of the rule that denied it is released, first come first served by
 // enqueue order, and holds them for Options.TaskDuration. A GCRA rule thus
@@ -35,6 +36,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/quotas"
 	"github.com/taskrl/taskrl/taskrl"
 )
@@ -332,15 +334,22 @@ func (s simulation) run(use []int) (time.Duration, error) {
 			}
 		}
 		d, err := m.ReserveAt(now, rates, req, forever)
-		switch {
-		case err != nil:
+		if err != nil {
 			return fmt.Errorf("estimate: task %d: %w", i, err)
-		case d.Allowed:
-			booked(i, now.Add(d.Delay))
-		case d.RetryAfter == quotas.Never:
-			return fmt.Errorf("estimate: task %d: rule %q never admits it", i, d.Rule)
+		}
+		// What the middleware does with the decision (admission.Plan):
+		// run at the turn, held or booked alike here, or decide again.
+		a := admission.Plan(admission.Limits{}, admission.Step{Stage: admission.Rates, Now: now, Left: admission.NoDeadline,
+			Decision: admission.Decision{Allowed: d.Allowed, Delay: d.Delay, RetryAfter: d.RetryAfter, Now: d.Now, Rule: d.Rule}})
+		switch {
+		case a.Verb == admission.Run:
+			booked(i, now.Add(a.Wait))
+		case a.Verb == admission.Refuse:
+			return fmt.Errorf("estimate: task %d: %s", i, a.Reason)
+		case !a.Booked.IsZero():
+			booked(i, a.Booked)
 		default:
-			heap.Push(&h, event{at: now.Add(d.RetryAfter), kind: reserve, task: i})
+			heap.Push(&h, event{at: now.Add(a.Wait), kind: reserve, task: i})
 		}
 		return nil
 	}
