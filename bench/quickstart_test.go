@@ -19,11 +19,12 @@ var ranLine = regexp.MustCompile(`ideal under the policy [0-9.]+s \(([+-][0-9.]+
 // TestQuickstartFigure runs the README's first command as a newcomer does,
 // the whole campaign of 600 tasks, on the embedded server and on this
 // run's redis-server (REDIS_URL), and checks the run's time over the ideal
-// schedule against the figures examples/README.md quotes: +0.1-2.5 % on
-// the embedded server and +0.0-1.6 % on Redis, measured on 2 cores. The
-// bars are twice the top of those: 5 % and 4 %. A run over its bar is run
-// twice more and the median of the three counts, as the figures were
-// measured. About 80 s; skipped with -short.
+// schedule against the figures examples/README.md quotes, measured on 2
+// cores: medians +1.0 % on the embedded server and +1.2 % on Redis (runs up
+// to +3.8 % and +3.2 %, and one of 13 at +14.5 %). The bars are 5 % and
+// 4 %: the issue's goal on the embedded server, twice the ~2 % asked of
+// Redis. A run over its bar is run twice more and the median of the three
+// counts. About 80 s; skipped with -short.
 func TestQuickstartFigure(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the full quickstart takes about 40 s a run")
