@@ -20,8 +20,8 @@ var ranLine = regexp.MustCompile(`ideal under the policy [0-9.]+s \(([+-][0-9.]+
 // the whole campaign of 600 tasks, on the embedded server and on this
 // run's redis-server (REDIS_URL), and checks the run's time over the ideal
 // schedule against the figures examples/README.md quotes, measured on 2
-// cores: medians +1.0 % on the embedded server and +1.2 % on Redis (runs up
-// to +3.8 % and +3.2 %, and one of 13 at +14.5 %). The bars are 5 % and
+// cores: medians +1.0 % on the embedded server and +1.1 % on Redis (runs up
+// to +3.8 % and +3.2 %). The bars are 5 % and
 // 4 %: the issue's goal on the embedded server, twice the ~2 % asked of
 // Redis. A run over its bar is run twice more and the median of the three
 // counts. About 80 s; skipped with -short.

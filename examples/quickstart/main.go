@@ -379,7 +379,11 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 
 // enqueue enqueues one task per ID, the i-th for business b(i mod
 // businesses + 1), every other one with MaxRetry(0), from parallel
-// goroutines.
+// goroutines, each a contiguous run of the IDs: however the goroutines
+// interleave, every business's tasks arrive spread over the whole fan-out.
+// (Goroutine g taking every parallel-th ID instead gave each one the same
+// few businesses, all of whose tasks came last when it lagged: they then
+// ran at their own 1.8/s at the end, 14 % over the ideal in one run.)
 func enqueue(ctx context.Context, client *asynq.Client, queue string, ids []string, businesses, parallel int) error {
 	errs := make([]error, parallel)
 	var wg sync.WaitGroup
@@ -387,7 +391,7 @@ func enqueue(ctx context.Context, client *asynq.Client, queue string, ids []stri
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := g; i < len(ids); i += parallel {
+			for i := g * len(ids) / parallel; i < (g+1)*len(ids)/parallel; i++ {
 				b, _ := json.Marshal(payload{BusinessID: fmt.Sprintf("b%d", i%businesses+1), N: i + 1})
 				opts := []asynq.Option{asynq.Queue(queue), asynq.TaskID(ids[i])}
 				if i%2 == 1 {
