@@ -284,7 +284,7 @@ func (j *job) refund(d quotas.Decision) {
 // localLimits is what admission.Plan reads in the FailLocal mode: a task
 // cannot be rescheduled without Redis, so it waits for its turn in the
 // worker however far off, as long as its context allows.
-var localLimits = admission.Limits{MaxHold: admission.NoDeadline, Early: admission.NoDeadline}
+var localLimits = admission.Limits{MaxHold: admission.NoDeadline}
 
 // localTurn waits for the task's turn under its rate and window rules in
 // this process alone, each at 1/LocalShare (quotas.Model on Config.Clock):
