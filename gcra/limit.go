@@ -3,15 +3,15 @@ package gcra
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"time"
+
+	"github.com/taskrl/taskrl/internal/units"
 )
 
 // maxSpan bounds every duration the arithmetic handles (tolerance, reserve
-// horizon): 2^50 µs, about 35 years. With times below 2^51 µs (year 2041) all
-// sums stay below 2^53, where Lua's doubles are still exact integers.
-const maxSpan = 1 << 50
+// horizon).
+const maxSpan = units.MaxSpan
 
 // maxTime is the largest explicit time, in Unix microseconds, a limiter accepts.
 const maxTime = 1 << 51
@@ -74,29 +74,11 @@ func (l Limit) Interval() time.Duration {
 
 // interval validates l and returns T in microseconds.
 func (l Limit) interval() (int64, error) {
-	bad := func(msg string) (int64, error) {
-		return 0, &LimitError{Limit: l, Reason: msg}
+	t, reason := units.Interval(l.Rate, l.Period, l.Burst)
+	if reason != "" {
+		return 0, &LimitError{Limit: l, Reason: reason}
 	}
-	switch {
-	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
-		return bad("rate must be a positive number")
-	case l.Period <= 0:
-		return bad("period must be positive")
-	case l.Burst < 1:
-		return bad("burst must be at least 1")
-	}
-	q := float64(l.Period.Microseconds()) / l.Rate
-	if q < 1-1e-9 {
-		return bad("period/rate is below one microsecond")
-	}
-	t := math.Round(q)
-	if math.Abs(q-t) > 1e-9*q {
-		t = math.Ceil(q)
-	}
-	if t*float64(l.Burst) > maxSpan {
-		return bad("burst × period/rate exceeds 35 years")
-	}
-	return int64(t), nil
+	return t, nil
 }
 
 // LimitError says why a Limit is invalid.

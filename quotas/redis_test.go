@@ -88,7 +88,7 @@ func randomRule(rng *rand.Rand, name string, scale time.Duration) Rule {
 func randomAdaptive(rng *rand.Rand, max int, every time.Duration) Adaptive {
 	a := Adaptive{Max: float64(max) * 3, Min: float64(rng.IntN(2)), Per: every, Burst: rng.IntN(4)}
 	if rng.IntN(2) == 0 {
-		a.Start = a.min() + rng.Float64()*(a.Max-a.min())
+		a.Start = a.MinRate() + rng.Float64()*(a.Max-a.MinRate())
 	}
 	return a
 }

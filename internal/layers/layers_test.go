@@ -20,6 +20,7 @@ var above = []struct {
 }{
 	// Everything in internal/ is a foundation or test support.
 	{"internal/", "", []string{"gcra", "quotas", "taskrl", "cmd/", "examples/"}},
+	{"limits", "", []string{"gcra", "quotas", "taskrl", "cmd/", "examples/"}},
 	{"gcra", "", []string{"quotas", "taskrl", "cmd/", "examples/"}},
 	{"quotas", "", []string{"taskrl", "cmd/", "examples/"}},
 	{"taskrl", "", []string{"cmd/", "examples/"}},
@@ -45,6 +46,30 @@ func TestImportsRunOneWay(t *testing.T) {
 						t.Errorf("%s imports %s, a layer above it", rel, dep)
 					}
 				}
+			}
+		}
+	}
+}
+
+// pure lists the packages that must not depend on Redis or asynq, even
+// through another package: the rule vocabulary.
+var pure = []string{"limits"}
+
+// TestPureLanguage fails when a package of pure depends, directly or not,
+// on go-redis or asynq.
+func TestPureLanguage(t *testing.T) {
+	for _, p := range pure {
+		out, err := exec.Command("go", "list", "-deps", module+p).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", p, err)
+		}
+		deps := strings.Fields(string(out))
+		if len(deps) < 5 {
+			t.Fatalf("go list -deps %s listed %d packages", p, len(deps))
+		}
+		for _, d := range deps {
+			if strings.HasPrefix(d, "github.com/redis/") || strings.HasPrefix(d, "github.com/hibiken/asynq") {
+				t.Errorf("%s depends on %s", p, d)
 			}
 		}
 	}

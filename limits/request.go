@@ -1,0 +1,34 @@
+package limits
+
+// Request says whom a decision of a set of rules is for: the entity each
+// rule limits, the units charged, the holder of concurrency slots, and the
+// flows fair rules share their capacity among.
+type Request struct {
+	// Keys holds, per rule of the set in order, the entity the rule limits
+	// (a business id, a customer); "" means the rule's one global key. Nil
+	// means every rule is global. Any bytes are allowed.
+	Keys []string
+	// Cost is the units charged to every rule except concurrency rules,
+	// which take one slot per holder. Zero means 1.
+	Cost int
+	// Costs holds, per rule of the set in order, the units charged to that
+	// rule, in place of Cost; 0 means Cost. Concurrency rules ignore it.
+	// Nil means Cost for every rule. A cost above a GCRA rule's burst or a
+	// window's limit is never admitted: the Decision is denied with
+	// RetryAfter quotas.Never and Rule naming the rule.
+	Costs []int
+	// Holder identifies who takes concurrency slots (an asynq task id). A
+	// holder that acquires again replaces its own lease, so a redelivered
+	// task never holds two slots. Required when the set has a concurrency
+	// rule. Any bytes are allowed.
+	Holder string
+	// Critical lets the request use the slots concurrency rules reserve
+	// for critical work, and puts it first in line at fair rules: it may
+	// take over the booking of any request that is not critical.
+	Critical bool
+	// Fair holds, per rule of the set in order, the flow a fair rule
+	// (Rule.Fair) shares its capacity among: a business id, a customer.
+	// Other rules ignore it. Nil means every fair rule's flow is "". Any
+	// bytes are allowed.
+	Fair []string
+}

@@ -1,0 +1,187 @@
+package limits
+
+import (
+	"fmt"
+	"time"
+)
+
+// Rule is a named limit. The name appears in keys, decisions and metrics.
+type Rule struct {
+	// Name identifies the rule: 1-64 characters from [A-Za-z0-9_.-], unique
+	// within a set.
+	Name string
+	// Limit is the rule's limit; required.
+	Limit Limit
+	// Fair, for a GCRA rule, shares the rule's capacity max-min fairly
+	// among the flows (Request.Fair, e.g. business ids) with work waiting:
+	// a flow alone gets all of it; of N flows waiting, each gets one
+	// interval in N, and a flow that booked ahead while it was alone gives
+	// up those bookings to the others as they come: a Reserve takes over
+	// such a booking of the set's first fair rule, with the owner's charges
+	// on the rules the two share (see quotas.Limiter.Held). Default false. Each
+	// flow has a virtual finish time in one sorted set per rule key, and
+	// every request is a booking of its own: about 10 µs more Redis time
+	// per decision than a plain rule (BENCHMARKS.md).
+	Fair bool
+	// Prefetch, for a GCRA rule that is not fair, lets a quotas.Limiter take the
+	// rule's units ahead in batches (token leasing) and hand them out in
+	// its process, each within Prefetch of the moment the batch was
+	// taken, so that a busy process needs a script call for a batch, not
+	// for every request (see quotas.Limiter.Allow). A unit handed out up to
+	// Prefetch after its moment could push a span of real time over the
+	// limit by Prefetch's worth of units, so the rule decides every
+	// request with Burst lowered by ceil(Prefetch/T) (RuleStatus reports
+	// that burst): what is handed out never exceeds Burst plus one per T
+	// elapsed in any span. 0 (the default) takes nothing ahead; at most
+	// MaxPrefetch, and Burst must exceed ceil(Prefetch/T).
+	Prefetch time.Duration
+}
+
+// Validate reports what is wrong with rules, as a *RuleError, or nil:
+// each rule's checks (Rule.Validate) in order, then that its name is
+// unique among them. It is what quotas.NewSet checks of its rules.
+func Validate(rules ...Rule) error {
+	seen := map[string]bool{}
+	for i, r := range rules {
+		if err := r.check(seen); err != nil {
+			if err.Field == "Rule.Name" && !seen[r.Name] {
+				err.index = i + 1 // an invalid name does not identify the rule
+			}
+			return err
+		}
+		seen[r.Name] = true
+	}
+	return nil
+}
+
+// Validate reports what is wrong with r, as a *RuleError, or nil: every
+// check Validate makes of a rule but that its name is unique.
+func (r Rule) Validate() error {
+	if err := r.check(nil); err != nil {
+		return err
+	}
+	return nil
+}
+
+// check validates r, whose name must not be in seen.
+func (r Rule) check(seen map[string]bool) *RuleError {
+	fail := func(e *RuleError) *RuleError {
+		e.Rule = r.Name
+		return e
+	}
+	if e := checkName(r.Name); e != nil {
+		return fail(e)
+	}
+	if seen[r.Name] {
+		return fail(&RuleError{Field: "Rule.Name", Reason: "duplicate name", msg: "duplicate name"})
+	}
+	if r.Limit == nil {
+		return fail(&RuleError{Field: "Rule.Limit", Reason: "missing", msg: "no limit"})
+	}
+	if e := r.Limit.check(); e != nil {
+		return fail(e)
+	}
+	g, plain := r.Limit.(GCRA)
+	if r.Fair && !plain {
+		msg := fmt.Sprintf("only a GCRA rule can be fair, not a %s", r.Limit)
+		return fail(&RuleError{Field: "Rule.Fair", Reason: msg, msg: msg})
+	}
+	if r.Prefetch != 0 {
+		bad := func(format string, args ...any) *RuleError {
+			msg := fmt.Sprintf(format, args...)
+			return fail(&RuleError{Field: "Rule.Prefetch", Reason: msg, msg: "prefetch " + msg})
+		}
+		switch {
+		case !plain || r.Fair:
+			return bad("is only for a GCRA rule that is not fair, not %s", r.Limit)
+		case r.Prefetch < time.Microsecond || r.Prefetch > MaxPrefetch:
+			return bad("must be between 1µs and %v, got %v", MaxPrefetch, r.Prefetch)
+		}
+		if ahead := Ahead(g, r.Prefetch); ahead >= int64(g.Burst) {
+			return bad("%v takes %d units of %s ahead: the burst must be above that", r.Prefetch, ahead, r.Limit)
+		}
+	}
+	return nil
+}
+
+// Ahead is how many units of a valid GCRA limit g a prefetch of p takes
+// ahead: ceil(p/T). A rule with Prefetch p decides with Burst lowered by
+// it.
+func Ahead(g GCRA, p time.Duration) int64 {
+	em := g.Interval().Microseconds()
+	return (p.Microseconds() + em - 1) / max(em, 1)
+}
+
+// RuleError says what is wrong with a rule: its name, its limit, or its
+// fairness. Validate, Rule.Validate and quotas.NewSet return every fault of a rule as a
+// *RuleError. Its fields are for programs that map the fault to their own
+// input (a configuration file's fields, a form); people read Error.
+//
+// A *RuleError is immutable once returned and safe to share between
+// goroutines. The zero value says nothing; this package never returns it.
+type RuleError struct {
+	// Rule is the rule's name as given, even when the name is what is wrong.
+	Rule string
+	// Field names what is wrong, by its Go name. For a field of the rule's
+	// limit: "Rate", "Period" or "Burst" of a GCRA; "Limit" or "Every" of
+	// a FixedWindow or SlidingWindow; "Limit", "Cron" or "TZ" of a
+	// CalendarWindow; "Max", "Lease" or "Reserved" of a Concurrency. For a
+	// field of the Rule itself: "Rule.Name" (invalid, or a duplicate in a
+	// set), "Rule.Limit" (missing), "Rule.Fair" (on a limit that cannot
+	// be fair) or "Rule.Prefetch" (out of range, or on a limit that cannot
+	// prefetch). "" when no one field is at fault: a GCRA whose fields are
+	// each valid but not together (Period/Rate below a microsecond, or
+	// Burst intervals longer than 35 years).
+	Field string
+	// Reason says what is wrong, in words that can follow the field's
+	// name: "must be at least 1, got 0", `unknown time zone "Mars/Base"`.
+	Reason string
+
+	index int    // the rule's position in NewSet's arguments, from 1, when its name is invalid
+	msg   string // Error's text after the rule: the message as it has always read
+	err   error  // the cause: the calendar's error
+}
+
+// Error returns the message, e.g.
+// `quotas: rule "w": invalid limit: limit must be at least 1, got 0`.
+func (e *RuleError) Error() string {
+	msg := e.msg
+	if msg == "" {
+		msg = e.Field + ": " + e.Reason
+	}
+	if e.index > 0 {
+		return fmt.Sprintf("quotas: rule %d: %s", e.index, msg)
+	}
+	return fmt.Sprintf("quotas: rule %q: %s", e.Rule, msg)
+}
+
+// Unwrap returns the error of the time zone or cron parser that the
+// RuleError reports, if any.
+func (e *RuleError) Unwrap() error { return e.err }
+
+// badLimit returns the error for a field of a limit; the message reads
+// "invalid limit: WORD REASON".
+func badLimit(field, word, format string, args ...any) *RuleError {
+	reason := fmt.Sprintf(format, args...)
+	return &RuleError{Field: field, Reason: reason, msg: "invalid limit: " + word + " " + reason}
+}
+
+// MaxPrefetch bounds Rule.Prefetch.
+const MaxPrefetch = 100 * time.Millisecond
+
+func checkName(name string) *RuleError {
+	bad := func(format string, args ...any) *RuleError {
+		reason := fmt.Sprintf(format, args...)
+		return &RuleError{Field: "Rule.Name", Reason: reason, msg: "name " + reason}
+	}
+	if name == "" || len(name) > 64 {
+		return bad("%q must be 1-64 characters", name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return bad("%q contains %q; allowed are letters, digits, '_', '.' and '-'", name, c)
+		}
+	}
+	return nil
+}
