@@ -55,8 +55,8 @@ fuzz: redis-server
 	$(GO) test ./quotas -run '^$$' -fuzz FuzzDifferential -fuzztime $(FUZZTIME)
 	$(GO) test ./quotas -run '^$$' -fuzz FuzzKeys -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/calendar -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
-	$(GO) test ./taskrl -run '^$$' -fuzz FuzzParsePolicy -fuzztime $(FUZZTIME)
-	$(GO) test ./taskrl -run '^$$' -fuzz FuzzRequest -fuzztime $(FUZZTIME)
+	$(GO) test ./policy -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
+	$(GO) test ./policy -run '^$$' -fuzz FuzzRequest -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzNewRequest -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzRetryAfter -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzQuotaSpent -fuzztime $(FUZZTIME)
@@ -75,7 +75,7 @@ fuzz-ci:
 	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzRetryAfter -fuzztime 30000x
 	$(GO) test ./cmd/internal/httpcall -run '^$$' -fuzz FuzzQuotaSpent -fuzztime 30000x
 	$(GO) test ./internal/egress -run '^$$' -fuzz FuzzEgress -fuzztime 200000x
-	$(GO) test ./taskrl -run '^$$' -fuzz FuzzRequest -fuzztime 4000x
+	$(GO) test ./policy -run '^$$' -fuzz FuzzRequest -fuzztime 4000x
 
 # Peer comparison benchmarks (separate module; see BENCHMARKS.md).
 bench: redis-server

@@ -242,3 +242,22 @@ func (c Concurrency) check() *RuleError {
 	}
 	return nil
 }
+
+// Capacity returns the most units one request can cost under l: a GCRA or
+// Adaptive burst (at least 1), a window's limit; math.MaxInt for
+// Concurrency, whose slots are not units.
+func Capacity(l Limit) int {
+	switch l := l.(type) {
+	case GCRA:
+		return max(l.Burst, 1)
+	case Adaptive:
+		return max(l.Burst, 1)
+	case FixedWindow:
+		return l.Limit
+	case CalendarWindow:
+		return l.Limit
+	case SlidingWindow:
+		return l.Limit
+	}
+	return math.MaxInt
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -23,8 +24,8 @@ func TestAdaptiveThrottle(t *testing.T) {
 	learned := quotas.Rule{Name: "vendor-learned", Limit: quotas.Adaptive{Max: 50, Min: 1, Per: time.Second}}
 	perBusiness := quotas.Rule{Name: "per-business", Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 2})}
 	m := newMiddleware(t, c,
-		Rule{Name: learned.Name, Match: Match{Type: "job"}, Limit: learned.Limit},
-		Rule{Name: perBusiness.Name, Match: Match{Type: "job"}, Key: "{{.b}}", Limit: perBusiness.Limit})
+		policy.Rule{Name: learned.Name, Match: policy.Match{Type: "job"}, Limit: learned.Limit},
+		policy.Rule{Name: perBusiness.Name, Match: policy.Match{Type: "job"}, Key: "{{.b}}", Limit: perBusiness.Limit})
 	sp, err := m.split(m.cfg.Policy.Bind("job", "q"))
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +86,7 @@ func TestAdaptiveThrottle(t *testing.T) {
 }
 
 func TestParseAdaptive(t *testing.T) {
-	p, err := ParsePolicy([]byte(`
+	p, err := policy.Parse([]byte(`
 rules:
   - name: vendor-learned
     match: {type: "http:call"}

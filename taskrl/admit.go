@@ -13,6 +13,8 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/internal/admission"
+	"github.com/taskrl/taskrl/limits"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -26,7 +28,7 @@ type job struct {
 	queue  string
 	id     string
 	lim    admission.Limits // the middleware's, with the job's policy's mode
-	policy *Policy          // the policy the job was decided under
+	policy *policy.Policy   // the policy the job was decided under
 	sp     *split           // nil when no rule matches the task
 	keys   []string         // the binding's keys, one per rule
 	rates  quotas.Request   // the request to the rate and window rules
@@ -239,7 +241,7 @@ func (j *job) limitsChanged() bool {
 	if err != nil {
 		return true
 	}
-	sp, err := j.m.split(b.forKeys(rq.Keys))
+	sp, err := j.m.split(b.ForKeys(rq.Keys))
 	return err != nil || sp.digest != j.sp.digest
 }
 
@@ -281,14 +283,14 @@ func (j *job) refund(d quotas.Decision) {
 	}
 }
 
-// localLimits is what admission.Plan reads in the FailLocal mode: a task
+// localLimits is what admission.Plan reads in the policy.FailLocal mode: a task
 // cannot be rescheduled without Redis, so it waits for its turn in the
 // worker however far off, as long as its context allows.
 var localLimits = admission.Limits{MaxHold: admission.NoDeadline}
 
 // localTurn waits for the task's turn under its rate and window rules in
 // this process alone, each at 1/LocalShare (quotas.Model on Config.Clock):
-// the FailLocal mode while Redis is unreachable. admission.Plan decides,
+// the policy.FailLocal mode while Redis is unreachable. admission.Plan decides,
 // under localLimits, as for a decision made in Redis.
 func (j *job) localTurn() error {
 	m := j.m
@@ -298,7 +300,7 @@ func (j *job) localTurn() error {
 		// limit: at most all of the share then.
 		req.Costs = slices.Clone(req.Costs)
 		for i, r := range j.sp.local[0].Rules() {
-			req.Costs[i] = min(req.Costs[i], capacity(r.Limit))
+			req.Costs[i] = min(req.Costs[i], limits.Capacity(r.Limit))
 		}
 	}
 	for {
@@ -505,4 +507,18 @@ func (j *job) holder() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return "~" + hex.EncodeToString(b[:])
+}
+
+// checkCosts returns a *policy.CostError for the first rule of set whose
+// cost in costs exceeds what it admits at once; nil set or costs pass.
+func checkCosts(set *quotas.Set, costs []int) error {
+	if set == nil || costs == nil {
+		return nil
+	}
+	for i, r := range set.Rules() {
+		if err := policy.CheckCost(r, costs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }

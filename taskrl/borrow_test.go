@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -29,7 +30,7 @@ overrides:
 // twice its rate, an override of its keys alike; borrow: true up to the
 // shared rule's rate; the written limit stays what Rules reports.
 func TestBorrowLimits(t *testing.T) {
-	p, err := ParsePolicy([]byte(borrowPolicy))
+	p, err := policy.Parse([]byte(borrowPolicy))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,24 +39,24 @@ func TestBorrowLimits(t *testing.T) {
 	}
 	b := p.Bind("http:call", "q")
 	rate := func(l quotas.Limit) float64 { g := l.(quotas.GCRA); return g.Rate / g.Period.Seconds() }
-	if r := rate(b.Set().Rules()[1].Limit); r != 4 {
+	if r := rate(b.Rules()[1].Limit); r != 4 {
 		t.Errorf("the business rule is decided at %v/s, want 4/s (2/s borrowing 2x)", r)
 	}
-	if r := rate(b.forKeys([]string{"", "big"}).Set().Rules()[1].Limit); r != 6 {
+	if r := rate(b.ForKeys([]string{"", "big"}).Rules()[1].Limit); r != 6 {
 		t.Errorf("the override of key big is decided at %v/s, want 6/s (3/s borrowing 2x)", r)
 	}
 	if r := rate(p.Rules()[1].Limit); r != 2 {
 		t.Errorf("Rules reports %v/s, want the written 2/s", r)
 	}
 
-	p, err = ParsePolicy([]byte(strings.Replace(borrowPolicy, "borrow: 2x", "borrow: true", 1)))
+	p, err = policy.Parse([]byte(strings.Replace(borrowPolicy, "borrow: 2x", "borrow: true", 1)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := p.Rules()[1].Borrow; got != 4 {
 		t.Errorf("borrow: true under an 8/s shared rule on a 2/s rule: factor %v, want 4", got)
 	}
-	if r := rate(p.Bind("http:call", "q").Set().Rules()[1].Limit); r != 8 {
+	if r := rate(p.Bind("http:call", "q").Rules()[1].Limit); r != 8 {
 		t.Errorf("borrow: true decides at %v/s, want the shared 8/s", r)
 	}
 }
@@ -82,7 +83,7 @@ func TestBorrowErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParsePolicy([]byte(tc.doc))
+			_, err := policy.Parse([]byte(tc.doc))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v\nwant it to contain %s", err, tc.want)
 			}
@@ -95,7 +96,7 @@ func TestBorrowErrors(t *testing.T) {
 	}{{"http:*", "http:call", true}, {"", "http:call", true}, {"http:*", "http:*", true}, {"http:call", "http:*", false}, {"mail:*", "http:call", false}} {
 		doc := "rules:\n  - {name: v, match: {type: \"" + tc.shared + "\", queue: q}, fair: \"{{.b}}\", gcra: {rate: 6, per: 1s}}\n" +
 			"  - {name: a, match: {type: \"" + tc.rule + "\", queue: q}, key: \"{{.b}}\", borrow: 2x, gcra: {rate: 2, per: 1s}}\n"
-		if _, err := ParsePolicy([]byte(doc)); (err == nil) != tc.ok {
+		if _, err := policy.Parse([]byte(doc)); (err == nil) != tc.ok {
 			t.Errorf("shared %q, borrowing %q: got %v, want accepted %v", tc.shared, tc.rule, err, tc.ok)
 		}
 	}
@@ -112,11 +113,11 @@ func TestBorrowErrors(t *testing.T) {
 // tasks from 1 s to 5 s after the others came). Every task runs once in
 // the end, and no second holds more than the vendor's 8 (burst 1: 8 + 1).
 func TestBorrowGivesBack(t *testing.T) {
-	p, err := ParsePolicy([]byte(borrowPolicy))
+	p, err := policy.Parse([]byte(borrowPolicy))
 	if err != nil {
 		t.Fatal(err)
 	}
-	set := p.Bind("http:call", "q").Set()
+	set := bindSet(t, p.Bind("http:call", "q"))
 	m := quotas.NewModel()
 	t0 := time.Unix(1700000000, 0)
 	const horizon = time.Minute

@@ -13,41 +13,9 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
-
-// TestCostPolicyErrors: cost and default_cost are checked
-// like the rest of a rule, each error naming the line and the field.
-func TestCostPolicyErrors(t *testing.T) {
-	for _, tc := range []struct{ name, doc, want string }{
-		{"cost on concurrency", doc("concurrency: {max: 2, lease: 30s}\n    cost: \"{{.units}}\""), `policy: line 5: rule "a": cost: a concurrency rule takes one slot per task; only gcra, adaptive, quota and sliding rules have a cost`},
-		{"cost zero", doc("gcra: {rate: 30, per: 1s, burst: 30}\n    cost: 0"), `policy: line 5: rule "a": cost: must be a whole number of at least 1, got 0`},
-		{"cost above burst", doc("gcra: {rate: 30, per: 1s, burst: 30}\n    cost: 31"), `policy: line 5: rule "a": cost: 31 is above the rule's burst of 30: no task could ever pass`},
-		{"cost above window", doc("quota: {limit: 10, every: 1m}\n    cost: \"11\""), `policy: line 5: rule "a": cost: 11 is above the rule's limit of 10: no task could ever pass`},
-		{"cost literal text", doc("gcra: {rate: 30, per: 1s}\n    cost: three"), `policy: line 5: rule "a": cost: must be a whole number of at least 1 or a template over the payload such as "{{.units}}", got "three"`},
-		{"cost bad template", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{units}}\""), `policy: line 5: rule "a": cost: bad template "{{units}}": only field references`},
-		{"cost a list", doc("gcra: {rate: 30, per: 1s}\n    cost: [1]"), `policy: line 5: rule "a": cost: must be a string, got a list`},
-		{"cost with prefetch", doc("gcra: {rate: 1000, per: 1s, burst: 100}\n    prefetch: 5ms\n    cost: 2"), `policy: line 6: rule "a": cost: a rule with prefetch hands out one unit per task; remove prefetch or cost`},
-		{"default_cost without cost", doc("gcra: {rate: 30, per: 1s}\n    default_cost: 1"), `policy: line 5: rule "a": default_cost: set, but the rule has no cost`},
-		{"default_cost with a literal", doc("gcra: {rate: 30, per: 1s, burst: 5}\n    cost: 2\n    default_cost: 1"), `policy: line 6: rule "a": default_cost: set, but cost references no payload field that could be missing`},
-		{"default_cost zero or less", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: -1"), `policy: line 6: rule "a": default_cost: must be a whole number of at least 1, got -1`},
-		{"default_cost above burst", doc("gcra: {rate: 30, per: 1s, burst: 3}\n    cost: \"{{.u}}\"\n    default_cost: 4"), `policy: line 6: rule "a": default_cost: 4 is above the rule's burst of 3: no task could ever pass`},
-		{"default_cost not whole", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: 1.5"), `policy: line 6: rule "a": default_cost: must be a whole number`},
-		{"settle_header is the worker's", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    settle_header: X-Cost"), `policy: line 6: rule "a": settle_header: unknown field; expected name, match, key, default_key, fair, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParsePolicy([]byte(tc.doc))
-			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
-				t.Errorf("got  %v\nwant %s", err, tc.want)
-			}
-		})
-	}
-	// Go: the same checks, by field.
-	_, err := NewPolicy(Rule{Name: "c", Match: Match{Type: "x"}, Cost: "2", Limit: quotas.Concurrency{Max: 2, Lease: time.Minute}})
-	if err == nil || !strings.Contains(err.Error(), `rule "c": cost: a concurrency rule`) {
-		t.Errorf("NewPolicy: %v", err)
-	}
-}
 
 // TestCostTemplate: cost renders from the payload as a whole number of at
 // least 1 (a number or a string of one), a literal as itself, a missing
@@ -55,7 +23,7 @@ func TestCostPolicyErrors(t *testing.T) {
 // the value. Rules without a cost cost 1; a binding without any has no
 // Costs.
 func TestCostTemplate(t *testing.T) {
-	p, err := ParsePolicy([]byte(`
+	p, err := policy.Parse([]byte(`
 rules:
   - name: points
     match: {type: job}
@@ -99,7 +67,7 @@ rules:
 		got := fmt.Sprint(rq.Costs)
 		if err != nil {
 			got = err.Error()
-			if !errors.As(err, new(*CostError)) {
+			if !errors.As(err, new(*policy.CostError)) {
 				t.Errorf("%s: %T is not a *CostError", tc.payload, err)
 			}
 		}
@@ -127,7 +95,7 @@ rules:
 func TestCostOverBurstArchived(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	m := newMiddleware(t, c, Rule{Name: "points", Match: Match{Type: "job"}, Cost: "{{.units}}", Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Minute, Burst: 30})})
+	m := newMiddleware(t, c, policy.Rule{Name: "points", Match: policy.Match{Type: "job"}, Cost: "{{.units}}", Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Minute, Burst: 30})})
 	var mu sync.Mutex
 	var ran []string
 	runWorkers(t, c, m, 1, 2, "q", func(_ context.Context, tk *asynq.Task) error {
@@ -227,8 +195,8 @@ func TestSettleReachesRedis(t *testing.T) {
 		t.Run(fmt.Sprint("settle=", settle), func(t *testing.T) {
 			srv := redistest.StartServer(t)
 			c := srv.Client(t)
-			m := newMiddleware(t, c, Rule{Name: "points", Match: Match{Type: "job"}, Cost: "{{.units}}", Limit: quotas.GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 10})},
-				Rule{Name: "calls", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 100})})
+			m := newMiddleware(t, c, policy.Rule{Name: "points", Match: policy.Match{Type: "job"}, Cost: "{{.units}}", Limit: quotas.GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 10})},
+				policy.Rule{Name: "calls", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 100})})
 			var mu sync.Mutex
 			var at []time.Time
 			runWorkers(t, c, m, 1, 1, "q", func(ctx context.Context, _ *asynq.Task) error {
@@ -282,8 +250,8 @@ func TestSettleReachesRedis(t *testing.T) {
 // apart times their cost (a task of 3 units under 30/s every 100ms, not
 // every 33ms), and tasks of other costs are other backlogs.
 func TestCostSpacing(t *testing.T) {
-	p := mustPolicy(t, Rule{Name: "points", Match: Match{Type: "job"}, Cost: "{{.units}}", Limit: quotas.GCRA(gcra.Limit{Rate: 30, Period: time.Second, Burst: 30})},
-		Rule{Name: "window", Match: Match{Type: "job"}, Limit: quotas.FixedWindow{Limit: 600, Every: time.Minute}})
+	p := mustPolicy(t, policy.Rule{Name: "points", Match: policy.Match{Type: "job"}, Cost: "{{.units}}", Limit: quotas.GCRA(gcra.Limit{Rate: 30, Period: time.Second, Burst: 30})},
+		policy.Rule{Name: "window", Match: policy.Match{Type: "job"}, Limit: quotas.FixedWindow{Limit: 600, Every: time.Minute}})
 	m, err := New(Config{Policy: p, Client: redistest.Client(t)})
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 )
 
 // TestCriticalUsesReservedSlots: a concurrency rule of 4 slots, 1 reserved
@@ -25,7 +26,7 @@ import (
 func TestCriticalUsesReservedSlots(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	p, err := ParsePolicy([]byte(`
+	p, err := policy.Parse([]byte(`
 critical:
   - {queue: critical}
 rules:

@@ -1,21 +1,16 @@
 // Package taskrl is the asynq integration of the project: it binds named
 // rate and quota rules (package quotas) to asynq tasks.
 //
-// A Policy is a validated list of Rules; each rule
-// has a name, a Match (task type glob and/or queue), an optional key template
-// that picks the entity it limits (a business id, a tenant) from the task's
-// JSON payload, and exactly one limit: quotas.GCRA, quotas.Adaptive,
-// quotas.FixedWindow, quotas.CalendarWindow, quotas.SlidingWindow or
-// quotas.Concurrency. Build one
-// in Go with NewPolicy, or from the YAML policy file the worker reads with
-// ParsePolicy or LoadPolicyFile; a policy that is wrong in any way is refused
-// whole, with errors naming the line, the rule, the field and what is wrong.
-//
-// Policy.Bind returns the rules that apply to a (task type, queue) as a
-// Binding: one quotas.Set, decided atomically by a quotas.Limiter, and Keys,
-// which renders each rule's entity key from a payload (the value for
-// quotas.Request.Keys). Bindings are cached, so binding a task costs one map
-// lookup; tasks no rule matches bind to nil.
+// The rules are a policy.Policy (package policy, the policy language): a
+// validated list of rules, each with a name, a match (task type glob and/or
+// queue), an optional key template that picks the entity it limits (a
+// business id, a tenant) from the task's JSON payload, and exactly one limit
+// of package limits. Build one in Go with policy.New, or from the YAML policy
+// file the worker reads with policy.Parse or policy.LoadFile; a policy that
+// is wrong in any way is refused whole, with errors naming the line, the
+// rule, the field and what is wrong. policy.Policy.Bind returns the rules that
+// apply to a (task type, queue), with the entity keys rendered from a
+// payload; the middleware decides them atomically as one quotas.Set.
 //
 // Middleware applies a policy in asynq workers. A task no rule matches runs
 // without a Redis call. Otherwise its rate and window rules book the
@@ -23,7 +18,7 @@
 // Config.MaxHold is waited for in the worker; a later one is booked and the
 // task rescheduled to it, which frees the worker at once. A booking takes
 // each rule's capacity at its slot only, so one entity's backlog booked far
-// ahead leaves the time before it to the others; a fair rule (Rule.Fair)
+// ahead leaves the time before it to the others; a fair rule (policy.Rule.Fair)
 // also shares its rate evenly among the entities waiting, taking over the
 // bookings of one ahead of its share, whose task then decides again before
 // it runs. Tasks the policy's critical list selects may use reserved
@@ -46,7 +41,7 @@
 //
 // A handler whose remote side answered 429 returns Throttled(retryAfter,
 // err): the middleware blocks the task's rate rules (those the policy's
-// throttle list names, Policy.WithThrottle) for every worker until then
+// throttle list names, policy.Policy.WithThrottle) for every worker until then
 // (new decisions through quotas.Limiter.Block, booked and waiting tasks
 // through a marker they read before they run) and reschedules the task,
 // without spending a retry. A handler whose call succeeded but spent the
@@ -60,10 +55,10 @@
 // difference from the estimate is given back to, or charged to, every rule
 // with a Cost, so that later tasks run that much sooner or later.
 //
-// When Redis cannot be reached, Policy.FailureMode decides: FailClosed
+// When Redis cannot be reached, policy.Policy.FailureMode decides: policy.FailClosed
 // (the default) keeps the task waiting in the worker, retrying with backoff,
 // until Redis is back or the task's context ends (asynq itself needs Redis
-// to hand out or finish tasks); FailOpen runs it without limits; FailLocal
+// to hand out or finish tasks); policy.FailOpen runs it without limits; policy.FailLocal
 // enforces every rule in this process at 1/Config.LocalShare of it
 // (quotas.Model). After a failed call the middleware does not try Redis again for a
 // second, so an outage costs each task nothing more than its mode's wait.

@@ -35,7 +35,7 @@ const (
 	// Local: Redis was unreachable and the task waited for its turn in this
 	// process (policy fail local).
 	Local Outcome = "local"
-	// WouldAdmit: the task's shadow rules (Rule.Shadow, Config.Shadow)
+	// WouldAdmit: the task's shadow rules (policy.Rule.Shadow, Config.Shadow)
 	// would have admitted it now; it was not held back by them.
 	WouldAdmit Outcome = "would_admit"
 	// WouldWait: Event.Rule, a shadow rule, would have held the task back

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -22,7 +23,7 @@ import (
 func ExampleNew() {
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.SharedAddr()})
 	defer rdb.Close()
-	policy, err := taskrl.ParsePolicy([]byte(`
+	policy, err := policy.Parse([]byte(`
 rules:
   - name: email-provider
     match: {type: "email:send"}
@@ -108,7 +109,7 @@ func ExampleThrottled() {
 
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.SharedAddr()})
 	defer rdb.Close()
-	policy, _ := taskrl.ParsePolicy([]byte(`
+	policy, _ := policy.Parse([]byte(`
 rules:
   - name: vendor
     match: {type: "vendor:call"}

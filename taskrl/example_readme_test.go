@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -39,11 +40,11 @@ func retryAfter(resp *http.Response) time.Duration {
 // README shows this body as it is.
 func Example_readme() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	policy, err := taskrl.LoadPolicyFile("policy.yaml") // or taskrl.ParsePolicy, taskrl.NewPolicy
+	p, err := policy.LoadFile("policy.yaml") // or policy.Parse, policy.New
 	if err != nil {
 		log.Fatal(err)
 	}
-	mw, err := taskrl.New(taskrl.Config{Policy: policy, Client: rdb})
+	mw, err := taskrl.New(taskrl.Config{Policy: p, Client: rdb})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -277,7 +278,7 @@ func identityWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := redis.NewClient(&redis.Options{Addr: env.Addr})
-	policy := mustPolicy(t, Rule{Name: "per-business", Match: Match{Type: "call"}, Key: "{{.b}}",
+	policy := mustPolicy(t, policy.Rule{Name: "per-business", Match: policy.Match{Type: "call"}, Key: "{{.b}}",
 		Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: identitySpacing, Burst: 1})})
 	m, err := New(Config{Policy: policy, Client: c, Prefix: env.Prefix})
 	if err != nil {

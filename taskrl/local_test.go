@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -35,14 +36,14 @@ func (c *fakeClock) Add(d time.Duration) {
 // processes is 3 per hour here, 2 slots over 2 processes is 1.
 func TestFailLocalShares(t *testing.T) {
 	srv := redistest.StartServer(t)
-	p, err := NewPolicy(
-		Rule{Name: "hourly", Match: Match{Type: "job"}, Limit: quotas.FixedWindow{Limit: 6, Every: time.Hour}},
-		Rule{Name: "slots", Match: Match{Type: "slow"}, Limit: quotas.Concurrency{Max: 2, Lease: time.Minute}},
+	p, err := policy.New(
+		policy.Rule{Name: "hourly", Match: policy.Match{Type: "job"}, Limit: quotas.FixedWindow{Limit: 6, Every: time.Hour}},
+		policy.Rule{Name: "slots", Match: policy.Match{Type: "slow"}, Limit: quotas.Concurrency{Max: 2, Lease: time.Minute}},
 	)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p, err = p.WithFailureMode(FailLocal); err != nil {
+	if p, err = p.WithFailureMode(policy.FailLocal); err != nil {
 		t.Fatal(err)
 	}
 	clock := &fakeClock{t: time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)}

@@ -19,13 +19,14 @@ import (
 	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/internal/clock"
 	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
 // Config configures a Middleware.
 type Config struct {
 	// Policy says which rules apply to which tasks. Required.
-	Policy *Policy
+	Policy *policy.Policy
 	// Client is the Redis that holds the limits and the asynq queues the
 	// middleware reschedules tasks into. Required.
 	Client redis.UniversalClient
@@ -47,7 +48,7 @@ type Config struct {
 	// say a one-time code). Default 0: no budget.
 	ThrottleBudget time.Duration
 	// LocalShare is how many worker processes share the limits, for the
-	// FailLocal policy mode: while Redis is unreachable each process
+	// policy.FailLocal policy mode: while Redis is unreachable each process
 	// enforces every rule at 1/LocalShare of it, in memory (a GCRA rule's
 	// rate and burst, a window's limit, a concurrency rule's slots; each
 	// at least 1). Default 1.
@@ -56,7 +57,7 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer, if set, receives an Event per decision (see Outcome).
 	Observer Observer
-	// Shadow, if set, makes every rule a shadow rule (Rule.Shadow): each
+	// Shadow, if set, makes every rule a shadow rule (policy.Rule.Shadow): each
 	// task is decided and reported but never held back. For trying a
 	// policy on live traffic before enforcing it. Default false.
 	Shadow bool
@@ -86,7 +87,7 @@ type Config struct {
 type Middleware struct {
 	cfg     Config
 	limits  admission.Limits // what admission.Plan reads of cfg; Mode is the policy's
-	policy  atomic.Pointer[Policy]
+	policy  atomic.Pointer[policy.Policy]
 	local   quotas.Decider // the FailLocal fallback: a quotas.Model on Config.Clock
 	down    atomic.Int64   // until when (Unix ns) Redis counts as unreachable
 	prefix  string
@@ -146,7 +147,7 @@ func New(cfg Config) (*Middleware, error) {
 	m.renew = newRenewer(m)
 	m.shed = newShedder(m)
 	m.shed.capacity.Store(int64(runtime.NumCPU())) // asynq's default Concurrency
-	if cfg.Policy.shed != nil {
+	if shedOf(cfg.Policy) != nil {
 		m.shed.loop.start()
 	}
 	return m, nil
@@ -160,7 +161,7 @@ func New(cfg Config) (*Middleware, error) {
 // restart. It returns an error, and keeps the current policy, when p is
 // nil or has a shed section whose signal is probe without a
 // Config.ShedProbe. Safe for concurrent use.
-func (m *Middleware) SetPolicy(p *Policy) error {
+func (m *Middleware) SetPolicy(p *policy.Policy) error {
 	if p == nil {
 		return errors.New("taskrl: SetPolicy: nil policy")
 	}
@@ -169,7 +170,7 @@ func (m *Middleware) SetPolicy(p *Policy) error {
 	}
 	m.policy.Store(p)
 	m.splits.Clear() // the old policy's bindings are not asked for again
-	if p.shed != nil {
+	if shedOf(p) != nil {
 		m.shed.loop.poke()
 	}
 	return nil
@@ -177,7 +178,7 @@ func (m *Middleware) SetPolicy(p *Policy) error {
 
 // Policy returns the policy tasks start under now: Config.Policy or the
 // last one given to SetPolicy. Safe for concurrent use.
-func (m *Middleware) Policy() *Policy { return m.policy.Load() }
+func (m *Middleware) Policy() *policy.Policy { return m.policy.Load() }
 
 // Close stops the middleware's pacer, sweeper and shed loop. Call it after
 // the asynq server has shut down; rescheduled tasks then still run, up to
@@ -214,7 +215,7 @@ type split struct {
 // adaptiveReserve: see admission.AdaptiveReserve.
 const adaptiveReserve = admission.AdaptiveReserve
 
-func (m *Middleware) split(b *Binding) (*split, error) {
+func (m *Middleware) split(b *policy.Binding) (*split, error) {
 	if v, ok := m.splits.Load(b); ok {
 		return v.(*split), nil
 	}
@@ -223,12 +224,12 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 	var scoped []quotas.Rule
 	var adaptiveIdx []int
 	var shadow []quotas.Rule
-	for i, r := range b.Set().Rules() {
-		if m.cfg.Shadow || b.rules[i].Shadow {
+	for i, r := range b.Rules() {
+		if m.cfg.Shadow || b.Rule(i).Shadow {
 			shadow, sp.shadowIdx = append(shadow, r), append(sp.shadowIdx, i)
 			continue
 		}
-		if b.throttle[i] {
+		if b.Throttled(i) {
 			scoped, sp.throttleIdx = append(scoped, r), append(sp.throttleIdx, i)
 		}
 		if c, ok := r.Limit.(quotas.Concurrency); ok {
@@ -298,7 +299,7 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 			}
 		}
 	}
-	if b.transient {
+	if b.Transient() {
 		return sp, nil
 	}
 	v, _ := m.splits.LoadOrStore(b, sp)
@@ -306,7 +307,7 @@ func (m *Middleware) split(b *Binding) (*split, error) {
 }
 
 // atShare returns r with its limit divided among share processes, each at
-// least 1: what one process enforces alone in the FailLocal mode, where
+// least 1: what one process enforces alone in the policy.FailLocal mode, where
 // nothing is prefetched.
 func atShare(r quotas.Rule, share int) quotas.Rule {
 	r.Prefetch = 0
@@ -364,15 +365,15 @@ func (m *Middleware) Handler(next asynq.Handler) asynq.Handler {
 		}
 		queue, _ := asynq.GetQueueName(ctx)
 		p := m.policy.Load()
-		if sh := p.shed; sh != nil {
+		if sh := shedOf(p); sh != nil {
 			if w.booked.IsZero() && m.shed.deferring() {
-				if d, ok := m.shed.deferFor(sh, p.shedClass(sh, t.Type(), queue)); ok {
+				if d, ok := m.shed.deferFor(sh, p.ShedClass(t.Type(), queue)); ok {
 					j := m.newJob(ctx, t, queue, p, w)
 					j.observe(Event{Outcome: Deferred, Wait: d})
 					return j.reschedule("", d, time.Time{}, "")
 				}
 			}
-			if sh.Signal == ShedUpstreamErrors {
+			if sh.Signal == policy.ShedUpstreamErrors {
 				defer func() { m.shed.ended(err, m.cfg.Clock.Now()) }()
 			}
 		}
@@ -436,11 +437,11 @@ func (m *Middleware) once(next asynq.Handler) asynq.Handler {
 }
 
 // failMode is a policy's failure mode as admission.Plan reads it.
-func failMode(f FailureMode) admission.Mode {
+func failMode(f policy.FailureMode) admission.Mode {
 	switch f {
-	case FailOpen:
+	case policy.FailOpen:
 		return admission.FailOpen
-	case FailLocal:
+	case policy.FailLocal:
 		return admission.FailLocal
 	}
 	return admission.FailClosed
@@ -448,7 +449,7 @@ func failMode(f FailureMode) admission.Mode {
 
 // newJob returns the job of a delivery of t from queue under policy p; its
 // context carries it, for Pause.
-func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p *Policy, w parked) *job {
+func (m *Middleware) newJob(ctx context.Context, t *asynq.Task, queue string, p *policy.Policy, w parked) *job {
 	j := &job{m: m, t: t, queue: queue, lim: m.limits, policy: p, w: w}
 	j.lim.Mode = failMode(p.FailureMode())
 	j.lim.Early = admission.EarlyBooking(m.pace.leadTime(), j.lim.MaxHold)
@@ -492,12 +493,12 @@ func (m *Middleware) ServerConfig(cfg asynq.Config) asynq.Config {
 // process runs a task that binding b governs: admitted under its rate
 // rules, then its concurrency slots, then handed to next; an upstream 429
 // from next backs its rules off.
-func (j *job) process(b *Binding, next asynq.Handler) error {
+func (j *job) process(b *policy.Binding, next asynq.Handler) error {
 	rq, err := b.Request(j.t.Payload())
 	if err != nil {
 		// No key, no limit to apply: archived with the reason.
-		var mf *MissingFieldError
-		var ce *CostError
+		var mf *policy.MissingFieldError
+		var ce *policy.CostError
 		if errors.As(err, &mf) {
 			j.observe(Event{Outcome: Refused, Rule: mf.Rule})
 		} else if errors.As(err, &ce) {
@@ -505,14 +506,14 @@ func (j *job) process(b *Binding, next asynq.Handler) error {
 		}
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
-	b = b.forKeys(rq.Keys)
+	b = b.ForKeys(rq.Keys)
 	if j.sp, err = j.m.split(b); err != nil {
 		return err
 	}
 	if err := checkCosts(j.sp.rates, pick(rq.Costs, j.sp.rateIdx)); err != nil {
 		// A cost above what an enforced rule admits at once (after
 		// overrides): no wait would ever admit it; nothing is charged.
-		j.observe(Event{Outcome: Refused, Rule: err.(*CostError).Rule, Wait: quotas.Never})
+		j.observe(Event{Outcome: Refused, Rule: err.(*policy.CostError).Rule, Wait: quotas.Never})
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
 	j.keys = rq.Keys

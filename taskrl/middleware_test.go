@@ -22,14 +22,15 @@ import (
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/admission"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-func mustPolicy(t testing.TB, rules ...Rule) *Policy {
+func mustPolicy(t testing.TB, rules ...policy.Rule) *policy.Policy {
 	t.Helper()
-	p, err := NewPolicy(rules...)
+	p, err := policy.New(rules...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func TestUnmatchedTasksCostNothing(t *testing.T) {
 	c := redistest.Client(t)
 	h := &redistest.Counter{}
 	c.AddHook(h)
-	p := mustPolicy(t, Rule{Name: "vendor", Match: Match{Type: "vendor:*"}, Limit: quotas.GCRA(gcra.PerSecond(1))})
+	p := mustPolicy(t, policy.Rule{Name: "vendor", Match: policy.Match{Type: "vendor:*"}, Limit: quotas.GCRA(gcra.PerSecond(1))})
 	m, err := New(Config{Policy: p, Client: c, Prefix: redistest.Prefix(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +93,7 @@ func TestThrottledTasksAreNeverArchived(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
 	limit := gcra.Limit{Rate: 10, Period: time.Second, Burst: 2}
-	p := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(limit)})
+	p := mustPolicy(t, policy.Rule{Name: "rate", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(limit)})
 	var obsMu sync.Mutex
 	outcomes := map[Outcome]int{}
 	withRules := 0
@@ -182,7 +183,7 @@ func enqueueJobs(t *testing.T, c redis.UniversalClient, n int, opts ...asynq.Opt
 	}
 }
 
-func newMiddleware(t *testing.T, c redis.UniversalClient, rules ...Rule) *Middleware {
+func newMiddleware(t *testing.T, c redis.UniversalClient, rules ...policy.Rule) *Middleware {
 	t.Helper()
 	m, err := New(Config{Policy: mustPolicy(t, rules...), Client: c})
 	if err != nil {
@@ -197,7 +198,7 @@ func newMiddleware(t *testing.T, c redis.UniversalClient, rules ...Rule) *Middle
 func TestSpentRetriesAreNotArchived(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	m := newMiddleware(t, c, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: 3 * time.Second, Burst: 3})})
+	m := newMiddleware(t, c, policy.Rule{Name: "rate", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: 3 * time.Second, Burst: 3})})
 	var attempts atomic.Int32
 	done := make(chan struct{})
 	runWorkers(t, c, m, 1, 4, "q", func(ctx context.Context, task *asynq.Task) error {
@@ -229,7 +230,7 @@ func TestSpentRetriesAreNotArchived(t *testing.T) {
 func TestMissingFieldArchivesWithReason(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	m := newMiddleware(t, c, Rule{Name: "per-business", Match: Match{Type: "job"}, Key: "{{.business_id}}", Limit: quotas.GCRA(gcra.PerSecond(10))})
+	m := newMiddleware(t, c, policy.Rule{Name: "per-business", Match: policy.Match{Type: "job"}, Key: "{{.business_id}}", Limit: quotas.GCRA(gcra.PerSecond(10))})
 	runWorkers(t, c, m, 1, 2, "q", func(context.Context, *asynq.Task) error { return nil })
 	client := asynq.NewClientFromRedisClient(c)
 	info, err := client.Enqueue(asynq.NewTask("job", []byte(`{"other":1}`)), asynq.Queue("q"))
@@ -255,7 +256,7 @@ func TestMissingFieldArchivesWithReason(t *testing.T) {
 func TestConcurrencySlots(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	m := newMiddleware(t, c, Rule{Name: "slots", Match: Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.Concurrency{Max: 2, Lease: 30 * time.Second}})
+	m := newMiddleware(t, c, policy.Rule{Name: "slots", Match: policy.Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.Concurrency{Max: 2, Lease: 30 * time.Second}})
 	var running, most, finished atomic.Int32
 	const tasks = 12
 	done := make(chan struct{})
@@ -292,7 +293,7 @@ func TestConcurrencySlots(t *testing.T) {
 		t.Fatalf("%d tasks of one business ran at once, max 2", most.Load())
 	}
 	time.Sleep(200 * time.Millisecond)
-	set := mustPolicy(t, Rule{Name: "slots", Match: Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.Concurrency{Max: 2, Lease: 30 * time.Second}}).Bind("job", "q").Set()
+	set := bindSet(t, mustPolicy(t, policy.Rule{Name: "slots", Match: policy.Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.Concurrency{Max: 2, Lease: 30 * time.Second}}).Bind("job", "q"))
 	st, err := m.limiter.Status(context.Background(), set, quotas.Request{Keys: []string{"b7"}})
 	if err != nil || st.Rules[0].Used != 0 {
 		t.Fatalf("slots still held after all tasks: %+v %v", st.Rules, err)
@@ -308,7 +309,7 @@ func TestInteractiveBesideBulk(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
 	limit := gcra.Limit{Rate: 10, Period: time.Second, Burst: 1}
-	m := newMiddleware(t, c, Rule{Name: "bulk", Match: Match{Type: "bulk"}, Limit: quotas.GCRA(limit)})
+	m := newMiddleware(t, c, policy.Rule{Name: "bulk", Match: policy.Match{Type: "bulk"}, Limit: quotas.GCRA(limit)})
 	var mu sync.Mutex
 	var bulkRuns []time.Time
 	pingLatency := map[string]time.Duration{}
@@ -377,9 +378,9 @@ func TestInteractiveBesideBulk(t *testing.T) {
 func TestUpstreamThrottle(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	rules := []Rule{
-		{Name: "vendor", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 2})},
-		{Name: "daily", Match: Match{Type: "job"}, Limit: quotas.CalendarWindow{Limit: 1000, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
+	rules := []policy.Rule{
+		{Name: "vendor", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 2})},
+		{Name: "daily", Match: policy.Match{Type: "job"}, Limit: quotas.CalendarWindow{Limit: 1000, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
 	}
 	m := newMiddleware(t, c, rules...)
 	const tasks = 40
@@ -433,9 +434,9 @@ func TestUpstreamThrottle(t *testing.T) {
 
 // checkUsed fails t unless rule i of the "job" tasks' rules, at keys, has
 // exactly want units used.
-func checkUsed(t *testing.T, m *Middleware, rules []Rule, keys []string, i, want int) {
+func checkUsed(t *testing.T, m *Middleware, rules []policy.Rule, keys []string, i, want int) {
 	t.Helper()
-	st, err := m.limiter.Status(context.Background(), mustPolicy(t, rules...).Bind("job", "q").Set(), quotas.Request{Keys: keys})
+	st, err := m.limiter.Status(context.Background(), bindSet(t, mustPolicy(t, rules...).Bind("job", "q")), quotas.Request{Keys: keys})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,8 +451,8 @@ func checkUsed(t *testing.T, m *Middleware, rules []Rule, keys []string, i, want
 // runs it at the rule's rate in this process; closed waits for Redis and
 // runs it once Redis is back. No mode loses the task or panics.
 func TestRedisOutage(t *testing.T) {
-	rule := Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 5, Period: time.Second, Burst: 1})}
-	for _, mode := range []FailureMode{FailOpen, FailLocal, FailClosed} {
+	rule := policy.Rule{Name: "rate", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 5, Period: time.Second, Burst: 1})}
+	for _, mode := range []policy.FailureMode{policy.FailOpen, policy.FailLocal, policy.FailClosed} {
 		t.Run(string(mode), func(t *testing.T) {
 			srv := redistest.StartServer(t, "--appendonly", "yes")
 			c := srv.Client(t)
@@ -471,7 +472,7 @@ func TestRedisOutage(t *testing.T) {
 			defer cancel()
 			start := time.Now()
 			switch mode {
-			case FailOpen:
+			case policy.FailOpen:
 				// The first task pays the client's dial retries; the next
 				// ones, within a second, do not try Redis again.
 				var first time.Duration
@@ -486,7 +487,7 @@ func TestRedisOutage(t *testing.T) {
 				if rest := time.Since(start) - first; ran.Load() != 5 || rest > 100*time.Millisecond {
 					t.Fatalf("ran %d; first took %v, the other four %v", ran.Load(), first, rest)
 				}
-			case FailLocal:
+			case policy.FailLocal:
 				for i := 0; i < 6; i++ {
 					if err := h.ProcessTask(ctx, asynq.NewTask("job", nil)); err != nil {
 						t.Fatal(err)
@@ -496,7 +497,7 @@ func TestRedisOutage(t *testing.T) {
 				if ran.Load() != 6 || time.Since(start) < 900*time.Millisecond {
 					t.Fatalf("ran %d in %v", ran.Load(), time.Since(start))
 				}
-			case FailClosed:
+			case policy.FailClosed:
 				errc := make(chan error, 1)
 				go func() { errc <- h.ProcessTask(ctx, asynq.NewTask("job", nil)) }()
 				time.Sleep(700 * time.Millisecond)
@@ -519,7 +520,7 @@ func TestRedisOutage(t *testing.T) {
 func TestThrottleBudget(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	p := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})})
+	p := mustPolicy(t, policy.Rule{Name: "rate", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})})
 	const budget = 1200 * time.Millisecond
 	m, err := New(Config{Policy: p, Client: c, ThrottleBudget: budget})
 	if err != nil {
@@ -580,7 +581,7 @@ func TestWindowResets(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
 	window := quotas.FixedWindow{Limit: 5, Every: 2 * time.Second}
-	m := newMiddleware(t, c, Rule{Name: "window", Match: Match{Type: "job"}, Limit: window})
+	m := newMiddleware(t, c, policy.Rule{Name: "window", Match: policy.Match{Type: "job"}, Limit: window})
 	var mu sync.Mutex
 	var runs []time.Time
 	done := make(chan struct{})
@@ -631,7 +632,7 @@ func TestWindowResets(t *testing.T) {
 // test short.)
 func TestSlotRenewedWhileRunning(t *testing.T) {
 	c := redistest.Client(t)
-	m, err := New(Config{Policy: &Policy{}, Client: c, Prefix: redistest.Prefix(t)})
+	m, err := New(Config{Policy: &policy.Policy{}, Client: c, Prefix: redistest.Prefix(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -675,7 +676,7 @@ func TestRenewalsBatched(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.Client(t).Options().Addr})
 	defer c.Close()
 	var count redistest.Counter
-	m, err := New(Config{Policy: &Policy{}, Client: c, Prefix: redistest.Prefix(t)})
+	m, err := New(Config{Policy: &policy.Policy{}, Client: c, Prefix: redistest.Prefix(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -717,10 +718,10 @@ func TestRenewalsBatched(t *testing.T) {
 func TestBusySlotsKeepTheirCharge(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	rules := []Rule{
-		{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 10})},
-		{Name: "daily", Match: Match{Type: "job"}, Limit: quotas.CalendarWindow{Limit: 1000, Cron: "0 0 * * *", TZ: "Europe/London"}},
-		{Name: "slot", Match: Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.Concurrency{Max: 1, Lease: 30 * time.Second}},
+	rules := []policy.Rule{
+		{Name: "rate", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 10})},
+		{Name: "daily", Match: policy.Match{Type: "job"}, Limit: quotas.CalendarWindow{Limit: 1000, Cron: "0 0 * * *", TZ: "Europe/London"}},
+		{Name: "slot", Match: policy.Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.Concurrency{Max: 1, Lease: 30 * time.Second}},
 	}
 	m := newMiddleware(t, c, rules...)
 	const tasks = 4
@@ -772,7 +773,7 @@ func TestBusySlotsKeepTheirCharge(t *testing.T) {
 func TestUnmatchedThrottledIsRescheduled(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	m := newMiddleware(t, c, Rule{Name: "other", Match: Match{Type: "other"}, Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Second, Burst: 1})})
+	m := newMiddleware(t, c, policy.Rule{Name: "other", Match: policy.Match{Type: "other"}, Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Second, Burst: 1})})
 	var runs []time.Time
 	var mu sync.Mutex
 	done := make(chan struct{})
@@ -807,9 +808,9 @@ func TestUnmatchedThrottledIsRescheduled(t *testing.T) {
 // names only the per-business rule, holds back that business alone; without
 // the scope it holds back every business behind the shared vendor rule.
 func TestThrottleScope(t *testing.T) {
-	rules := []Rule{
-		{Name: "vendor", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 10})},
-		{Name: "per-business", Match: Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 2})},
+	rules := []policy.Rule{
+		{Name: "vendor", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 10})},
+		{Name: "per-business", Match: policy.Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 2})},
 	}
 	const retryAfter = 2 * time.Second
 	for _, scope := range [][]string{{"per-business"}, nil} {
@@ -880,7 +881,7 @@ func TestThrottleScope(t *testing.T) {
 // a context the middleware does not govern cannot pause anything.
 func TestPause(t *testing.T) {
 	c := redistest.StartServer(t).Client(t)
-	m := newMiddleware(t, c, Rule{Name: "vendor", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 10})})
+	m := newMiddleware(t, c, policy.Rule{Name: "vendor", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 10})})
 	const pause = 1500 * time.Millisecond
 	var mu sync.Mutex
 	var pausedAt time.Time
@@ -948,9 +949,9 @@ func TestPause(t *testing.T) {
 // tasks whose only rules are a window or a concurrency rule: new decisions
 // wait for the block as they do behind a GCRA rule.
 func TestThrottleBlocksWindowsAndSlots(t *testing.T) {
-	for _, rule := range []Rule{
-		{Name: "hourly", Match: Match{Type: "job"}, Limit: quotas.FixedWindow{Limit: 1000, Every: time.Hour}},
-		{Name: "slots", Match: Match{Type: "job"}, Limit: quotas.Concurrency{Max: 5, Lease: time.Minute}},
+	for _, rule := range []policy.Rule{
+		{Name: "hourly", Match: policy.Match{Type: "job"}, Limit: quotas.FixedWindow{Limit: 1000, Every: time.Hour}},
+		{Name: "slots", Match: policy.Match{Type: "job"}, Limit: quotas.Concurrency{Max: 5, Lease: time.Minute}},
 	} {
 		t.Run(rule.Name, func(t *testing.T) {
 			c := redistest.StartServer(t).Client(t)
@@ -1008,7 +1009,7 @@ func TestThrottleBlocksWindowsAndSlots(t *testing.T) {
 // wait runs every time.
 func TestWaitedRunsOnce(t *testing.T) {
 	c := redistest.StartServer(t).Client(t)
-	m := newMiddleware(t, c, Rule{Name: "peak", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 1000, Period: time.Second, Burst: 100})})
+	m := newMiddleware(t, c, policy.Rule{Name: "peak", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 1000, Period: time.Second, Burst: 100})})
 	var mu sync.Mutex
 	runs := map[string]int{}
 	runWorkers(t, c, m, 1, 4, "q", func(ctx context.Context, task *asynq.Task) error {
@@ -1056,9 +1057,19 @@ func TestAdmissionAgrees(t *testing.T) {
 	if a := admission.Plan(admission.Limits{}, admission.Step{Stage: admission.Rates, Decision: outcome(d), Left: admission.NoDeadline}); a.Verb != admission.Refuse || a.Rule != "r" {
 		t.Errorf("a never-passing decision plans %+v, want a refusal naming rule r", a)
 	}
-	for f, want := range map[FailureMode]admission.Mode{FailClosed: admission.FailClosed, FailOpen: admission.FailOpen, FailLocal: admission.FailLocal, "": admission.FailClosed} {
+	for f, want := range map[policy.FailureMode]admission.Mode{policy.FailClosed: admission.FailClosed, policy.FailOpen: admission.FailOpen, policy.FailLocal: admission.FailLocal, "": admission.FailClosed} {
 		if got := failMode(f); got != want {
 			t.Errorf("failMode(%q) = %v, want %v", f, got, want)
 		}
 	}
+}
+
+// bindSet is b's rules as one quotas.Set.
+func bindSet(t testing.TB, b *policy.Binding) *quotas.Set {
+	t.Helper()
+	s, err := quotas.NewSet(b.Rules()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -170,7 +171,7 @@ func fleetWorker(t *testing.T) {
 	hook := &redistest.Counter{}
 	mwClient.AddHook(hook)
 	decisions := &redistest.Counter{}
-	policy := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: env.Rate, Period: time.Second, Burst: env.Burst})})
+	policy := mustPolicy(t, policy.Rule{Name: "rate", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: env.Rate, Period: time.Second, Burst: env.Burst})})
 	m, err := New(Config{Policy: policy, Client: mwClient, Prefix: env.Prefix})
 	if err != nil {
 		t.Fatal(err)

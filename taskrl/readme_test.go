@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/taskrl/taskrl/policy"
 )
 
 // TestDocPolicies: every YAML example in README.md and docs/*.md is a
@@ -40,7 +42,7 @@ func TestDocPolicies(t *testing.T) {
 			case !strings.Contains(doc, "\nrules:") && !strings.HasPrefix(doc, "rules:"):
 				doc += "rules:\n  - {name: other, match: {queue: other}, gcra: {rate: 1, per: 1s}}\n"
 			}
-			if _, err := ParsePolicy([]byte(doc)); err != nil {
+			if _, err := policy.Parse([]byte(doc)); err != nil {
 				t.Errorf("%s, YAML example %d:\n%s\nis refused: %v", filepath.Base(f), i+1, doc, err)
 			}
 		}

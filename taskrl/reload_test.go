@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -19,8 +20,8 @@ import (
 func TestSetPolicy(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
-	window := func(n int) Rule {
-		return Rule{Name: "hourly", Match: Match{Type: "job"}, Limit: quotas.SlidingWindow{Limit: n, Every: time.Hour}}
+	window := func(n int) policy.Rule {
+		return policy.Rule{Name: "hourly", Match: policy.Match{Type: "job"}, Limit: quotas.SlidingWindow{Limit: n, Every: time.Hour}}
 	}
 	m := newMiddleware(t, c, window(3))
 	var ran atomic.Int32

@@ -14,6 +14,7 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -32,12 +33,12 @@ func TestRedisRestartMidRun(t *testing.T) {
 	// the package's other light tests.
 	t.Parallel()
 	const tasks, rate, burst = 40, 10, 1
-	for _, mode := range []FailureMode{FailClosed, FailLocal, FailOpen} {
+	for _, mode := range []policy.FailureMode{policy.FailClosed, policy.FailLocal, policy.FailOpen} {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
 			srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
 			c := srv.Client(t)
-			p, err := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: rate, Period: time.Second, Burst: burst})}).WithFailureMode(mode)
+			p, err := mustPolicy(t, policy.Rule{Name: "rate", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: rate, Period: time.Second, Burst: burst})}).WithFailureMode(mode)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -134,7 +135,7 @@ func TestRedisRestartMidRun(t *testing.T) {
 			// slots 1 s apart can land in one second: allow one extra. Fail
 			// local: around the switch back to Redis, one second may see
 			// this process's local allowance and the shared one.
-			bound := map[FailureMode]int{FailClosed: rate + burst + 1, FailLocal: 2*(rate+burst) + 1, FailOpen: tasks}[mode]
+			bound := map[policy.FailureMode]int{policy.FailClosed: rate + burst + 1, policy.FailLocal: 2*(rate+burst) + 1, policy.FailOpen: tasks}[mode]
 			if worst > bound {
 				t.Errorf("%d executions within one second; the bound in mode %s is %d", worst, mode, bound)
 			}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/taskrl/taskrl/policy"
 )
 
 // ErrNoCost is Settle's error when ctx is not the context of a task the
@@ -29,7 +31,7 @@ type settlement struct {
 }
 
 // Settle reports the actual cost of the task whose handler calls it, in
-// the units of the rules' Cost (Rule.Cost), when it differs from the cost
+// the units of the rules' Cost (policy.Rule.Cost), when it differs from the cost
 // the task was charged (estimated from its payload): say the API reported
 // what the call really cost. When the handler returns, successful or not
 // (the call was made), the middleware gives the difference back to, or
@@ -118,7 +120,7 @@ func SettleFromHeaders(ctx context.Context, headers map[string]string, get func(
 
 // newSettlement returns the settlement of the job's rate rules, or nil
 // when none has a Cost.
-func (j *job) newSettlement(b *Binding) *settlement {
+func (j *job) newSettlement(b *policy.Binding) *settlement {
 	if j.rates.Costs == nil {
 		return nil
 	}
@@ -126,7 +128,7 @@ func (j *job) newSettlement(b *Binding) *settlement {
 	some := false
 	for k, i := range j.sp.rateIdx {
 		st.actual[k] = -1
-		if r := b.rules[i]; r.Cost != "" {
+		if r := b.Rule(i); r.Cost != "" {
 			st.costs[k], st.rules[k] = j.rates.Costs[k], r.Name
 			some = true
 		}

@@ -12,18 +12,19 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
 func TestParseShadow(t *testing.T) {
-	p, err := ParsePolicy([]byte("rules:\n  - name: a\n    match: {type: job}\n    mode: shadow\n    gcra: {rate: 1, per: 1s}\n  - name: b\n    match: {type: job}\n    mode: enforce\n    gcra: {rate: 1, per: 1s}\n"))
+	p, err := policy.Parse([]byte("rules:\n  - name: a\n    match: {type: job}\n    mode: shadow\n    gcra: {rate: 1, per: 1s}\n  - name: b\n    match: {type: job}\n    mode: enforce\n    gcra: {rate: 1, per: 1s}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rs := p.Rules(); !rs[0].Shadow || rs[1].Shadow {
 		t.Fatalf("rules %+v", rs)
 	}
-	_, err = ParsePolicy([]byte("rules:\n  - name: a\n    match: {type: job}\n    mode: dry\n    gcra: {rate: 1, per: 1s}\n"))
+	_, err = policy.Parse([]byte("rules:\n  - name: a\n    match: {type: job}\n    mode: dry\n    gcra: {rate: 1, per: 1s}\n"))
 	if err == nil || !strings.Contains(err.Error(), `line 4: rule "a": mode: must be enforce or shadow, got "dry"`) {
 		t.Fatalf("got %v", err)
 	}
@@ -37,9 +38,9 @@ func TestParseShadow(t *testing.T) {
 // 12, and the shadow slots are all given back. Config.Shadow makes the
 // enforced rule a shadow one too.
 func TestShadow(t *testing.T) {
-	rate := Rule{Name: "rate", Match: Match{Type: "job"}, Shadow: true, Limit: quotas.GCRA(gcra.Limit{Rate: 3, Period: time.Hour, Burst: 3})}
-	slots := Rule{Name: "slots", Match: Match{Type: "job"}, Shadow: true, Limit: quotas.Concurrency{Max: 2, Lease: time.Minute}}
-	window := Rule{Name: "window", Match: Match{Type: "job"}, Limit: quotas.SlidingWindow{Limit: 100, Every: time.Hour}}
+	rate := policy.Rule{Name: "rate", Match: policy.Match{Type: "job"}, Shadow: true, Limit: quotas.GCRA(gcra.Limit{Rate: 3, Period: time.Hour, Burst: 3})}
+	slots := policy.Rule{Name: "slots", Match: policy.Match{Type: "job"}, Shadow: true, Limit: quotas.Concurrency{Max: 2, Lease: time.Minute}}
+	window := policy.Rule{Name: "window", Match: policy.Match{Type: "job"}, Limit: quotas.SlidingWindow{Limit: 100, Every: time.Hour}}
 	for _, all := range []bool{false, true} {
 		srv := redistest.StartServer(t)
 		c := srv.Client(t)
@@ -89,7 +90,7 @@ func TestShadow(t *testing.T) {
 		if took > 5*time.Second {
 			t.Errorf("12 tasks took %v", took)
 		}
-		st, err := m.limiter.Status(context.Background(), mustPolicy(t, rate, slots, window).Bind("job", "q").Set(), quotas.Request{Keys: []string{"", "", ""}, Holder: "status"})
+		st, err := m.limiter.Status(context.Background(), bindSet(t, mustPolicy(t, rate, slots, window).Bind("job", "q")), quotas.Request{Keys: []string{"", "", ""}, Holder: "status"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,60 +17,9 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
-
-func TestParseShed(t *testing.T) {
-	p, err := ParsePolicy([]byte("critical: [{queue: vip}]\nshed:\n  above: 0.8\n  classes: [bulk, {type: \"report:*\"}]\n" + doc("gcra: {rate: 1, per: 1s}")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, ok := p.Shed()
-	want := Shed{Signal: ShedFleetBusy, Above: 0.8, Classes: []Match{{Queue: "bulk"}, {Type: "report:*"}}, Grace: 2 * time.Second, Ramp: 5 * time.Second, Window: 10 * time.Second}
-	if !ok || fmt.Sprint(s) != fmt.Sprint(want) {
-		t.Fatalf("Shed() = %+v, %v; want %+v", s, ok, want)
-	}
-	if k := p.shedClass(p.shed, "x", "bulk"); k != 0 {
-		t.Errorf("bulk: class %d", k)
-	}
-	if k := p.shedClass(p.shed, "report:daily", "q"); k != 1 {
-		t.Errorf("report: class %d", k)
-	}
-	if k := p.shedClass(p.shed, "x", "q"); k != -1 {
-		t.Errorf("no class: %d", k)
-	}
-	if k := p.shedClass(p.shed, "x", "vip"); k != -1 {
-		t.Errorf("critical: class %d, want never deferred", k)
-	}
-	if q, err := p.WithFailureMode(FailOpen); err != nil || q.shed == nil {
-		t.Fatalf("WithFailureMode lost the shed section: %v", err)
-	}
-	if _, ok := mustPolicy(t, Rule{Name: "a", Match: Match{Type: "x"}, Limit: rate1}).Shed(); ok {
-		t.Error("a policy without a shed section has one")
-	}
-
-	for _, c := range []struct{ doc, want string }{
-		{"shed: [a]\n", `policy: line 1: shed: must be a mapping, got a list`},
-		{"shed:\n  above: 0.8\n  classes: [bulk]\n  level: 3\n", `policy: line 4: shed.level: unknown field; expected signal, above, classes, grace, ramp or window`},
-		{"shed:\n  signal: cpu\n  above: 0.8\n  classes: [bulk]\n", `policy: line 2: shed.signal: must be fleet_busy, upstream_errors or probe, got "cpu"`},
-		{"shed:\n  above: 80%\n  classes: [bulk]\n", `policy: line 2: shed.above: must be a number, got the string "80%"`},
-		{"shed:\n  above: 1\n  classes: [bulk]\n", `policy: line 2: shed.above: must be a share between 0 and 1 (exclusive), such as 0.8, got 1`},
-		{"shed:\n  above: 0.8\n", `policy: line 2: shed.classes: needs at least one class, least important first, such as - {queue: bulk}`},
-		{"shed:\n  above: 0.8\n  classes: bulk\n", `policy: line 3: shed.classes: must be a list of classes, least important first, such as [{queue: bulk}, {queue: default}], got the string "bulk"`},
-		{"shed:\n  above: 0.8\n  classes:\n    - bulk\n    - {type: \"a[\"}\n", `policy: line 5: shed.classes[2].type: bad pattern "a[": syntax error in pattern (see path.Match)`},
-		{"shed:\n  above: 0.8\n  classes: [{}]\n", `policy: line 3: shed.classes[1]: needs a task type (type: ...) or a queue (queue: ...) or both`},
-		{"shed:\n  above: 0.8\n  classes: [bulk]\n  ramp: 100ms\n", `policy: line 4: shed.ramp: must be at least 500ms, got 100ms`},
-		{"shed:\n  above: 0.8\n  classes: [bulk]\n  window: 5\n", `policy: line 4: shed.window: 5 needs a unit, e.g. 5s (Go duration syntax: ms, s, m, h)`},
-	} {
-		_, err := ParsePolicy([]byte(c.doc + doc("gcra: {rate: 1, per: 1s}")))
-		if err == nil || err.Error() != c.want {
-			t.Errorf("%q:\n got %v\nwant %s", c.doc, err, c.want)
-		}
-	}
-	if _, err := p.WithShed(Shed{Above: 0.5, Classes: []Match{{Queue: "a"}, {Type: "["}}}); err == nil || err.Error() != `policy: shed.classes[2].type: bad pattern "[": syntax error in pattern (see path.Match)` {
-		t.Errorf("WithShed with a bad class: %v", err)
-	}
-}
 
 var rate1 = quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Second, Burst: 1})
 
@@ -79,7 +28,7 @@ var rate1 = quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Second, Burst: 1})
 // threshold and 1/Ramp at a signal of 1, back down at 1/Ramp a second;
 // each class deferred with probability level−k, clipped.
 func TestShedLevel(t *testing.T) {
-	s := Shed{Above: 0.8, Classes: []Match{{Queue: "bulk"}, {Queue: "default"}}}.withDefaults() // grace 2s, ramp 5s
+	s := withDefaults(t, policy.Shed{Above: 0.8, Classes: []policy.Match{{Queue: "bulk"}, {Queue: "default"}}}) // grace 2s, ramp 5s
 	tick := 500 * time.Millisecond
 	run := func(level float64, signal float64, from, to time.Duration) float64 {
 		for at := from; at < to; at += tick {
@@ -123,8 +72,8 @@ func TestFleetBusy(t *testing.T) {
 	c := redistest.Client(t)
 	// The processes run a policy without a shed section, so that their
 	// loops publish nothing of their own while the test reads.
-	plain := mustPolicy(t, Rule{Name: "a", Match: Match{Type: "x"}, Limit: rate1})
-	p, err := plain.WithShed(Shed{Above: 0.8, Classes: []Match{{Queue: "bulk"}}})
+	plain := mustPolicy(t, policy.Rule{Name: "a", Match: policy.Match{Type: "x"}, Limit: rate1})
+	p, err := plain.WithShed(policy.Shed{Above: 0.8, Classes: []policy.Match{{Queue: "bulk"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +90,7 @@ func TestFleetBusy(t *testing.T) {
 	}
 	ms[0].shed.inflight.Store(10)
 	ms[1].shed.inflight.Store(20)
-	sh := p.shed
+	sh := shedOf(p)
 	now := time.Now()
 	ms[1].shed.read(sh, now) // publishes process 1's slots
 	for i, m := range ms {
@@ -169,11 +118,11 @@ func TestFleetBusy(t *testing.T) {
 func TestShedDefers(t *testing.T) {
 	c := redistest.Client(t)
 	bulk, critical := redistest.Queue(t, c, "bulk"), redistest.Queue(t, c, "crit")
-	p, err := mustPolicy(t, Rule{Name: "other", Match: Match{Type: "none"}, Limit: rate1}).WithCritical(Match{Queue: critical})
+	p, err := mustPolicy(t, policy.Rule{Name: "other", Match: policy.Match{Type: "none"}, Limit: rate1}).WithCritical(policy.Match{Queue: critical})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p, err = p.WithShed(Shed{Signal: ShedProbe, Above: 0.5, Classes: []Match{{Queue: bulk}, {Queue: critical}}, Grace: time.Millisecond, Ramp: time.Second}); err != nil {
+	if p, err = p.WithShed(policy.Shed{Signal: policy.ShedProbe, Above: 0.5, Classes: []policy.Match{{Queue: bulk}, {Queue: critical}}, Grace: time.Millisecond, Ramp: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	var pressure atomic.Int64 // per mille
@@ -201,7 +150,7 @@ func TestShedDefers(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := m.SetPolicy(mustPolicy(t, Rule{Name: "other", Match: Match{Type: "none"}, Limit: rate1})); err != nil {
+	if err := m.SetPolicy(mustPolicy(t, policy.Rule{Name: "other", Match: policy.Match{Type: "none"}, Limit: rate1})); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, ok := m.ShedState(); ok {
@@ -301,12 +250,12 @@ func TestShedDefers(t *testing.T) {
 // not failures, seconds before the window do not count, and fewer than 10
 // endings read as no pressure.
 func TestUpstreamErrors(t *testing.T) {
-	m, err := New(Config{Policy: mustPolicy(t, Rule{Name: "a", Match: Match{Type: "x"}, Limit: rate1}), Client: redistest.Client(t)})
+	m, err := New(Config{Policy: mustPolicy(t, policy.Rule{Name: "a", Match: policy.Match{Type: "x"}, Limit: rate1}), Client: redistest.Client(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	sh := Shed{Signal: ShedUpstreamErrors, Above: 0.2, Classes: []Match{{Queue: "bulk"}}, Window: 10 * time.Second}.withDefaults()
+	sh := withDefaults(t, policy.Shed{Signal: policy.ShedUpstreamErrors, Above: 0.2, Classes: []policy.Match{{Queue: "bulk"}}, Window: 10 * time.Second})
 	s := m.shed
 	t0 := time.Unix(1_800_000_000, 0)
 	read := func(at time.Time) float64 {
@@ -353,10 +302,21 @@ func TestUpstreamErrors(t *testing.T) {
 	// At 0.3 against 0.2 the level rises after the grace.
 	at := end
 	for i := 0; i < 20; i++ {
-		at = at.Add(shedTick)
+		at = at.Add(policy.ShedTick)
 		s.tick(&sh, read(end), at)
 	}
 	if _, level := s.state(); level <= 0 {
 		t.Errorf("level %v after 10s at 0.3 > 0.2", level)
 	}
+}
+
+// withDefaults returns s with its defaults, as a policy keeps it.
+func withDefaults(t testing.TB, s policy.Shed) policy.Shed {
+	t.Helper()
+	p, err := mustPolicy(t, policy.Rule{Name: "a", Match: policy.Match{Type: "x"}, Limit: rate1}).WithShed(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ = p.Shed()
+	return s
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -14,7 +15,7 @@ import (
 // under a backlog admits exactly 11 a second, never 12, and one without
 // admits 10.
 func TestSoft(t *testing.T) {
-	p, err := ParsePolicy([]byte(`
+	p, err := policy.Parse([]byte(`
 rules:
   - name: rate
     match: {type: "job"}
@@ -49,12 +50,12 @@ overrides:
 		quotas.SlidingWindow{Limit: 7, Every: time.Second}, // 7.7, whole units
 		quotas.GCRA(gcra.Limit{Rate: 3, Period: time.Second, Burst: 1}),
 	}
-	for i, r := range b.Set().Rules() {
+	for i, r := range b.Rules() {
 		if g, w := r.Limit.String(), want[i].String(); g != w {
 			t.Errorf("rule %s enforces %s, want %s", r.Name, g, w)
 		}
 	}
-	over := b.forKeys([]string{"", "", "", "big"}).Set().Rules()[3].Limit
+	over := b.ForKeys([]string{"", "", "", "big"}).Rules()[3].Limit
 	if g, w := over.String(), quotas.GCRA(gcra.Limit{Rate: 6, Period: time.Second, Burst: 1}).String(); g != w {
 		t.Errorf("the override of key big enforces %s, want %s", g, w)
 	}
@@ -63,8 +64,8 @@ overrides:
 		soft float64
 		want int
 	}{{0.1, 11}, {0, 10}} {
-		p := mustPolicy(t, Rule{Name: "rate", Match: Match{Type: "job"}, Soft: tc.soft, Limit: quotas.GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 1})})
-		set := p.Bind("job", "q").Set()
+		p := mustPolicy(t, policy.Rule{Name: "rate", Match: policy.Match{Type: "job"}, Soft: tc.soft, Limit: quotas.GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 1})})
+		set := bindSet(t, p.Bind("job", "q"))
 		m := quotas.NewModel()
 		start := time.Unix(1700000000, 0)
 		per := map[int]int{}

@@ -8,6 +8,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 )
 
 // BenchmarkHandlerNewGoroutine runs each task through the middleware on a
@@ -17,7 +18,7 @@ import (
 // goroutine. "other" matches no rule; "http:call" a prefetching GCRA rule
 // that never binds. The handler decodes the payload as JSON.
 func BenchmarkHandlerNewGoroutine(b *testing.B) {
-	p, err := ParsePolicy([]byte(`rules:
+	p, err := policy.Parse([]byte(`rules:
   - name: peak
     match: {type: "http:call"}
     prefetch: 9ms

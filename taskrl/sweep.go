@@ -11,6 +11,7 @@ import (
 
 	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -236,7 +237,7 @@ func (s *sweeper) sweep(queue string) error {
 
 // backlogOf returns the backlog signature, and the deadline, of a pending
 // task's message; ok is false for a task the sweep leaves in place.
-func (s *sweeper) backlogOf(p *Policy, queue, msg string) (sig string, deadline int64, ok bool) {
+func (s *sweeper) backlogOf(p *policy.Policy, queue, msg string) (sig string, deadline int64, ok bool) {
 	t, err := asynqstore.Decode([]byte(msg))
 	if err != nil {
 		return "", 0, false
@@ -255,7 +256,7 @@ func (s *sweeper) backlogOf(p *Policy, queue, msg string) (sig string, deadline 
 	if err != nil {
 		return "", 0, false
 	}
-	sp, err := s.m.split(b.forKeys(rq.Keys))
+	sp, err := s.m.split(b.ForKeys(rq.Keys))
 	if err != nil || sp.spacing == 0 {
 		return "", 0, false
 	}

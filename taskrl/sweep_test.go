@@ -16,6 +16,7 @@ import (
 	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -43,8 +44,8 @@ func TestSweep(t *testing.T) {
 func testSweep(t *testing.T, c redis.UniversalClient, q string) {
 	prefix := redistest.Prefix(t)
 	p := mustPolicy(t,
-		Rule{Name: "global", Match: Match{Type: "call"}, Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 1})},
-		Rule{Name: "business", Match: Match{Type: "call"}, Key: "{{.b}}", Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})})
+		policy.Rule{Name: "global", Match: policy.Match{Type: "call"}, Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 1})},
+		policy.Rule{Name: "business", Match: policy.Match{Type: "call"}, Key: "{{.b}}", Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})})
 	m, err := New(Config{Policy: p, Client: c, Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +91,7 @@ func testSweep(t *testing.T, c redis.UniversalClient, q string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp, err := m.split(b.forKeys(rq.Keys))
+	sp, err := m.split(b.ForKeys(rq.Keys))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,8 +194,8 @@ func TestSweepEndToEnd(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
 	p := mustPolicy(t,
-		Rule{Name: "global", Match: Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 40, Period: time.Second, Burst: 1})},
-		Rule{Name: "business", Match: Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})})
+		policy.Rule{Name: "global", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 40, Period: time.Second, Burst: 1})},
+		policy.Rule{Name: "business", Match: policy.Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})})
 	m, err := New(Config{Policy: p, Client: c})
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +275,7 @@ func TestSweepEndToEnd(t *testing.T) {
 func TestSweepLargePayloads(t *testing.T) {
 	c := redistest.Client(t)
 	q := redistest.Queue(t, c, "large")
-	p := mustPolicy(t, Rule{Name: "business", Match: Match{Type: "call"}, Key: "{{.b}}", Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})})
+	p := mustPolicy(t, policy.Rule{Name: "business", Match: policy.Match{Type: "call"}, Key: "{{.b}}", Limit: quotas.GCRA(gcra.Limit{Rate: 2, Period: time.Second, Burst: 1})})
 	m, err := New(Config{Policy: p, Client: c, Prefix: redistest.Prefix(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -292,7 +293,7 @@ func TestSweepLargePayloads(t *testing.T) {
 	}
 	b := p.Bind("call", q)
 	rq, _ := b.Request(payload)
-	sp, err := m.split(b.forKeys(rq.Keys))
+	sp, err := m.split(b.ForKeys(rq.Keys))
 	if err != nil {
 		t.Fatal(err)
 	}

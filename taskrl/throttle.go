@@ -16,7 +16,7 @@ import (
 // and asked to be called again after RetryAfter. A handler returns one with
 // Throttled; the middleware then blocks the task's rules in the policy's
 // throttle scope (by default its adaptive rules, whose learned rate it
-// cuts, else its rate and window rules; see Policy.WithThrottle) for every
+// cuts, else its rate and window rules; see policy.Policy.WithThrottle) for every
 // worker until then and reschedules the task, without spending a retry.
 type ThrottledError struct {
 	// RetryAfter is the wait the remote side asked for; 0 means 1s.
@@ -46,7 +46,7 @@ func (e *ThrottledError) Unwrap() error { return e.Err }
 type jobKey struct{}
 
 // Pause holds back, on every worker, the rules of the task whose context
-// is ctx (those in the policy's throttle scope, see Policy.WithThrottle)
+// is ctx (those in the policy's throttle scope, see policy.Policy.WithThrottle)
 // for d from now, as a Throttled answer would, but without rescheduling
 // the task: for a call that succeeded while the remote side said its quota
 // is spent until then (RateLimit-Remaining: 0 with a reset), so that the

@@ -102,7 +102,7 @@ import (
 	"github.com/taskrl/taskrl/cmd/internal/simulate"
 	"github.com/taskrl/taskrl/cmd/internal/version"
 	"github.com/taskrl/taskrl/internal/keys"
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
 // defaultRedis is --redis when neither the flag nor REDIS_URL is set.
@@ -614,7 +614,7 @@ func schedule(ctx context.Context, o *options, env stdio) error {
 
 // dryRun prints the campaign's estimate under --policy.
 func dryRun(o *options, env stdio) error {
-	p, err := taskrl.LoadPolicyFile(o.policy)
+	p, err := policy.LoadFile(o.policy)
 	if err != nil {
 		return usageError{err.Error()}
 	}
@@ -640,7 +640,7 @@ func dryRun(o *options, env stdio) error {
 
 // simulateRun runs --simulate and prints its table.
 func simulateRun(o *options, env stdio) error {
-	p, err := taskrl.LoadPolicyFile(o.policy)
+	p, err := policy.LoadFile(o.policy)
 	if err != nil {
 		return usageError{err.Error()}
 	}

@@ -7,12 +7,12 @@ import (
 	"github.com/taskrl/taskrl/cmd/internal/httpcall"
 	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/internal/yamldoc"
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
 // httpConf is the worker's own section of its policy file, http: the
 // settings of its http:call handler, which the library does not read
-// (taskrl.ParsePolicy accepts the section and skips it):
+// (policy.Parse accepts the section and skips it):
 //
 //	http:
 //	  allow_hosts: [api.example.com, "*.example.net:443"]
@@ -46,14 +46,14 @@ type settleDoc struct {
 // library refused the file: then the section is checked but for its
 // rules, and a document the library could not read is left to its error,
 // so that every problem of the file is reported at once. Every problem is
-// reported as a *taskrl.PolicyError, several joined, as the library
+// reported as a *policy.Error, several joined, as the library
 // reports the rest of the file's, e.g.
 //
 //	policy worker.yaml: line 3: http.allow_hosts[2]: "https://x.example.com" is a URL; give the host alone, ...
-func parseHTTPConf(path string, data []byte, p *taskrl.Policy) (httpConf, error) {
+func parseHTTPConf(path string, data []byte, p *policy.Policy) (httpConf, error) {
 	var errs []error
 	add := func(fe *yamldoc.Problem) {
-		errs = append(errs, &taskrl.PolicyError{File: path, Line: fe.Line, Field: fe.Field, Msg: fe.Msg})
+		errs = append(errs, &policy.Error{File: path, Line: fe.Line, Field: fe.Field, Msg: fe.Msg})
 	}
 	var b yamldoc.Block[httpDoc]
 	if fe := yamldoc.DecodeSection(data, "http", &b); fe != nil {

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
 // TestHTTPConf: the policy file's http section is read by the worker, its
@@ -17,7 +17,7 @@ import (
 func TestHTTPConf(t *testing.T) {
 	const costly = goodPolicy + "    cost: \"{{.units}}\"\n" +
 		"  - name: flat\n    match: {queue: q}\n    gcra: {rate: 1, per: 1s}\n"
-	p, err := taskrl.ParsePolicy([]byte(costly))
+	p, err := policy.Parse([]byte(costly))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestHTTPConf(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseHTTPConf("f.yaml", []byte(tc.http+costly), p)
-			var pe *taskrl.PolicyError
+			var pe *policy.Error
 			if err == nil || !strings.HasPrefix(err.Error(), tc.want) || !errors.As(err, &pe) {
 				t.Errorf("got  %v\nwant %s", err, tc.want)
 			}
@@ -86,7 +86,7 @@ func TestDocHTTPConf(t *testing.T) {
 			continue
 		}
 		n++
-		p, err := taskrl.ParsePolicy(doc)
+		p, err := policy.Parse(doc)
 		if err != nil {
 			t.Fatalf("docs/policy.md example:\n%s\nrefused: %v", doc, err)
 		}

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/cmd/internal/overrides"
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
 const limitsUsage = `Usage: worker limits list [flags]
@@ -83,17 +83,17 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 	if len(pos)-1 != n {
 		return usage("%s takes %d arguments, got %d", pos[0], n, len(pos)-1)
 	}
-	var policy *taskrl.Policy
+	var pol *policy.Policy
 	if *policyPath != "" {
 		var err error
-		if policy, err = taskrl.LoadPolicyFile(*policyPath); err != nil {
+		if pol, err = policy.LoadFile(*policyPath); err != nil {
 			fmt.Fprintf(stderr, "worker limits: %v\n", err)
 			return exitUsage
 		}
 	}
 	if pos[0] == "set" {
 		// The limit is checked before anything connects.
-		if _, err := taskrl.ParseLimit([]byte(pos[3])); err != nil {
+		if _, err := policy.ParseLimit([]byte(pos[3])); err != nil {
 			return usage("LIMIT %q: %v", pos[3], strings.TrimPrefix(err.Error(), "policy: "))
 		}
 	}
@@ -112,8 +112,8 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	switch pos[0] {
 	case "set":
-		if err := store.Set(ctx, pos[1], pos[2], pos[3], policy); err != nil {
-			var pe *taskrl.PolicyError
+		if err := store.Set(ctx, pos[1], pos[2], pos[3], pol); err != nil {
+			var pe *policy.Error
 			if errors.As(err, &pe) {
 				fmt.Fprintf(stderr, "worker limits: %v\n", err)
 				return exitUsage

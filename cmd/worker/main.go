@@ -36,7 +36,7 @@ import (
 	"github.com/taskrl/taskrl/cmd/internal/version"
 	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/internal/keys"
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
 // Exit statuses.
@@ -241,8 +241,8 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// Read before it is loaded: a change in between is seen as one by the
 	// reloader, never missed.
 	cfg.policyData, _ = os.ReadFile(cfg.policyPath)
-	policy, err := taskrl.LoadPolicyFile(cfg.policyPath)
-	hc, herr := parseHTTPConf(cfg.policyPath, cfg.policyData, policy)
+	pol, err := policy.LoadFile(cfg.policyPath)
+	hc, herr := parseHTTPConf(cfg.policyPath, cfg.policyData, pol)
 	if err = errors.Join(err, herr); err != nil {
 		if cfg.check {
 			fmt.Fprintf(stderr, "%v\n", err)
@@ -251,25 +251,25 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "worker: refusing to start: the policy file cannot be used; nothing was started.\n%v\n", err)
 		return exitUsage
 	}
-	if sh, ok := policy.Shed(); ok && sh.Signal == taskrl.ShedProbe {
+	if sh, ok := pol.Shed(); ok && sh.Signal == policy.ShedProbe {
 		fmt.Fprintf(stderr, "worker: policy %s: shed.signal: probe is a Config.ShedProbe of a program using the library; the worker has none: use fleet_busy or upstream_errors\n", cfg.policyPath)
 		return exitUsage
 	}
 	if cfg.check {
-		names := make([]string, 0, len(policy.Rules()))
-		for _, r := range policy.Rules() {
+		names := make([]string, 0, len(pol.Rules()))
+		for _, r := range pol.Rules() {
 			names = append(names, r.Name)
 		}
 		hosts := ""
 		if hc.allowHosts != nil {
 			hosts = ", http.allow_hosts: " + strings.Join(hc.allowHosts, ", ")
 		}
-		fmt.Fprintf(stdout, "policy %s: ok, %d rules (%s), redis_unavailable: %s%s\n", cfg.policyPath, len(names), strings.Join(names, ", "), policy.FailureMode(), hosts)
+		fmt.Fprintf(stdout, "policy %s: ok, %d rules (%s), redis_unavailable: %s%s\n", cfg.policyPath, len(names), strings.Join(names, ", "), pol.FailureMode(), hosts)
 		return exitOK
 	}
 	logger := newLogger(stderr, cfg.logFormat, cfg.logLevel)
 	redis.SetLogger(redisLogger{logger.With("component", "go-redis")})
-	if err := run(ctx, cfg, policy, hc, logger); err != nil {
+	if err := run(ctx, cfg, pol, hc, logger); err != nil {
 		logger.Error("worker failed", "err", err)
 		fmt.Fprintf(stderr, "worker: %v\n", err)
 		return exitRuntime
@@ -555,7 +555,7 @@ func (c *config) queueList() string {
 
 // unservedQueues returns the queues the policy's rules match that this
 // worker does not serve.
-func unservedQueues(p *taskrl.Policy, queues map[string]int) []string {
+func unservedQueues(p *policy.Policy, queues map[string]int) []string {
 	var out []string
 	for _, r := range p.Rules() {
 		if q := r.Match.Queue; q != "" && queues[q] == 0 && !slices.Contains(out, q) {

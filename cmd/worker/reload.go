@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/cmd/internal/overrides"
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
 // policyCheckInterval is how often the worker reads its policy file to see
@@ -28,13 +28,13 @@ const policyCheckInterval = time.Second
 // has another kind of limit) is skipped with a warning.
 type reloader struct {
 	path   string
-	apply  func(*taskrl.Policy, httpConf) error // the middleware's SetPolicy, and the http section's
+	apply  func(*policy.Policy, httpConf) error // the middleware's SetPolicy, and the http section's
 	logger *slog.Logger
 	result func(ok bool)              // counts a reload of the file; may be nil
 	store  *overrides.Store           // the live overrides; nil: none
 	counts func(applied, skipped int) // reports the live overrides; may be nil
 
-	base    *taskrl.Policy    // the policy file's policy in force
+	base    *policy.Policy    // the policy file's policy in force
 	conf    httpConf          // the policy file's http section in force
 	seen    []byte            // the content last loaded or refused
 	live    []overrides.Entry // the live overrides as last read
@@ -90,7 +90,7 @@ func (r *reloader) install() error {
 	for _, e := range r.live {
 		err := e.Err
 		if err == nil {
-			var q *taskrl.Policy
+			var q *policy.Policy
 			if q, err = p.WithOverrides(e.Override()); err == nil {
 				p = q
 			}
@@ -125,7 +125,7 @@ func (r *reloader) check(forced bool) bool {
 		return false
 	}
 	r.seen = data
-	p, err := taskrl.ParsePolicy(data)
+	p, err := policy.Parse(data)
 	hc, herr := parseHTTPConf("", data, p)
 	if err = errors.Join(err, herr); err != nil {
 		lines := strings.Split(err.Error(), "\n")
@@ -159,8 +159,8 @@ func (r *reloader) count(ok bool) {
 
 // diffRules names the rules of b that a lacks, of a that b lacks, and of
 // both whose definition differs.
-func diffRules(a, b *taskrl.Policy) (added, removed, changed []string) {
-	old := map[string]taskrl.Rule{}
+func diffRules(a, b *policy.Policy) (added, removed, changed []string) {
+	old := map[string]policy.Rule{}
 	for _, r := range a.Rules() {
 		old[r.Name] = r
 	}
@@ -183,6 +183,6 @@ func diffRules(a, b *taskrl.Policy) (added, removed, changed []string) {
 
 // sameRule reports whether a and b define the same rule (limits compared
 // by their printed fields: a calendar window's zone is a pointer).
-func sameRule(a, b taskrl.Rule) bool {
+func sameRule(a, b policy.Rule) bool {
 	return fmt.Sprintf("%+v", a) == fmt.Sprintf("%+v", b)
 }

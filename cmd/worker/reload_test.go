@@ -13,8 +13,8 @@ import (
 	"github.com/taskrl/taskrl/cmd/internal/overrides"
 	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
-	"github.com/taskrl/taskrl/taskrl"
 )
 
 // TestReloader: the file is reloaded when its content changes and on a
@@ -23,17 +23,17 @@ import (
 // and field once per content, and counts a refusal.
 func TestReloader(t *testing.T) {
 	path := writePolicy(t, goodPolicy)
-	first, err := taskrl.LoadPolicyFile(path)
+	first, err := policy.LoadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var logs logBuffer
-	var applied []*taskrl.Policy
+	var applied []*policy.Policy
 	var ok, refused int
 	data, _ := os.ReadFile(path)
 	r := &reloader{
 		path:   path,
-		apply:  func(p *taskrl.Policy, _ httpConf) error { applied = append(applied, p); return nil },
+		apply:  func(p *policy.Policy, _ httpConf) error { applied = append(applied, p); return nil },
 		logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		result: func(good bool) {
 			if good {
@@ -109,7 +109,7 @@ func TestReloader(t *testing.T) {
 // TestReloadEgress: a reloaded policy file's http.allow_hosts takes effect
 // at once unless --allow-hosts was given; its settle headers too.
 func TestReloadEgress(t *testing.T) {
-	p, err := taskrl.ParsePolicy([]byte(goodPolicy))
+	p, err := policy.Parse([]byte(goodPolicy))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestReloadEgress(t *testing.T) {
 	}
 	logs := &logBuffer{}
 	logger := newLogger(logs, "text", slog.LevelInfo)
-	set := func(*taskrl.Policy) error { return nil }
+	set := func(*policy.Policy) error { return nil }
 	u, _ := url.Parse("https://api.example.com/")
 
 	cfg := &config{}
@@ -153,7 +153,7 @@ func TestReloadEgress(t *testing.T) {
 	if *settle.Load() != nil {
 		t.Fatalf("settle headers %v, want none", *settle.Load())
 	}
-	costly, err := taskrl.ParsePolicy([]byte(goodPolicy + "    cost: \"{{.units}}\"\n"))
+	costly, err := policy.Parse([]byte(goodPolicy + "    cost: \"{{.units}}\"\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,14 +215,14 @@ func TestReloaderLive(t *testing.T) {
 	ctx := context.Background()
 	keyed := goodPolicy + "  - name: per-business\n    match: {type: \"http:call\"}\n    key: \"{{.business_id}}\"\n    gcra: {rate: 1, per: 1s}\n"
 	path := writePolicy(t, keyed)
-	base, err := taskrl.LoadPolicyFile(path)
+	base, err := policy.LoadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	store := overrides.New(redistest.Client(t), redistest.Prefix(t))
 	var logs logBuffer
-	var applied *taskrl.Policy
-	r := &reloader{path: path, apply: func(p *taskrl.Policy, _ httpConf) error { applied = p; return nil },
+	var applied *policy.Policy
+	r := &reloader{path: path, apply: func(p *policy.Policy, _ httpConf) error { applied = p; return nil },
 		logger: slog.New(slog.NewTextHandler(&logs, nil)), store: store, base: base, version: -1}
 	for _, o := range [][3]string{{"per-business", "b7", "gcra: {rate: 5, per: 1s}"}, {"peak", "b7", "gcra: {rate: 5, per: 1s}"}} {
 		if err := store.Set(ctx, o[0], o[1], o[2], nil); err != nil {
@@ -261,7 +261,7 @@ func TestExamplePolicy(t *testing.T) {
 	if code := cli(context.Background(), []string{"--check", "--policy", "../../examples/policy.yaml"}, noEnv, &stdout, &stderr); code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
-	p, err := taskrl.LoadPolicyFile("../../examples/policy.yaml")
+	p, err := policy.LoadFile("../../examples/policy.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

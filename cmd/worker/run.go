@@ -23,6 +23,7 @@ import (
 	"github.com/taskrl/taskrl/cmd/internal/metrics"
 	"github.com/taskrl/taskrl/cmd/internal/overrides"
 	"github.com/taskrl/taskrl/internal/egress"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -35,7 +36,7 @@ const pingTimeout = 5 * time.Second
 // middleware, the metrics server and the Redis client are closed. It returns
 // an error when starting fails or the metrics server dies. hc is the
 // policy file's http section.
-func run(ctx context.Context, cfg *config, policy *taskrl.Policy, hc httpConf, logger *slog.Logger) error {
+func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, logger *slog.Logger) error {
 	client := cfg.redis.Client(cfg.pool)
 	defer client.Close()
 	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
@@ -201,8 +202,8 @@ func (cfg *config) egressPolicy(hc httpConf) *egress.Policy {
 // then the policy file's http section: its settle headers into settle,
 // its allow_hosts into guard when they changed (--allow-hosts, when given,
 // stays).
-func (cfg *config) applyHTTP(guard *egress.Guard, settle *atomic.Pointer[map[string]string], logger *slog.Logger, set func(*taskrl.Policy) error) func(*taskrl.Policy, httpConf) error {
-	return func(p *taskrl.Policy, hc httpConf) error {
+func (cfg *config) applyHTTP(guard *egress.Guard, settle *atomic.Pointer[map[string]string], logger *slog.Logger, set func(*policy.Policy) error) func(*policy.Policy, httpConf) error {
+	return func(p *policy.Policy, hc httpConf) error {
 		if err := set(p); err != nil {
 			return err
 		}

@@ -19,7 +19,7 @@ import (
 
 	"github.com/taskrl/taskrl/cmd/internal/overrides"
 	"github.com/taskrl/taskrl/cmd/internal/status"
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
 const statusUsage = `Usage: worker status --policy FILE [--key K] [--json] [flags]
@@ -101,12 +101,12 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 	if *limit < 1 {
 		return usage("--limit must be at least 1, got %d", *limit)
 	}
-	policy, err := taskrl.LoadPolicyFile(*policyPath)
+	pol, err := policy.LoadFile(*policyPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "worker status: %v\n", err)
 		return exitUsage
 	}
-	if *rule != "" && !slices.ContainsFunc(policy.Rules(), func(r taskrl.Rule) bool { return r.Name == *rule }) {
+	if *rule != "" && !slices.ContainsFunc(pol.Rules(), func(r policy.Rule) bool { return r.Name == *rule }) {
 		return usage("--rule: the policy has no rule %q", *rule)
 	}
 	target, err := rf.target(fs)
@@ -121,8 +121,8 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 	if live, err := overrides.New(client, *prefix).List(ctx); err == nil {
 		for _, e := range live {
 			if e.Err == nil {
-				if q, err := policy.WithOverrides(e.Override()); err == nil {
-					policy = q
+				if q, err := pol.WithOverrides(e.Override()); err == nil {
+					pol = q
 				}
 			}
 		}
@@ -146,7 +146,7 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 		return exitOK
 	}
 	if *waitingOnly {
-		ws, err := status.Waiting(ctx, client, policy, queues, *rule, *key, *limit)
+		ws, err := status.Waiting(ctx, client, pol, queues, *rule, *key, *limit)
 		if err != nil {
 			fmt.Fprintf(stderr, "worker status: %v\n", err)
 			return exitRuntime
@@ -156,7 +156,7 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 			return status.WaitingText(ws, now), err
 		})
 	}
-	rep, err := status.Collect(ctx, client, *prefix, policy, *key)
+	rep, err := status.Collect(ctx, client, *prefix, pol, *key)
 	if err != nil {
 		fmt.Fprintf(stderr, "worker status: %v\n", err)
 		return exitRuntime
@@ -172,7 +172,7 @@ var statusPage []byte
 type limitsHandler struct {
 	client redis.UniversalClient
 	prefix string
-	policy func() *taskrl.Policy
+	policy func() *policy.Policy
 
 	mu   sync.Mutex
 	at   time.Time

@@ -55,6 +55,7 @@ import (
 
 	"github.com/taskrl/taskrl/examples/internal/examplekit"
 	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -155,7 +156,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (*result, error) {
     match: {queue: %s}
     gcra: {rate: %d, per: 1s, burst: 5}
 `, bulk, rate)
-	policy, err := taskrl.ParsePolicy([]byte(policyYAML))
+	policy, err := policy.Parse([]byte(policyYAML))
 	if err != nil {
 		return nil, err
 	}

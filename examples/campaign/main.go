@@ -57,6 +57,7 @@ import (
 
 	"github.com/taskrl/taskrl/examples/internal/examplekit"
 	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -158,7 +159,7 @@ func run(ctx context.Context, cfg config, out io.Writer) ([]tickReport, error) {
 	}
 	queue := env.NS
 	defer env.Close(ctx, out, queue)
-	policy, err := taskrl.ParsePolicy([]byte(policyYAML))
+	policy, err := policy.Parse([]byte(policyYAML))
 	if err != nil {
 		return nil, err
 	}

@@ -25,7 +25,7 @@
 // failed and the vendor never answered 429.
 //
 // The wiring to copy into a worker of your own is all in this file: the
-// policy parsed with taskrl.ParsePolicy, the worker loop in run
+// policy parsed with policy.Parse, the worker loop in run
 // (taskrl.New, mw.ServerConfig, mux.Use(mw.Handler)) and
 // vendorHandler. The package examples/internal/examplekit only supplies the
 // demonstration's scaffolding: the Redis, the vendor's stand-in, stopping
@@ -59,6 +59,7 @@ import (
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 	"github.com/taskrl/taskrl/internal/testkit/ideal"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -267,7 +268,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if cfg.Policy == "" {
 		cfg.Policy = policyYAML
 	}
-	policy, err := taskrl.ParsePolicy([]byte(cfg.Policy))
+	policy, err := policy.Parse([]byte(cfg.Policy))
 	if err != nil {
 		return err
 	}

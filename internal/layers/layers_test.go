@@ -22,6 +22,7 @@ var above = []struct {
 	{"internal/", "", []string{"gcra", "quotas", "taskrl", "cmd/", "examples/"}},
 	{"limits", "", []string{"gcra", "quotas", "taskrl", "cmd/", "examples/"}},
 	{"gcra", "", []string{"quotas", "taskrl", "cmd/", "examples/"}},
+	{"policy", "", []string{"gcra", "quotas", "taskrl", "cmd/", "examples/"}},
 	{"quotas", "", []string{"taskrl", "cmd/", "examples/"}},
 	{"taskrl", "", []string{"cmd/", "examples/"}},
 }
@@ -52,8 +53,8 @@ func TestImportsRunOneWay(t *testing.T) {
 }
 
 // pure lists the packages that must not depend on Redis or asynq, even
-// through another package: the rule vocabulary.
-var pure = []string{"limits"}
+// through another package: the rule vocabulary and the policy language.
+var pure = []string{"limits", "policy"}
 
 // TestPureLanguage fails when a package of pure depends, directly or not,
 // on go-redis or asynq.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/taskrl/taskrl/cmd/internal/simulate"
 	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
 // adaptivePolicy knows nothing of the API's limit but its bounds.
@@ -120,7 +120,7 @@ func TestAdaptiveCeiling(t *testing.T) {
 
 func runAdaptive(t *testing.T, workers int, maxRate float64, limits []float64, phase time.Duration, bar, maxShare float64) {
 	const settle = 10 * time.Second
-	policy := strings.Replace(adaptivePolicy, "MAX", fmt.Sprint(maxRate), 1)
+	yaml := strings.Replace(adaptivePolicy, "MAX", fmt.Sprint(maxRate), 1)
 	// The feeder keeps this many tasks enqueued and not yet answered 2xx
 	// (the simulation's Backlog): 1.5 s of the highest limit, at least 60.
 	backlog := 60
@@ -128,7 +128,7 @@ func runAdaptive(t *testing.T, workers int, maxRate float64, limits []float64, p
 		backlog = max(backlog, int(1.5*l))
 	}
 	strict := func(rate float64) fakeapi.Limit { return fakeapi.Limit{Rate: rate, Period: time.Second, Burst: 1} }
-	r := start(t, fakeapi.Limits{Global: strict(limits[0])}, policy, workers)
+	r := start(t, fakeapi.Limits{Global: strict(limits[0])}, yaml, workers)
 	enqueued, stopFeed := r.feed(backlog)
 	begin := time.Now()
 	for i, l := range limits[1:] {
@@ -201,7 +201,7 @@ func runAdaptive(t *testing.T, workers int, maxRate float64, limits []float64, p
 	}
 
 	// The simulator on the same spec.
-	p, err := taskrl.ParsePolicy([]byte(policy))
+	p, err := policy.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,8 +36,8 @@ var (
 	perBusiness = gcra.Limit{Rate: 1.8, Period: time.Second, Burst: 1}
 )
 
-// policy sits just under the API's published limits below.
-const policy = `
+// vendorPolicy sits just under the API's published limits below.
+const vendorPolicy = `
 rules:
   - name: vendor-peak
     match: {type: "http:call"}
@@ -370,7 +370,7 @@ func TestBinaries(t *testing.T) {
 	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	const tasks, businesses = 400, 20
 	r := start(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness,
-		Quota: fakeapi.Quota{Limit: 150, Every: 10 * time.Second}}, policy, 3)
+		Quota: fakeapi.Quota{Limit: 150, Every: 10 * time.Second}}, vendorPolicy, 3)
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(tasks, 2*time.Minute)
@@ -420,7 +420,7 @@ rules:
     gcra: {rate: 1.8, per: 1s, burst: 1}
 `
 
-// The limits of noisyPolicy and policy, for package ideal.
+// The limits of noisyPolicy and vendorPolicy, for package ideal.
 var (
 	noisyRules  = []ideal.Rule{{GCRA: ideal.Limit(peak)}, {GCRA: ideal.Limit(perBusiness), Keyed: true}}
 	policyRules = []ideal.Rule{{GCRA: ideal.Limit(peak)}, {Limit: 140, Every: 10 * time.Second}, {GCRA: ideal.Limit(perBusiness), Keyed: true}}
@@ -764,7 +764,7 @@ func TestBinariesOnSentinel(t *testing.T) {
 // limits allow.
 func onTopology(t *testing.T, topo topology, started string, within float64) {
 	const n, businesses = 60, 6
-	r := startOn(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness, Quota: fakeapi.Quota{Limit: 150, Every: 10 * time.Second}}, policy, 3, topo)
+	r := startOn(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness, Quota: fakeapi.Quota{Limit: 150, Every: 10 * time.Second}}, vendorPolicy, 3, topo)
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(n), "--businesses", fmt.Sprint(businesses))
 	st := r.waitKeys(n, 3*time.Minute)

@@ -37,8 +37,8 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/internal/admission"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
-	"github.com/taskrl/taskrl/taskrl"
 )
 
 // DefaultTaskDuration is Options.TaskDuration when it is zero.
@@ -57,7 +57,7 @@ type Options struct {
 
 // Campaign is what to simulate: N tasks of one type on one queue.
 type Campaign struct {
-	// Type and Queue bind the policy's rules (taskrl.Policy.Bind).
+	// Type and Queue bind the policy's rules (policy.Policy.Bind).
 	Type, Queue string
 	// N is the number of tasks.
 	N int
@@ -118,7 +118,7 @@ type RuleReport struct {
 // longest; each rule is simulated alone for that, besides all together.
 // It fails on an invalid campaign or option; a task whose keys cannot be
 // rendered is counted as refused, not an error.
-func Run(p *taskrl.Policy, c Campaign, opt Options) (*Report, error) {
+func Run(p *policy.Policy, c Campaign, opt Options) (*Report, error) {
 	if c.N < 0 {
 		return nil, fmt.Errorf("estimate: %d tasks", c.N)
 	}
@@ -147,12 +147,12 @@ func Run(p *taskrl.Policy, c Campaign, opt Options) (*Report, error) {
 	for _, r := range p.Rules() {
 		templates[r.Name] = r.Key
 	}
-	rules := b.Set().Rules()
+	rules := b.Rules()
 	for _, r := range rules {
 		rep.Rules = append(rep.Rules, RuleReport{Name: r.Name, Limit: r.Limit.String(), Key: templates[r.Name]})
 	}
 
-	// Render every task's keys (and costs, taskrl.Rule.Cost) once; nil
+	// Render every task's keys (and costs, policy.Rule.Cost) once; nil
 	// keys mark a refused task: a key field or a cost missing, or a cost
 	// above what a rule admits at once.
 	keys := make([][]string, c.N)

@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
-func policy(t *testing.T, yaml string) *taskrl.Policy {
+func parse(t *testing.T, yaml string) *policy.Policy {
 	t.Helper()
-	p, err := taskrl.ParsePolicy([]byte(yaml))
+	p, err := policy.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func roundRobin(k int) func(int) []byte {
 // epoch10 is a start on a 10-second (and 1-minute) boundary.
 var epoch10 = time.Date(2026, 5, 4, 9, 0, 0, 0, time.UTC)
 
-func run(t *testing.T, p *taskrl.Policy, n int, payload func(int) []byte, opt Options) *Report {
+func run(t *testing.T, p *policy.Policy, n int, payload func(int) []byte, opt Options) *Report {
 	t.Helper()
 	if opt.Start.IsZero() {
 		opt.Start = epoch10
@@ -53,7 +53,7 @@ func check(t *testing.T, r *Report, want time.Duration, binding string) {
 
 func TestGCRA(t *testing.T) {
 	// 10 at once, then one every 10ms: task 999 starts at 990 × 10ms.
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: vendor-peak
     match: {type: "http:call"}
@@ -72,7 +72,7 @@ rules:
 func TestPerBusiness(t *testing.T) {
 	// 20 businesses × 20 tasks at 1/s per business: each business's last
 	// task starts after 19 s, whatever the order.
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: per-business
     match: {type: "http:call"}
@@ -90,7 +90,7 @@ rules:
 }
 
 func TestFixedWindow(t *testing.T) {
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: vendor-window
     match: {type: "http:call"}
@@ -112,7 +112,7 @@ func TestWindowDominatesGCRA(t *testing.T) {
 	// holds the rest until the next reset. The last task starts 100 ms
 	// after the second reset (a burst of 10, then 10 ms apart). Alone, the
 	// GCRA would take 3.9 s and the window 20 s: the window binds.
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: vendor-peak
     match: {type: "http:call"}
@@ -132,7 +132,7 @@ func TestBindingPerBusinessOverGlobal(t *testing.T) {
 	// 2 businesses at 1/s each under a global 10/s: b1 at 0, 1, 2, ...;
 	// b2 100 ms later each time. The last task (b2) starts at 9.1 s.
 	// Alone, the global rule would take 1.9 s and the per-business one 9 s.
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: global
     match: {type: "http:call"}
@@ -147,7 +147,7 @@ rules:
 }
 
 func TestSlidingWindow(t *testing.T) {
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: recent
     match: {type: "http:call"}
@@ -166,7 +166,7 @@ func TestSlidingAfterGCRA(t *testing.T) {
 	// admits tasks 0,1,2 at 0,1,2 s and each next one 10 s after the one
 	// three before it: 10, 11, 12, 20, 21, 22, and task 9 at 30 s. Alone,
 	// the window takes 30 s too (3 at 0, 10, 20, 30), the GCRA 9 s.
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: rate
     match: {type: "http:call"}
@@ -180,7 +180,7 @@ rules:
 }
 
 func TestConcurrency(t *testing.T) {
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: business-concurrency
     match: {type: "http:call"}
@@ -199,7 +199,7 @@ rules:
 }
 
 func TestCalendarWindow(t *testing.T) {
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: vendor-daily
     match: {type: "http:call"}
@@ -216,7 +216,7 @@ rules:
 }
 
 func TestNoRuleDelays(t *testing.T) {
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: vendor-daily
     match: {type: "http:call"}
@@ -234,7 +234,7 @@ rules:
 }
 
 func TestUnmatched(t *testing.T) {
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: bulk
     match: {queue: bulk}
@@ -252,7 +252,7 @@ rules:
 }
 
 func TestMissingKeyField(t *testing.T) {
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: per-business
     match: {type: "http:call"}
@@ -283,7 +283,7 @@ rules:
 }
 
 func TestReportTable(t *testing.T) {
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: vendor-peak
     match: {type: "http:call"}
@@ -335,7 +335,7 @@ func TestLargeCampaignIsFast(t *testing.T) {
 	// 20,000 tasks under every kind of rule: a smoke test that the
 	// simulation stays near-linear (no timing assertion; the test's own
 	// timeout is the bound).
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: peak
     match: {type: "http:call"}
@@ -369,7 +369,7 @@ rules:
 }
 
 func TestOptionsErrors(t *testing.T) {
-	p := policy(t, "rules: [{name: a, match: {type: x}, gcra: {rate: 1, per: 1s}}]")
+	p := parse(t, "rules: [{name: a, match: {type: x}, gcra: {rate: 1, per: 1s}}]")
 	if _, err := Run(p, Campaign{Type: "x", N: 1, Payload: roundRobin(1)}, Options{TaskDuration: -time.Second}); err == nil {
 		t.Error("negative task duration accepted")
 	}
@@ -389,7 +389,7 @@ func TestOptionsErrors(t *testing.T) {
 // 1s/30 rounded up to a whole µs (33,334µs: 9.00018s); a task of units 40,
 // above the burst, is refused, not waited for.
 func TestCost(t *testing.T) {
-	p := policy(t, `
+	p := parse(t, `
 rules:
   - name: points
     match: {type: "http:call"}

@@ -5,13 +5,13 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/cmd/internal/estimate"
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
 // A backfill of 400 tasks under a window of 190 per 10 s: 190 run now, 190
 // after the first reset and 20 after the second.
 func ExampleRun() {
-	p, err := taskrl.ParsePolicy([]byte(`
+	p, err := policy.Parse([]byte(`
 rules:
   - name: vendor-window
     match: {type: "http:call"}

@@ -18,6 +18,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -660,7 +661,7 @@ func TestSettleHeader(t *testing.T) {
 				}
 				calls <- r.URL.Path
 			})
-			p, err := taskrl.ParsePolicy([]byte(`
+			p, err := policy.Parse([]byte(`
 rules:
   - name: points
     match: {type: "http:call"}

@@ -2,7 +2,7 @@
 // worker sees them within a second without a reload: "worker limits set
 // per-business b7 'gcra: {rate: 5, per: 1s}'" writes one, the workers read
 // them (Store.Version once a second, Store.List when it changed) and apply
-// them over their policy file's (taskrl.Policy.WithOverrides).
+// them over their policy file's (policy.Policy.WithOverrides).
 //
 // Layout (internal/keys.Overrides): a hash PREFIX "overrides:{o}" whose
 // fields are the JSON array [rule, key] and whose values are the limit in
@@ -23,8 +23,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
-	"github.com/taskrl/taskrl/taskrl"
 )
 
 // Store reads and writes the live overrides under one key prefix. Safe for
@@ -52,25 +52,25 @@ type Entry struct {
 	Err error
 }
 
-// Override returns the entry as a taskrl.Override.
-func (e Entry) Override() taskrl.Override {
-	return taskrl.Override{Rule: e.Rule, Key: e.Key, Limit: e.Limit}
+// Override returns the entry as a policy.Override.
+func (e Entry) Override() policy.Override {
+	return policy.Override{Rule: e.Rule, Key: e.Key, Limit: e.Limit}
 }
 
 // Set stores the limit spec (policy file syntax, e.g. "gcra: {rate: 5,
 // per: 1s}") for key of rule, replacing any, after checking that spec
 // parses; policy, if not nil, must also accept it (the rule exists, has a
 // key and the same kind of limit).
-func (s *Store) Set(ctx context.Context, rule, key, spec string, policy *taskrl.Policy) error {
-	lim, err := taskrl.ParseLimit([]byte(spec))
+func (s *Store) Set(ctx context.Context, rule, key, spec string, pol *policy.Policy) error {
+	lim, err := policy.ParseLimit([]byte(spec))
 	if err != nil {
 		return err
 	}
 	if rule == "" || key == "" {
 		return fmt.Errorf("the rule and the key must not be empty")
 	}
-	if policy != nil {
-		if _, err := policy.WithOverrides(taskrl.Override{Rule: rule, Key: key, Limit: lim}); err != nil {
+	if pol != nil {
+		if _, err := pol.WithOverrides(policy.Override{Rule: rule, Key: key, Limit: lim}); err != nil {
 			return err
 		}
 	}
@@ -124,7 +124,7 @@ func (s *Store) List(ctx context.Context) ([]Entry, error) {
 			e.Rule, e.Err = field, fmt.Errorf("not a [rule, key] field: %q", field)
 		} else {
 			e.Rule, e.Key = rk[0], rk[1]
-			e.Limit, e.Err = taskrl.ParseLimit([]byte(spec))
+			e.Limit, e.Err = policy.ParseLimit([]byte(spec))
 		}
 		out = append(out, e)
 	}

@@ -40,15 +40,15 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/admission"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
-	"github.com/taskrl/taskrl/taskrl"
 )
 
 // Spec is one simulation.
 type Spec struct {
 	// Policy, Type and Queue: the tasks' rules are Policy.Bind(Type, Queue),
 	// which must bind some rule. Payload is every task's payload (nil: {}).
-	Policy      *taskrl.Policy
+	Policy      *policy.Policy
 	Type, Queue string
 	Payload     []byte
 	// Vendor is the remote side's limit over time; required.
@@ -277,7 +277,7 @@ func (s *sim) bind() error {
 	}
 	var rates, slots, scoped, adaptive []quotas.Rule
 	var rateIdx, slotIdx, scopedIdx, adaptiveIdx []int
-	for i, r := range b.Set().Rules() {
+	for i, r := range b.Rules() {
 		if named[r.Name] {
 			scoped, scopedIdx = append(scoped, r), append(scopedIdx, i)
 		}

@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/policy"
 )
 
-func mustPolicy(t testing.TB, doc string) *taskrl.Policy {
+func mustPolicy(t testing.TB, doc string) *policy.Policy {
 	t.Helper()
-	p, err := taskrl.ParsePolicy([]byte(doc))
+	p, err := policy.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
 	}

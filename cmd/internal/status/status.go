@@ -19,8 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
-	"github.com/taskrl/taskrl/taskrl"
 )
 
 // Busiest is how many keys of a keyed rule a Report lists; MaxScan bounds
@@ -83,7 +83,7 @@ type KeyState struct {
 // limitText describes limit l of rule r, with what a soft or borrowing
 // rule enforces and a prefetch (own: l is an override of a key, decided
 // without).
-func limitText(r taskrl.Rule, l quotas.Limit, own bool) string {
+func limitText(r policy.Rule, l quotas.Limit, own bool) string {
 	s := l.String()
 	if r.Soft > 0 {
 		s += ", soft " + strconv.FormatFloat(100*r.Soft, 'g', -1, 64) + "%"
@@ -103,7 +103,7 @@ func limitText(r taskrl.Rule, l quotas.Limit, own bool) string {
 // Collect reads the state of every rule of p. key, if not "", is the key
 // to report for every keyed rule; otherwise keyed rules report their
 // busiest keys, found by scanning Redis (every master of a Cluster).
-func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *taskrl.Policy, key string) (Report, error) {
+func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *policy.Policy, key string) (Report, error) {
 	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
 	if err != nil {
 		return Report{}, err
@@ -179,7 +179,7 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *tas
 
 // keyState reads one key of rule r under limit lim (own: the key's
 // override, decided without prefetch), and the server's time.
-func keyState(ctx context.Context, c redis.UniversalClient, l *quotas.Limiter, prefix string, r taskrl.Rule, lim quotas.Limit, key string, own bool) (KeyState, time.Time, error) {
+func keyState(ctx context.Context, c redis.UniversalClient, l *quotas.Limiter, prefix string, r policy.Rule, lim quotas.Limit, key string, own bool) (KeyState, time.Time, error) {
 	q := quotas.Rule{Name: r.Name, Limit: lim, Fair: r.Fair != "", Prefetch: r.Prefetch}
 	if own {
 		q.Prefetch = 0 // overrides are decided without

@@ -9,13 +9,13 @@ import (
 
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
-	"github.com/taskrl/taskrl/taskrl"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-const policy = `
+const policyYAML = `
 rules:
   - name: peak
     match: {type: job}
@@ -39,7 +39,7 @@ func TestCollect(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
-	p, err := taskrl.ParsePolicy([]byte(policy))
+	p, err := policy.Parse([]byte(policyYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,10 @@ func TestCollect(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			set := b.Set()
+			set, err := quotas.NewSet(b.Rules()...)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if biz == "acme corp" {
 				rules := set.Rules()
 				rules[2].Limit = quotas.GCRA{Rate: 1, Period: time.Minute, Burst: 9}
@@ -123,7 +126,7 @@ func TestCollectSoft(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
-	p, err := taskrl.ParsePolicy([]byte("rules:\n  - name: peak\n    match: {type: job}\n    soft: 10%\n    gcra: {rate: 10, per: 1s, burst: 10}\n"))
+	p, err := policy.Parse([]byte("rules:\n  - name: peak\n    match: {type: job}\n    soft: 10%\n    gcra: {rate: 10, per: 1s, burst: 10}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,8 +134,12 @@ func TestCollectSoft(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	set, err := quotas.NewSet(p.Bind("job", "q").Rules()...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < 4; i++ {
-		if d, err := l.Allow(ctx, p.Bind("job", "q").Set(), quotas.Request{}); err != nil || !d.Allowed {
+		if d, err := l.Allow(ctx, set, quotas.Request{}); err != nil || !d.Allowed {
 			t.Fatalf("%+v %v", d, err)
 		}
 	}
@@ -152,7 +159,7 @@ func TestCollectPrefetch(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
-	p, err := taskrl.ParsePolicy([]byte("rules:\n  - name: peak\n    match: {type: job}\n    prefetch: 10ms\n    gcra: {rate: 1000, per: 1s, burst: 100}\n"))
+	p, err := policy.Parse([]byte("rules:\n  - name: peak\n    match: {type: job}\n    prefetch: 10ms\n    gcra: {rate: 1000, per: 1s, burst: 100}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +168,11 @@ func TestCollectPrefetch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := l.Allow(ctx, p.Bind("job", "q").Set(), quotas.Request{})
+	set, err := quotas.NewSet(p.Bind("job", "q").Rules()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Allow(ctx, set, quotas.Request{})
 	if err != nil || !d.Allowed {
 		t.Fatalf("%+v %v", d, err)
 	}

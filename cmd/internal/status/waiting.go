@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/asynqstore"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -39,7 +40,7 @@ type WaitingTask struct {
 // soonest first per queue, at most most of them: all of them, or those of
 // rule, or those whose key for rule is key (rule required then). It reads
 // at most MaxWaitingScan scheduled tasks per queue, 1,000 a round trip.
-func Waiting(ctx context.Context, c redis.UniversalClient, policy *taskrl.Policy, queues []string, rule, key string, most int) ([]WaitingTask, error) {
+func Waiting(ctx context.Context, c redis.UniversalClient, policy *policy.Policy, queues []string, rule, key string, most int) ([]WaitingTask, error) {
 	if key != "" && rule == "" {
 		return nil, fmt.Errorf("a key names the tasks of one rule: give the rule too")
 	}
@@ -65,7 +66,7 @@ func Waiting(ctx context.Context, c redis.UniversalClient, policy *taskrl.Policy
 
 // waiting describes m, a task of queue, if it waits for rule (any rule if
 // "") with key (any if "").
-func waiting(policy *taskrl.Policy, queue string, m asynqstore.Msg, rule, key string) (WaitingTask, bool) {
+func waiting(policy *policy.Policy, queue string, m asynqstore.Msg, rule, key string) (WaitingTask, bool) {
 	if _, ok := m.Headers[taskrl.HeaderRound]; !ok {
 		return WaitingTask{}, false
 	}
@@ -82,7 +83,7 @@ func waiting(policy *taskrl.Policy, queue string, m asynqstore.Msg, rule, key st
 	found := rule == ""
 	if b != nil {
 		w.Keys = map[string]string{}
-		for i, r := range b.Set().Rules() {
+		for i, r := range b.Rules() {
 			if i < len(keys) {
 				w.Keys[r.Name] = keys[i]
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -25,7 +26,7 @@ func TestWaiting(t *testing.T) {
 	}
 	c := redistest.Client(t)
 	q := redistest.Queue(t, c, "waiting")
-	p, err := taskrl.ParsePolicy([]byte(`
+	p, err := policy.Parse([]byte(`
 rules:
   - name: per-business
     match: {type: job}

@@ -1,6 +1,6 @@
 // Package examplekit is what the runnable examples (examples/...) share, so
 // that each example's file holds what is particular to its use case. The
-// wiring a user copies (the policy parsed with taskrl.ParsePolicy,
+// wiring a user copies (the policy parsed with policy.Parse,
 // taskrl.New, mw.ServerConfig, mux.Use(mw.Handler), a handler turning
 // a 429 into taskrl.Throttled) is written out in full in
 // examples/quickstart; the other examples use this package's helpers for

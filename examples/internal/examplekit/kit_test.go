@@ -16,6 +16,7 @@ import (
 
 	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
 )
 
@@ -35,7 +36,7 @@ func TestEnvWorkers(t *testing.T) {
 			env.Close(context.Background(), &out, queue)
 		}
 	}()
-	policy, err := taskrl.ParsePolicy([]byte("rules:\n  - name: r\n    match: {type: call}\n    gcra: {rate: 50, per: 1s, burst: 2}\n"))
+	policy, err := policy.Parse([]byte("rules:\n  - name: r\n    match: {type: call}\n    gcra: {rate: 50, per: 1s, burst: 2}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

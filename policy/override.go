@@ -1,13 +1,14 @@
-package taskrl
+package policy
 
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/taskrl/taskrl/internal/yamldoc"
-	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/limits"
 )
 
 // Override gives one key of a keyed rule a limit of its own: a customer
@@ -23,7 +24,7 @@ type Override struct {
 	// Limit replaces the rule's limit for Key; it must be of the same kind
 	// as the rule's (a GCRA for a gcra rule, a window of the same type for
 	// a quota rule, and so on): the key's state in Redis carries over.
-	Limit quotas.Limit
+	Limit limits.Limit
 }
 
 // WithOverrides returns a copy of p with overrides added: each replaces
@@ -66,7 +67,7 @@ func (p *Policy) checkOverrides(overrides []Override, at []yamldoc.Lines) ([]Ove
 		}
 		field := fmt.Sprintf("overrides[%d]", i+1)
 		bad := func(f, format string, args ...any) {
-			errs.add(&PolicyError{Line: ls.Of(f), Field: yamldoc.Join(field, f), Msg: fmt.Sprintf(format, args...)})
+			errs.add(&Error{Line: ls.Of(f), Field: yamldoc.Join(field, f), Msg: fmt.Sprintf(format, args...)})
 		}
 		r := p.rule(o.Rule)
 		switch {
@@ -135,15 +136,15 @@ func (p *Policy) rule(name string) *crule {
 }
 
 // blockOf names the policy file's block of a limit (gcra, quota, ...).
-func blockOf(l quotas.Limit) string {
+func blockOf(l limits.Limit) string {
 	switch l.(type) {
-	case quotas.GCRA:
+	case limits.GCRA:
 		return "gcra"
-	case quotas.Adaptive:
+	case limits.Adaptive:
 		return "adaptive"
-	case quotas.FixedWindow, quotas.CalendarWindow:
+	case limits.FixedWindow, limits.CalendarWindow:
 		return "quota"
-	case quotas.SlidingWindow:
+	case limits.SlidingWindow:
 		return "sliding"
 	}
 	return "concurrency"
@@ -154,9 +155,9 @@ func blockOf(l quotas.Limit) string {
 //	gcra: {rate: 5, per: 1s, burst: 2}
 //
 // or quota: {...}, sliding: {...}, concurrency: {...}, adaptive: {...}
-// (see ParsePolicy), and validates it. Errors name the field, e.g.
+// (see Parse), and validates it. Errors name the field, e.g.
 // `policy: line 1: gcra.rate: must be a positive number, got -1`.
-func ParseLimit(yaml []byte) (quotas.Limit, error) {
+func ParseLimit(yaml []byte) (limits.Limit, error) {
 	var b yamldoc.Block[limitsDoc]
 	fe := yamldoc.Decode(yaml, "a limit such as gcra: {rate: 5, per: 1s}", &b)
 	if fe == nil {
@@ -175,7 +176,7 @@ func ParseLimit(yaml []byte) (quotas.Limit, error) {
 		}
 		fe = r.First
 	}
-	return nil, &PolicyError{Line: fe.Line, Field: fe.Field, Msg: fe.Msg}
+	return nil, &Error{Line: fe.Line, Field: fe.Field, Msg: fe.Msg}
 }
 
 // overrideEntry is an entry of a policy file's overrides list.
@@ -190,7 +191,7 @@ type overrideEntry struct {
 func readOverrides(l *yamldoc.List[yamldoc.Block[overrideEntry]]) ([]Override, []yamldoc.Lines, errList) {
 	var errs errList
 	add := func(field string, fe *yamldoc.Problem) {
-		errs.add(&PolicyError{Line: fe.Line, Field: yamldoc.Join(field, fe.Field), Msg: fe.Msg})
+		errs.add(&Error{Line: fe.Line, Field: yamldoc.Join(field, fe.Field), Msg: fe.Msg})
 	}
 	r := &yamldoc.Reader{}
 	es := yamldoc.Entries(r, "overrides", l, "a list such as - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s}}")
@@ -230,14 +231,20 @@ func readOverride(r *yamldoc.Reader, b *yamldoc.Block[overrideEntry], line int) 
 	return o
 }
 
+// Transient reports whether b is a variant ForKeys built for one call and
+// did not cache: what a caller derives from it is not worth caching either.
+func (b *Binding) Transient() bool { return b.transient }
+
 // maxVariants bounds the bindings with overrides applied that one binding
 // caches; beyond it they are built for each task.
 const maxVariants = 4096
 
-// forKeys returns b with the policy's overrides for keys (one per rule,
-// as Request renders them) applied, or b itself when none applies.
-// Variants are cached per combination of overridden keys.
-func (b *Binding) forKeys(keys []string) *Binding {
+// ForKeys returns b with the policy's overrides (Policy.WithOverrides) for
+// keys (one per rule, as Request renders them) applied, or b itself when
+// none applies. Variants are cached per combination of overridden keys, up
+// to 4096 per binding; beyond that each call builds its own, which reports
+// Transient. A nil *Binding returns nil.
+func (b *Binding) ForKeys(keys []string) *Binding {
 	if b == nil || b.over == nil {
 		return b
 	}
@@ -257,7 +264,7 @@ func (b *Binding) forKeys(keys []string) *Binding {
 		return v.(*Binding)
 	}
 	v := &Binding{rules: append([]*crule(nil), b.rules...), payload: b.payload, costs: b.costs, critical: b.critical, throttle: b.throttle}
-	qs := b.set.Rules()
+	qs := slices.Clone(b.set)
 	for j, m := range b.over {
 		if l, ok := m[keys[j]]; ok {
 			r := *b.rules[j]
@@ -266,11 +273,7 @@ func (b *Binding) forKeys(keys []string) *Binding {
 			v.rules[j], qs[j].Limit, qs[j].Prefetch = &r, l, 0
 		}
 	}
-	s, err := quotas.NewSet(qs...)
-	if err != nil {
-		panic("taskrl: internal error: " + err.Error()) // every override was validated with its rule
-	}
-	v.set = s
+	v.set = qs
 	if b.nvariants.Add(1) <= maxVariants {
 		b.variants.Store(sig.String(), v)
 	} else {

@@ -1,4 +1,4 @@
-package taskrl
+package policy
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package taskrl
+package policy
 
 import (
 	"bytes"
@@ -6,50 +6,53 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 
-	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/limits"
 )
 
 // Binding is the rules of a policy that apply to one (task type, queue),
-// as one quotas.Set, with the key templates that pick each rule's entity
+// as the rules of one quotas.Set, with the key templates that pick each rule's entity
 // from a task's payload. Get it from Policy.Bind. A Binding is immutable
 // and safe for concurrent use.
 type Binding struct {
-	set      *quotas.Set
+	set      []limits.Rule // the rules as a set decides them: raised, overridden
 	rules    []*crule
 	payload  bool // some key template references a payload field
 	costs    bool // some rule has a Cost
 	critical bool
 	throttle []bool // per rule: the policy's throttle list names it
 
-	over      []map[string]quotas.Limit // per rule: overridden keys; nil: none
-	variants  sync.Map                  // forKeys' cache: signature -> *Binding
+	over      []map[string]limits.Limit // per rule: overridden keys; nil: none
+	variants  sync.Map                  // ForKeys' cache: signature -> *Binding
 	nvariants atomic.Int64
-	transient bool // a variant not cached: the middleware does not cache its split
+	transient bool // a variant ForKeys did not cache (Transient)
 }
 
 // Critical reports whether the policy's critical list selects the bound
 // (task type, queue): such tasks may use reserved concurrency slots
-// (quotas.Request.Critical). A nil *Binding is not critical.
+// (limits.Request.Critical). A nil *Binding is not critical.
 func (b *Binding) Critical() bool {
 	return b != nil && b.critical
 }
 
-// Set returns the bound rules, in policy order, as one quotas.Set to decide
-// with a quotas.Limiter. A nil *Binding returns nil.
-func (b *Binding) Set() *quotas.Set {
+// Rules returns the bound rules, in policy order, as one quotas.Set
+// decides them: soft rules raised (Rule.Raised), the policy's overrides
+// of the binding applied. They always pass limits.Validate. A nil
+// *Binding returns nil.
+func (b *Binding) Rules() []limits.Rule {
 	if b == nil {
 		return nil
 	}
-	return b.set
+	return slices.Clone(b.set)
 }
 
 // Keys returns, for each rule of Set() in order, the entity key rendered
 // from the task's JSON payload, or "" for a rule without a key template
-// (its one global key): the value for quotas.Request.Keys. The payload is
+// (its one global key): the value for limits.Request.Keys. The payload is
 // decoded at most once, and only if some rule's template references a
 // field; so a binding of global rules accepts any payload.
 //
@@ -67,7 +70,7 @@ func (b *Binding) Keys(payload []byte) ([]string, error) {
 	return r.Keys, err
 }
 
-// Request returns the quotas.Request a task with payload makes of Set():
+// Request returns the limits.Request a task with payload makes of Set():
 // its Keys (see Keys), its Fair flows, rendered from the fair rules'
 // templates like keys (a flow that cannot be rendered, for want of a field
 // or an object, is ""), Critical (see Critical) and, when a rule has a
@@ -75,11 +78,11 @@ func (b *Binding) Keys(payload []byte) ([]string, error) {
 // number of at least 1, or missing without a DefaultCost, is a *CostError.
 // Costs are not checked against the limits here: see CheckCosts. A nil
 // *Binding returns the zero Request.
-func (b *Binding) Request(payload []byte) (quotas.Request, error) {
+func (b *Binding) Request(payload []byte) (limits.Request, error) {
 	if b == nil {
-		return quotas.Request{}, nil
+		return limits.Request{}, nil
 	}
-	req := quotas.Request{Keys: make([]string, len(b.rules)), Fair: make([]string, len(b.rules)), Critical: b.critical}
+	req := limits.Request{Keys: make([]string, len(b.rules)), Fair: make([]string, len(b.rules)), Critical: b.critical}
 	var obj map[string]json.RawMessage
 	var objErr error
 	decoded := false
@@ -97,7 +100,7 @@ func (b *Binding) Request(payload []byte) (quotas.Request, error) {
 		if b.costs {
 			n, err := r.renderCost(object)
 			if err != nil {
-				return quotas.Request{}, err
+				return limits.Request{}, err
 			}
 			req.Costs[i] = n
 		}
@@ -115,7 +118,7 @@ func (b *Binding) Request(payload []byte) (quotas.Request, error) {
 		default:
 			o, err := object()
 			if err != nil {
-				return quotas.Request{}, fmt.Errorf("taskrl: rule %q: payload is not a JSON object: %v", r.Name, err)
+				return limits.Request{}, fmt.Errorf("taskrl: rule %q: payload is not a JSON object: %v", r.Name, err)
 			}
 			k, err := r.tmpl.render(o)
 			var missing *MissingFieldError
@@ -124,9 +127,9 @@ func (b *Binding) Request(payload []byte) (quotas.Request, error) {
 				k = r.DefaultKey
 			case errors.As(err, &missing):
 				missing.Rule = r.Name
-				return quotas.Request{}, missing
+				return limits.Request{}, missing
 			case err != nil:
-				return quotas.Request{}, fmt.Errorf("taskrl: rule %q: %w", r.Name, err)
+				return limits.Request{}, fmt.Errorf("taskrl: rule %q: %w", r.Name, err)
 			}
 			req.Keys[i] = k
 		}
@@ -168,6 +171,14 @@ func (r *crule) renderCost(object func() (map[string]json.RawMessage, error)) (i
 // in the scripts' doubles.
 const maxCost = 1 << 31
 
+// Rule returns the policy rule behind Rules()[i], as the policy has it
+// (its Shadow, Cost and key templates).
+func (b *Binding) Rule(i int) Rule { return b.rules[i].Rule }
+
+// Throttled reports whether the policy's throttle list (Policy.Throttle)
+// names Rules()[i].
+func (b *Binding) Throttled(i int) bool { return b.throttle[i] }
+
 // CheckCosts returns a *CostError for the first rule of Set(), shadow
 // rules aside, whose cost in costs (Request.Costs) exceeds what the rule
 // admits at once: a GCRA or adaptive burst, a window's limit (overrides
@@ -177,33 +188,21 @@ func (b *Binding) CheckCosts(costs []int) error {
 	if b == nil || costs == nil {
 		return nil
 	}
-	for i, r := range b.set.Rules() {
+	for i, r := range b.set {
 		if b.rules[i].Shadow {
 			continue
 		}
-		if err := checkCost(r, costs[i]); err != nil {
+		if err := CheckCost(r, costs[i]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// checkCosts is CheckCosts for the rules of set, costs holding theirs.
-func checkCosts(set *quotas.Set, costs []int) error {
-	if set == nil || costs == nil {
-		return nil
-	}
-	for i, r := range set.Rules() {
-		if err := checkCost(r, costs[i]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// checkCost returns a *CostError if cost exceeds what r admits at once.
-func checkCost(r quotas.Rule, cost int) error {
-	if m := capacity(r.Limit); cost > m {
+// CheckCost returns a *CostError if cost exceeds what r admits at once: a
+// GCRA or adaptive burst, a window's limit; nil for a concurrency rule.
+func CheckCost(r limits.Rule, cost int) error {
+	if m := limits.Capacity(r.Limit); cost > m {
 		return &CostError{Rule: r.Name, Value: strconv.Itoa(cost), Max: m, Measure: capacityName(r.Limit)}
 	}
 	return nil

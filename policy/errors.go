@@ -1,4 +1,4 @@
-package taskrl
+package policy
 
 import (
 	"errors"
@@ -6,15 +6,15 @@ import (
 	"strings"
 )
 
-// PolicyError is one thing wrong with a policy. Errors from NewPolicy,
-// ParsePolicy and LoadPolicyFile are a *PolicyError or, when several rules
+// Error is one thing wrong with a policy. Errors from New,
+// Parse and LoadFile are a *Error or, when several rules
 // are wrong, an errors.Join of them (one per line; errors.As finds the
 // first).
-type PolicyError struct {
-	// File is the policy file's path; "" unless from LoadPolicyFile.
+type Error struct {
+	// File is the policy file's path; "" unless from LoadFile.
 	File string
 	// Line is the 1-based line in the YAML document; 0 when unknown
-	// (NewPolicy, or an error about the whole document).
+	// (New, or an error about the whole document).
 	Line int
 	// Rule is the rule's name; "" when the rule has no valid name or the
 	// error is not about one rule.
@@ -32,7 +32,7 @@ type PolicyError struct {
 
 // Error returns e.g.
 // `policy: line 7: rule "per-business": gcra.rate: must be a positive number, got -1`.
-func (e *PolicyError) Error() string {
+func (e *Error) Error() string {
 	var sb strings.Builder
 	sb.WriteString("policy")
 	if e.File != "" {
@@ -59,9 +59,9 @@ func (e *PolicyError) Error() string {
 const maxErrors = 20
 
 // errList collects policy errors.
-type errList []*PolicyError
+type errList []*Error
 
-func (l *errList) add(e *PolicyError) {
+func (l *errList) add(e *Error) {
 	if len(*l) < maxErrors {
 		*l = append(*l, e)
 	}

@@ -1,4 +1,4 @@
-package taskrl
+package policy
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/internal/yamldoc"
-	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/limits"
 )
 
 // buildPolicy validates rules; pos, when not nil, holds each rule's YAML
@@ -20,7 +20,7 @@ import (
 func buildPolicy(rules []Rule, pos []yamldoc.Lines, skip []bool, mode FailureMode) (*Policy, errList) {
 	var errs errList
 	if len(rules) == 0 {
-		errs.add(&PolicyError{Field: "rules", Msg: "a policy needs at least one rule"})
+		errs.add(&Error{Field: "rules", Msg: "a policy needs at least one rule"})
 		return nil, errs
 	}
 	p := &Policy{mode: mode, rules: make([]*crule, len(rules))}
@@ -38,7 +38,7 @@ func buildPolicy(rules []Rule, pos []yamldoc.Lines, skip []bool, mode FailureMod
 		}
 		c, field, msg := compileRule(r)
 		if msg != "" {
-			e := &PolicyError{Line: ls.Of(field), Index: i + 1, Field: field, Msg: msg}
+			e := &Error{Line: ls.Of(field), Index: i + 1, Field: field, Msg: msg}
 			if checkName(r.Name) == nil {
 				e.Rule = r.Name
 			}
@@ -46,7 +46,7 @@ func buildPolicy(rules []Rule, pos []yamldoc.Lines, skip []bool, mode FailureMod
 			continue
 		}
 		if j, dup := seen[r.Name]; dup {
-			errs.add(&PolicyError{Line: ls.Of("name"), Index: i + 1, Field: "name", Msg: fmt.Sprintf("%q is already the name of rule %d", r.Name, j)})
+			errs.add(&Error{Line: ls.Of("name"), Index: i + 1, Field: "name", Msg: fmt.Sprintf("%q is already the name of rule %d", r.Name, j)})
 			continue
 		}
 		seen[r.Name] = i + 1
@@ -65,15 +65,15 @@ func buildPolicy(rules []Rule, pos []yamldoc.Lines, skip []bool, mode FailureMod
 		}
 		shared := sharedRule(p.rules, c)
 		if shared == nil {
-			errs.add(&PolicyError{Line: ls.Of("borrow"), Index: i + 1, Rule: c.Name, Field: "borrow",
+			errs.add(&Error{Line: ls.Of("borrow"), Index: i + 1, Rule: c.Name, Field: "borrow",
 				Msg: "needs an enforced fair gcra rule (fair: ...) governing every task this rule governs: the shared limit it borrows from, whose fair sharing gives the capacity back when other keys have work; no rule's match covers " + matchText(c.Match)})
 			continue
 		}
 		if math.IsInf(c.Borrow, 1) {
-			own, sh := c.Limit.(quotas.GCRA), shared.Limit.(quotas.GCRA)
+			own, sh := c.Limit.(limits.GCRA), shared.Limit.(limits.GCRA)
 			c.Borrow = perSecond(sh) / perSecond(own)
 			if c.Borrow <= 1 {
-				errs.add(&PolicyError{Line: ls.Of("borrow"), Index: i + 1, Rule: c.Name, Field: "borrow",
+				errs.add(&Error{Line: ls.Of("borrow"), Index: i + 1, Rule: c.Name, Field: "borrow",
 					Msg: fmt.Sprintf("true, but the shared rule %q (%s) is no faster than this rule (%s): nothing to borrow", shared.Name, sh, own)})
 			}
 		}
@@ -92,11 +92,11 @@ func sharedRule(rules []*crule, c *crule) *crule {
 		if f == nil {
 			continue
 		}
-		g, ok := f.Limit.(quotas.GCRA)
+		g, ok := f.Limit.(limits.GCRA)
 		if !ok || f.ftmpl == nil || f.Shadow || !covers(f.Match, c.Match) {
 			continue
 		}
-		if best == nil || perSecond(g) < perSecond(best.Limit.(quotas.GCRA)) {
+		if best == nil || perSecond(g) < perSecond(best.Limit.(limits.GCRA)) {
 			best = f
 		}
 	}
@@ -131,7 +131,7 @@ func matchText(m Match) string {
 }
 
 // perSecond is g's rate per second.
-func perSecond(g quotas.GCRA) float64 { return g.Rate / g.Period.Seconds() }
+func perSecond(g limits.GCRA) float64 { return g.Rate / g.Period.Seconds() }
 
 // compileRule validates r. On failure it returns the field at fault and
 // what is wrong.
@@ -160,14 +160,14 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 	c.Limit = lim
 	if r.Soft != 0 {
 		switch lim.(type) {
-		case quotas.GCRA, quotas.FixedWindow, quotas.SlidingWindow:
+		case limits.GCRA, limits.FixedWindow, limits.SlidingWindow:
 		default:
 			return nil, "soft", "only a gcra rate, a fixed quota window or a sliding window can be soft; this rule's limit is " + lim.String()
 		}
 		if !(r.Soft > 0 && r.Soft <= 10) {
 			return nil, "soft", fmt.Sprintf("must be a share between 0 and 1000%% (10), got %v", r.Soft)
 		}
-		if err := (quotas.Rule{Name: r.Name, Limit: r.Raised(lim)}).Validate(); err != nil {
+		if err := (limits.Rule{Name: r.Name, Limit: r.Raised(lim)}).Validate(); err != nil {
 			return nil, "soft", "raises the limit past its bounds: " + err.Error()
 		}
 	}
@@ -180,10 +180,10 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		case r.Fair != "":
 			return nil, "borrow", "a fair rule cannot borrow: it is the shared limit others borrow from"
 		}
-		if _, ok := lim.(quotas.GCRA); !ok {
+		if _, ok := lim.(limits.GCRA); !ok {
 			return nil, "borrow", "only a gcra rate can borrow; this rule's limit is " + lim.String()
 		}
-		if err := (quotas.Rule{Name: r.Name, Limit: r.Raised(lim)}).Validate(); err != nil {
+		if err := (limits.Rule{Name: r.Name, Limit: r.Raised(lim)}).Validate(); err != nil {
 			return nil, "borrow", "raises the limit past its bounds: " + err.Error()
 		}
 	}
@@ -192,7 +192,7 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		if err != nil {
 			return nil, "fair", "bad template " + err.Error()
 		}
-		if _, ok := lim.(quotas.GCRA); !ok {
+		if _, ok := lim.(limits.GCRA); !ok {
 			return nil, "fair", "only a gcra rate can be shared fairly; this rule's limit is " + lim.String()
 		}
 		c.ftmpl = t
@@ -203,8 +203,8 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		}
 	}
 	if r.Prefetch != 0 {
-		if err := (quotas.Rule{Name: r.Name, Limit: r.Raised(lim), Fair: r.Fair != "", Prefetch: r.Prefetch}).Validate(); err != nil {
-			var re *quotas.RuleError
+		if err := (limits.Rule{Name: r.Name, Limit: r.Raised(lim), Fair: r.Fair != "", Prefetch: r.Prefetch}).Validate(); err != nil {
+			var re *limits.RuleError
 			if errors.As(err, &re) && re.Field == "Rule.Prefetch" {
 				return nil, "prefetch", re.Reason
 			}
@@ -216,12 +216,12 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 
 // compileCost validates the rule's Cost and DefaultCost under its limit
 // lim; on failure it returns the field at fault and what is wrong.
-func (c *crule) compileCost(lim quotas.Limit) (field, msg string) {
+func (c *crule) compileCost(lim limits.Limit) (field, msg string) {
 	r := c.Rule
 	if r.Cost == "" {
 		return "default_cost", "set, but the rule has no cost"
 	}
-	if _, ok := lim.(quotas.Concurrency); ok {
+	if _, ok := lim.(limits.Concurrency); ok {
 		return "cost", "a concurrency rule takes one slot per task; only gcra, adaptive, quota and sliding rules have a cost"
 	}
 	if r.Prefetch != 0 {
@@ -242,7 +242,7 @@ func (c *crule) compileCost(lim quotas.Limit) (field, msg string) {
 		}
 		c.ctmpl = t
 	}
-	if m := capacity(lim); c.cost > m {
+	if m := limits.Capacity(lim); c.cost > m {
 		return "cost", fmt.Sprintf("%d is above the rule's %s of %d: no task could ever pass", c.cost, capacityName(lim), m)
 	}
 	switch {
@@ -250,34 +250,16 @@ func (c *crule) compileCost(lim quotas.Limit) (field, msg string) {
 		return "default_cost", fmt.Sprintf("must be a whole number of at least 1, got %d", r.DefaultCost)
 	case r.DefaultCost > 0 && c.ctmpl == nil:
 		return "default_cost", "set, but cost references no payload field that could be missing"
-	case r.DefaultCost > capacity(lim):
-		return "default_cost", fmt.Sprintf("%d is above the rule's %s of %d: no task could ever pass", r.DefaultCost, capacityName(lim), capacity(lim))
+	case r.DefaultCost > limits.Capacity(lim):
+		return "default_cost", fmt.Sprintf("%d is above the rule's %s of %d: no task could ever pass", r.DefaultCost, capacityName(lim), limits.Capacity(lim))
 	}
 	return "", ""
 }
 
-// capacity is the most units a rate or window limit admits at once: a
-// GCRA or adaptive burst, a window's limit.
-func capacity(l quotas.Limit) int {
-	switch l := l.(type) {
-	case quotas.GCRA:
-		return max(l.Burst, 1)
-	case quotas.Adaptive:
-		return max(l.Burst, 1)
-	case quotas.FixedWindow:
-		return l.Limit
-	case quotas.CalendarWindow:
-		return l.Limit
-	case quotas.SlidingWindow:
-		return l.Limit
-	}
-	return math.MaxInt
-}
-
 // capacityName names capacity's measure of l: "burst" or "limit".
-func capacityName(l quotas.Limit) string {
+func capacityName(l limits.Limit) string {
 	switch l.(type) {
-	case quotas.GCRA, quotas.Adaptive:
+	case limits.GCRA, limits.Adaptive:
 		return "burst"
 	}
 	return "limit"
@@ -302,14 +284,14 @@ func checkName(name string) error {
 	if name == "" {
 		return errors.New("missing; every rule needs a name")
 	}
-	var re *quotas.RuleError
-	if errors.As(quotas.Rule{Name: name}.Validate(), &re) && re.Field == "Rule.Name" {
+	var re *limits.RuleError
+	if errors.As(limits.Rule{Name: name}.Validate(), &re) && re.Field == "Rule.Name" {
 		return errors.New(re.Reason)
 	}
 	return nil
 }
 
-// yamlFields maps the fields of quotas' limits (quotas.RuleError.Field) to
+// yamlFields maps the fields of quotas' limits (limits.RuleError.Field) to
 // their names in a policy's limit blocks.
 var yamlFields = map[string]string{
 	"Rate": "rate", "Period": "per", "Burst": "burst", "Min": "min", "Start": "start", "Per": "per",
@@ -325,42 +307,42 @@ const minLease = 30 * time.Second
 // checkLimit validates the limit l of the rule named name (a valid name)
 // with quotas and returns it as a value (not a pointer), or the field at
 // fault and what is wrong.
-func checkLimit(name string, l quotas.Limit) (out quotas.Limit, field, msg string) {
+func checkLimit(name string, l limits.Limit) (out limits.Limit, field, msg string) {
 	var block string
 	switch v := l.(type) {
-	case *quotas.GCRA:
+	case *limits.GCRA:
 		if v != nil {
 			return checkLimit(name, *v)
 		}
-	case *quotas.Adaptive:
+	case *limits.Adaptive:
 		if v != nil {
 			return checkLimit(name, *v)
 		}
-	case *quotas.FixedWindow:
+	case *limits.FixedWindow:
 		if v != nil {
 			return checkLimit(name, *v)
 		}
-	case *quotas.CalendarWindow:
+	case *limits.CalendarWindow:
 		if v != nil {
 			return checkLimit(name, *v)
 		}
-	case *quotas.SlidingWindow:
+	case *limits.SlidingWindow:
 		if v != nil {
 			return checkLimit(name, *v)
 		}
-	case *quotas.Concurrency:
+	case *limits.Concurrency:
 		if v != nil {
 			return checkLimit(name, *v)
 		}
-	case quotas.GCRA:
+	case limits.GCRA:
 		block = "gcra"
-	case quotas.Adaptive:
+	case limits.Adaptive:
 		block = "adaptive"
-	case quotas.FixedWindow, quotas.CalendarWindow:
+	case limits.FixedWindow, limits.CalendarWindow:
 		block = "quota"
-	case quotas.SlidingWindow:
+	case limits.SlidingWindow:
 		block = "sliding"
-	case quotas.Concurrency:
+	case limits.Concurrency:
 		block = "concurrency"
 		if v.Lease < minLease {
 			return nil, "concurrency.lease", fmt.Sprintf("must be at least %v, asynq's own task lease (a shorter one could free the slot of a task still running on a stalled worker), got %v", minLease, v.Lease)
@@ -369,11 +351,11 @@ func checkLimit(name string, l quotas.Limit) (out quotas.Limit, field, msg strin
 	if block == "" {
 		return nil, "", "no limit; add one of gcra, adaptive, quota, sliding or concurrency"
 	}
-	err := quotas.Rule{Name: name, Limit: l}.Validate()
+	err := limits.Rule{Name: name, Limit: l}.Validate()
 	if err == nil {
 		return l, "", ""
 	}
-	var re *quotas.RuleError
+	var re *limits.RuleError
 	if !errors.As(err, &re) {
 		return nil, block, err.Error()
 	}

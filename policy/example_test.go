@@ -1,15 +1,15 @@
-package taskrl_test
+package policy_test
 
 import (
 	"fmt"
 	"time"
 
-	"github.com/taskrl/taskrl/quotas"
-	"github.com/taskrl/taskrl/taskrl"
+	"github.com/taskrl/taskrl/limits"
+	"github.com/taskrl/taskrl/policy"
 )
 
-func ExampleParsePolicy() {
-	p, err := taskrl.ParsePolicy([]byte(`
+func ExampleParse() {
+	p, err := policy.Parse([]byte(`
 rules:
   - name: vendor-peak
     match: {type: "http:*"}
@@ -30,7 +30,7 @@ rules:
 		return
 	}
 	b := p.Bind("http:call", "default")
-	for _, r := range b.Set().Rules() {
+	for _, r := range b.Rules() {
 		fmt.Printf("%s: %v\n", r.Name, r.Limit)
 	}
 	keys, err := b.Keys([]byte(`{"url": "https://api.example.com", "business_id": "b7"}`))
@@ -44,8 +44,8 @@ rules:
 	// email:send on default bound: false
 }
 
-func ExampleParsePolicy_error() {
-	_, err := taskrl.ParsePolicy([]byte(`
+func ExampleParse_error() {
+	_, err := policy.Parse([]byte(`
 rules:
   - name: per-business
     match: {type: "http:call"}
@@ -61,33 +61,33 @@ rules:
 	// policy: line 9: rule "vendor-window": quota.every: 10 needs a unit, e.g. 10s (Go duration syntax: ms, s, m, h)
 }
 
-func ExampleLoadPolicyFile() {
-	p, err := taskrl.LoadPolicyFile("testdata/design.yaml")
+func ExampleLoadFile() {
+	p, err := policy.LoadFile("testdata/design.yaml")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	fmt.Println(len(p.Rules()), "rules; when Redis is unavailable:", p.FailureMode())
-	_, err = taskrl.LoadPolicyFile("testdata/missing.yaml")
+	_, err = policy.LoadFile("testdata/missing.yaml")
 	fmt.Println(err)
 	// Output:
 	// 5 rules; when Redis is unavailable: closed
 	// policy testdata/missing.yaml: cannot open: no such file or directory
 }
 
-func ExampleNewPolicy() {
-	p, err := taskrl.NewPolicy(
-		taskrl.Rule{
+func ExampleNew() {
+	p, err := policy.New(
+		policy.Rule{
 			Name:  "backfill",
-			Match: taskrl.Match{Queue: "bulk"},
-			Limit: quotas.GCRA{Rate: 50, Period: time.Second, Burst: 5},
+			Match: policy.Match{Queue: "bulk"},
+			Limit: limits.GCRA{Rate: 50, Period: time.Second, Burst: 5},
 		},
-		taskrl.Rule{
+		policy.Rule{
 			Name:       "per-tenant",
-			Match:      taskrl.Match{Type: "report:*"},
+			Match:      policy.Match{Type: "report:*"},
 			Key:        "tenant-{{.tenant.id}}",
 			DefaultKey: "tenant-none",
-			Limit:      quotas.Concurrency{Max: 2, Lease: time.Minute},
+			Limit:      limits.Concurrency{Max: 2, Lease: time.Minute},
 		},
 	)
 	if err != nil {
@@ -105,7 +105,7 @@ func ExampleNewPolicy() {
 }
 
 func ExampleBinding_Keys() {
-	p, _ := taskrl.ParsePolicy([]byte(`
+	p, _ := policy.Parse([]byte(`
 rules:
   - name: per-business
     match: {type: "http:call"}
@@ -126,7 +126,7 @@ rules:
 // behind the shared vendor rule: the throttle list says which rules an
 // upstream throttle blocks.
 func ExamplePolicy_WithThrottle() {
-	p, err := taskrl.ParsePolicy([]byte(`
+	p, err := policy.Parse([]byte(`
 throttle: [per-business]
 rules:
   - name: vendor
@@ -151,10 +151,10 @@ rules:
 // A soft rule may exceed its limit by a share; Raised gives the limit it
 // enforces, for its own limit or an override's.
 func ExampleRule_Raised() {
-	r := taskrl.Rule{Name: "internal-api", Match: taskrl.Match{Queue: "bulk"}, Soft: 0.1,
-		Limit: quotas.SlidingWindow{Limit: 100, Every: time.Minute}}
+	r := policy.Rule{Name: "internal-api", Match: policy.Match{Queue: "bulk"}, Soft: 0.1,
+		Limit: limits.SlidingWindow{Limit: 100, Every: time.Minute}}
 	fmt.Println(r.Raised(r.Limit))
-	fmt.Println(r.Raised(quotas.FixedWindow{Limit: 7, Every: time.Second}))
+	fmt.Println(r.Raised(limits.FixedWindow{Limit: 7, Every: time.Second}))
 	// Output:
 	// 110 per 1m0s (sliding window)
 	// 7 per 1s (fixed window)

@@ -1,4 +1,4 @@
-package taskrl
+package policy
 
 import (
 	"cmp"
@@ -13,10 +13,10 @@ import (
 	"github.com/goccy/go-yaml/ast"
 
 	"github.com/taskrl/taskrl/internal/yamldoc"
-	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/limits"
 )
 
-// ParsePolicy parses a policy document in YAML:
+// Parse parses a policy document in YAML:
 //
 //	redis_unavailable: closed            # optional: open | closed (default) | local
 //	critical:                            # optional: see Policy.WithCritical
@@ -71,18 +71,18 @@ import (
 //
 // Each rule has exactly one limit:
 //   - gcra: rate (a positive number, fractions allowed), per (a duration),
-//     burst (a whole number, at least 1; default 1): quotas.GCRA;
+//     burst (a whole number, at least 1; default 1): limits.GCRA;
 //   - adaptive: max and per, optional min (default max/100), start
-//     (default max) and burst (default 1): quotas.Adaptive, a GCRA rate
+//     (default max) and burst (default 1): limits.Adaptive, a GCRA rate
 //     the fleet learns from the remote side's throttles (numbers, fractions
 //     allowed); it may have a key, a rate learned per key, but not fair;
-//   - quota: limit and every (a duration): quotas.FixedWindow; or limit and
+//   - quota: limit and every (a duration): limits.FixedWindow; or limit and
 //     cron (a 5-field cron spec or a descriptor such as @daily) with an
-//     optional tz (an IANA zone; default UTC): quotas.CalendarWindow;
-//   - sliding: limit and every: quotas.SlidingWindow;
+//     optional tz (an IANA zone; default UTC): limits.CalendarWindow;
+//   - sliding: limit and every: limits.SlidingWindow;
 //   - concurrency: max, lease (a duration, at least 30s: asynq's own task
 //     lease; the middleware renews it every third of it while the task runs)
-//     and reserved (default 0): quotas.Concurrency.
+//     and reserved (default 0): limits.Concurrency.
 //
 // An override gives one key of a rule with a payload key its own limit, of
 // the same kind as the rule's; the key is as the rule's key template
@@ -100,9 +100,9 @@ import (
 //
 //	policy: line 7: rule "per-business": gcra.rate: must be a positive number, got -1
 //
-// and every wrong rule is reported, one per line (see PolicyError). On any
+// and every wrong rule is reported, one per line (see Error). On any
 // error the Policy is nil.
-func ParsePolicy(yaml []byte) (*Policy, error) {
+func Parse(yaml []byte) (*Policy, error) {
 	p, errs := parsePolicy(yaml)
 	if err := errs.err(); err != nil {
 		return nil, err
@@ -110,11 +110,11 @@ func ParsePolicy(yaml []byte) (*Policy, error) {
 	return p, nil
 }
 
-// LoadPolicyFile reads the policy file at path and parses it with
-// ParsePolicy. Every error mentions the path:
+// LoadFile reads the policy file at path and parses it with
+// Parse. Every error mentions the path:
 //
 //	policy /etc/worker/policy.yaml: line 7: rule "per-business": gcra.rate: must be a positive number, got -1
-func LoadPolicyFile(path string) (*Policy, error) {
+func LoadFile(path string) (*Policy, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		msg := err.Error()
@@ -122,7 +122,7 @@ func LoadPolicyFile(path string) (*Policy, error) {
 		if errors.As(err, &pe) {
 			msg = "cannot " + pe.Op + ": " + pe.Err.Error()
 		}
-		return nil, &PolicyError{File: path, Msg: msg}
+		return nil, &Error{File: path, Msg: msg}
 	}
 	p, errs := parsePolicy(data)
 	for _, e := range errs {
@@ -202,7 +202,7 @@ func parsePolicy(data []byte) (*Policy, errList) {
 	var errs errList
 	add := func(fe *yamldoc.Problem, index int, rule string) {
 		if fe != nil {
-			errs.add(&PolicyError{Line: fe.Line, Index: index, Rule: rule, Field: fe.Field, Msg: fe.Msg})
+			errs.add(&Error{Line: fe.Line, Index: index, Rule: rule, Field: fe.Field, Msg: fe.Msg})
 		}
 	}
 	var doc yamldoc.Block[policyDoc]
@@ -264,7 +264,7 @@ func parsePolicy(data []byte) (*Policy, errList) {
 		p.critical = critical
 		for i, n := range throttle {
 			if msg := p.checkThrottle(n); msg != "" {
-				errs.add(&PolicyError{Line: throttleAt[i], Field: fmt.Sprintf("throttle[%d]", i+1), Msg: msg})
+				errs.add(&Error{Line: throttleAt[i], Field: fmt.Sprintf("throttle[%d]", i+1), Msg: msg})
 			}
 		}
 		p.throttle = throttle
@@ -273,7 +273,7 @@ func parsePolicy(data []byte) (*Policy, errList) {
 		errs = append(errs, more...)
 		p.shed = shed
 	}
-	slices.SortStableFunc(errs, func(a, b *PolicyError) int {
+	slices.SortStableFunc(errs, func(a, b *Error) int {
 		return cmp.Or(cmp.Compare(a.Index, b.Index), cmp.Compare(a.Line, b.Line))
 	})
 	if len(errs) > maxErrors {
@@ -323,7 +323,7 @@ func readMatch(r *yamldoc.Reader, field string, b *yamldoc.Block[matchDoc]) Matc
 // readCritical reads the top-level critical list: matchers like a rule's.
 func readCritical(l *yamldoc.List[yamldoc.Block[matchDoc]]) ([]Match, errList) {
 	var errs errList
-	add := func(fe *yamldoc.Problem) { errs.add(&PolicyError{Line: fe.Line, Field: fe.Field, Msg: fe.Msg}) }
+	add := func(fe *yamldoc.Problem) { errs.add(&Error{Line: fe.Line, Field: fe.Field, Msg: fe.Msg}) }
 	r := &yamldoc.Reader{}
 	es := yamldoc.Entries(r, "critical", l, "a list of matchers such as - {queue: critical}")
 	if r.First != nil {
@@ -472,7 +472,7 @@ func (l *limitsDoc) given(keys map[string]int) []string {
 
 // read reads the one limit given; nil when there is none. one says that
 // there must be one.
-func (l *limitsDoc) read(r *yamldoc.Reader, keys map[string]int, one string) quotas.Limit {
+func (l *limitsDoc) read(r *yamldoc.Reader, keys map[string]int, one string) limits.Limit {
 	given := l.given(keys)
 	for _, name := range []string{"gcra", "adaptive", "quota", "sliding", "concurrency"} {
 		if keys[name] > 0 && !slices.Contains(given, name) { // written, but null
@@ -503,8 +503,8 @@ func (l *limitsDoc) read(r *yamldoc.Reader, keys map[string]int, one string) quo
 // limitOf reads the limit block b, name.
 func limitOf[T any, P interface {
 	*T
-	limit(r *yamldoc.Reader, line int) quotas.Limit
-}](r *yamldoc.Reader, name string, b *yamldoc.Block[T]) quotas.Limit {
+	limit(r *yamldoc.Reader, line int) limits.Limit
+}](r *yamldoc.Reader, name string, b *yamldoc.Block[T]) limits.Limit {
 	d := yamldoc.Open(r, name, b)
 	if d == nil || r.First != nil {
 		return nil
@@ -527,14 +527,14 @@ func need(r *yamldoc.Reader, block string, line int, keys []string, given ...boo
 	return true
 }
 
-// gcraDoc is the limit block gcra: quotas.GCRA; burst defaults to 1.
+// gcraDoc is the limit block gcra: limits.GCRA; burst defaults to 1.
 type gcraDoc struct {
 	Rate  yamldoc.Val[float64]       `yaml:"rate"`
 	Per   yamldoc.Val[time.Duration] `yaml:"per"`
 	Burst yamldoc.Val[int]           `yaml:"burst"`
 }
 
-func (d *gcraDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
+func (d *gcraDoc) limit(r *yamldoc.Reader, line int) limits.Limit {
 	rate, okRate := yamldoc.Get(r, "gcra.rate", d.Rate)
 	per, okPer := yamldoc.Get(r, "gcra.per", d.Per)
 	burst, okBurst := yamldoc.Get(r, "gcra.burst", d.Burst)
@@ -544,10 +544,10 @@ func (d *gcraDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
 	if !okBurst {
 		burst = 1
 	}
-	return quotas.GCRA{Rate: rate, Period: per, Burst: burst}
+	return limits.GCRA{Rate: rate, Period: per, Burst: burst}
 }
 
-// adaptiveDoc is the limit block adaptive: quotas.Adaptive.
+// adaptiveDoc is the limit block adaptive: limits.Adaptive.
 type adaptiveDoc struct {
 	Max   yamldoc.Val[float64]       `yaml:"max"`
 	Min   yamldoc.Val[float64]       `yaml:"min"`
@@ -556,7 +556,7 @@ type adaptiveDoc struct {
 	Burst yamldoc.Val[int]           `yaml:"burst"`
 }
 
-func (d *adaptiveDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
+func (d *adaptiveDoc) limit(r *yamldoc.Reader, line int) limits.Limit {
 	maxRate, okMax := yamldoc.Get(r, "adaptive.max", d.Max)
 	minRate, _ := yamldoc.Get(r, "adaptive.min", d.Min)
 	start, _ := yamldoc.Get(r, "adaptive.start", d.Start)
@@ -565,10 +565,10 @@ func (d *adaptiveDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
 	if r.First != nil || !need(r, "adaptive", line, []string{"max", "per"}, okMax, okPer) {
 		return nil
 	}
-	return quotas.Adaptive{Max: maxRate, Min: minRate, Start: start, Per: per, Burst: burst}
+	return limits.Adaptive{Max: maxRate, Min: minRate, Start: start, Per: per, Burst: burst}
 }
 
-// quotaDoc is the limit block quota: quotas.FixedWindow (every) or quotas.CalendarWindow (cron, tz).
+// quotaDoc is the limit block quota: limits.FixedWindow (every) or limits.CalendarWindow (cron, tz).
 type quotaDoc struct {
 	Limit yamldoc.Val[int]           `yaml:"limit"`
 	Every yamldoc.Val[time.Duration] `yaml:"every"`
@@ -576,7 +576,7 @@ type quotaDoc struct {
 	TZ    yamldoc.Val[string]        `yaml:"tz"`
 }
 
-func (d *quotaDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
+func (d *quotaDoc) limit(r *yamldoc.Reader, line int) limits.Limit {
 	limit, okLimit := yamldoc.Get(r, "quota.limit", d.Limit)
 	every, okEvery := yamldoc.Get(r, "quota.every", d.Every)
 	cron, okCron := yamldoc.Get(r, "quota.cron", d.Cron)
@@ -590,43 +590,43 @@ func (d *quotaDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
 	case okTZ && !okCron:
 		r.Fail("quota.tz", d.TZ.Line, "only allowed with cron (the calendar window's time zone)")
 	case okEvery:
-		return quotas.FixedWindow{Limit: limit, Every: every}
+		return limits.FixedWindow{Limit: limit, Every: every}
 	case okCron:
-		return quotas.CalendarWindow{Limit: limit, Cron: cron, TZ: tz}
+		return limits.CalendarWindow{Limit: limit, Cron: cron, TZ: tz}
 	default:
 		r.Fail("quota", line, "needs every (a fixed window, e.g. every: 10s) or cron (a calendar window, e.g. cron: \"0 0 * * *\")")
 	}
 	return nil
 }
 
-// slidingDoc is the limit block sliding: quotas.SlidingWindow.
+// slidingDoc is the limit block sliding: limits.SlidingWindow.
 type slidingDoc struct {
 	Limit yamldoc.Val[int]           `yaml:"limit"`
 	Every yamldoc.Val[time.Duration] `yaml:"every"`
 }
 
-func (d *slidingDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
+func (d *slidingDoc) limit(r *yamldoc.Reader, line int) limits.Limit {
 	limit, okLimit := yamldoc.Get(r, "sliding.limit", d.Limit)
 	every, okEvery := yamldoc.Get(r, "sliding.every", d.Every)
 	if r.First != nil || !need(r, "sliding", line, []string{"limit", "every"}, okLimit, okEvery) {
 		return nil
 	}
-	return quotas.SlidingWindow{Limit: limit, Every: every}
+	return limits.SlidingWindow{Limit: limit, Every: every}
 }
 
-// concurrencyDoc is the limit block concurrency: quotas.Concurrency.
+// concurrencyDoc is the limit block concurrency: limits.Concurrency.
 type concurrencyDoc struct {
 	Max      yamldoc.Val[int]           `yaml:"max"`
 	Lease    yamldoc.Val[time.Duration] `yaml:"lease"`
 	Reserved yamldoc.Val[int]           `yaml:"reserved"`
 }
 
-func (d *concurrencyDoc) limit(r *yamldoc.Reader, line int) quotas.Limit {
+func (d *concurrencyDoc) limit(r *yamldoc.Reader, line int) limits.Limit {
 	maxSlots, okMax := yamldoc.Get(r, "concurrency.max", d.Max)
 	lease, okLease := yamldoc.Get(r, "concurrency.lease", d.Lease)
 	reserved, _ := yamldoc.Get(r, "concurrency.reserved", d.Reserved)
 	if r.First != nil || !need(r, "concurrency", line, []string{"max", "lease"}, okMax, okLease) {
 		return nil
 	}
-	return quotas.Concurrency{Max: maxSlots, Lease: lease, Reserved: reserved}
+	return limits.Concurrency{Max: maxSlots, Lease: lease, Reserved: reserved}
 }

@@ -1,4 +1,4 @@
-package taskrl
+package policy
 
 import (
 	"fmt"
@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/limits"
 )
 
 // Rule is one named limit bound to tasks. A policy is a list of rules; a
@@ -34,7 +34,7 @@ type Rule struct {
 	DefaultKey string
 	// Fair, a template like Key (e.g. "{{.business_id}}"), shares a GCRA
 	// rule's capacity fairly among its values with work waiting
-	// (quotas.Rule.Fair): a value alone gets all of it, and of N values
+	// (limits.Rule.Fair): a value alone gets all of it, and of N values
 	// waiting each gets an equal share, however many tasks one of them
 	// enqueued first. A payload without the field counts as the value "".
 	// "" (the default) means first come, first served. Only a GCRA rule
@@ -71,10 +71,10 @@ type Rule struct {
 	// its own rate whenever the shared rate is at least the sum of the
 	// rates of the keys with work, and more only while there is room.
 	// The policy must have, for every task the rule governs, an enforced
-	// fair gcra rule governing it too (the shared limit); NewPolicy refuses
+	// fair gcra rule governing it too (the shared limit); New refuses
 	// a borrowing rule without one. 0 (the default): no borrowing; above 1
 	// a factor, at most 100; math.Inf(1) borrows up to the shared rule's
-	// rate (NewPolicy turns it into that factor). Only a keyed gcra rule
+	// rate (New turns it into that factor). Only a keyed gcra rule
 	// that is not fair. Policy file: borrow: 2x (or 2), borrow: true.
 	Borrow float64
 	// Prefetch lets every worker take a gcra rule's units ahead, in
@@ -86,7 +86,7 @@ type Rule struct {
 	// rate of 10,000/s with prefetch 5ms: 50 units less), so that the
 	// units handed out late never let the remote side see more than its
 	// burst; batches are only taken while the rule has room (see
-	// quotas.Rule.Prefetch), and overrides of the rule's keys are decided
+	// limits.Rule.Prefetch), and overrides of the rule's keys are decided
 	// without. 0 (the default): none; at most 100ms, below the burst's
 	// worth of the rate. Only a gcra rule that is not fair. Policy file:
 	// prefetch: 5ms.
@@ -111,19 +111,19 @@ type Rule struct {
 	// *CostError. It requires a Cost that references a field. Policy
 	// file: default_cost: 1.
 	DefaultCost int
-	// Limit is the rule's limit, exactly one of quotas.GCRA,
-	// quotas.Adaptive, quotas.FixedWindow, quotas.CalendarWindow,
-	// quotas.SlidingWindow or quotas.Concurrency (a pointer to one is
+	// Limit is the rule's limit, exactly one of limits.GCRA,
+	// limits.Adaptive, limits.FixedWindow, limits.CalendarWindow,
+	// limits.SlidingWindow or limits.Concurrency (a pointer to one is
 	// accepted and copied). Required.
-	Limit quotas.Limit
+	Limit limits.Limit
 }
 
 // Raised returns l raised by the rule's Soft share and Borrow factor: the
 // limit the rule enforces where its limit, or a key's override, is l.
 // Without either, and for kinds that cannot be raised, it returns l.
-func (r Rule) Raised(l quotas.Limit) quotas.Limit {
+func (r Rule) Raised(l limits.Limit) limits.Limit {
 	k := 1 + r.Soft
-	if g, ok := l.(quotas.GCRA); ok {
+	if g, ok := l.(limits.GCRA); ok {
 		if r.Borrow > 1 && !math.IsInf(r.Borrow, 1) {
 			k *= r.Borrow
 		}
@@ -135,10 +135,10 @@ func (r Rule) Raised(l quotas.Limit) quotas.Limit {
 	}
 	units := func(n int) int { return int(math.Floor(float64(n)*k + 1e-9)) }
 	switch l := l.(type) {
-	case quotas.FixedWindow:
+	case limits.FixedWindow:
 		l.Limit = units(l.Limit)
 		return l
-	case quotas.SlidingWindow:
+	case limits.SlidingWindow:
 		l.Limit = units(l.Limit)
 		return l
 	}
@@ -146,7 +146,7 @@ func (r Rule) Raised(l quotas.Limit) quotas.Limit {
 }
 
 // Match selects tasks by type and queue. A task matches when both set
-// fields match; the zero Match matches nothing and is refused by NewPolicy.
+// fields match; the zero Match matches nothing and is refused by New.
 type Match struct {
 	// Type is a task type pattern in path.Match syntax: "http:call",
 	// "http:*", "email:[ab]*". As in path.Match, '*' does not match '/'.
@@ -189,8 +189,8 @@ const (
 // caches; beyond it Bind still works but computes the binding each time.
 const maxBindings = 4096
 
-// Policy is a validated, compiled list of rules. Build it with NewPolicy,
-// ParsePolicy or LoadPolicyFile. A Policy is immutable and safe for
+// Policy is a validated, compiled list of rules. Build it with New,
+// Parse or LoadFile. A Policy is immutable and safe for
 // concurrent use by multiple goroutines. The zero Policy (and a nil
 // *Policy) has no rules: Bind returns nil for every task, and
 // FailureMode returns FailClosed.
@@ -218,7 +218,7 @@ type crule struct {
 	cost  int          // a literal Cost; 0 when Cost is a template or ""
 }
 
-// NewPolicy validates rules and returns a Policy that fails closed when
+// New validates rules and returns a Policy that fails closed when
 // Redis is unavailable (see WithFailureMode). Errors name the rule, the
 // field (with the names of the YAML format: gcra.rate, quota.every,
 // match.type, ...) and what is wrong, e.g.
@@ -226,7 +226,7 @@ type crule struct {
 //	policy: rule "per-business": gcra.rate: must be a positive number, got -1
 //
 // All rules are reported, one line each; on any error the Policy is nil.
-func NewPolicy(rules ...Rule) (*Policy, error) {
+func New(rules ...Rule) (*Policy, error) {
 	p, errs := buildPolicy(rules, nil, nil, FailClosed)
 	if err := errs.err(); err != nil {
 		return nil, err
@@ -249,7 +249,7 @@ func (p *Policy) WithFailureMode(mode FailureMode) (*Policy, error) {
 	switch mode {
 	case FailOpen, FailClosed, FailLocal:
 	default:
-		return nil, &PolicyError{Field: "redis_unavailable", Msg: fmt.Sprintf("must be open, closed or local, got %q", mode)}
+		return nil, &Error{Field: "redis_unavailable", Msg: fmt.Sprintf("must be open, closed or local, got %q", mode)}
 	}
 	q := p.with()
 	q.mode = mode
@@ -258,7 +258,7 @@ func (p *Policy) WithFailureMode(mode FailureMode) (*Policy, error) {
 
 // WithCritical returns a copy of p under which the tasks any of ms selects
 // are critical (the policy file's critical list): they may use the slots a
-// concurrency rule reserves (quotas.Concurrency.Reserved), which other
+// concurrency rule reserves (limits.Concurrency.Reserved), which other
 // tasks never take. Each Match needs a type pattern or a queue, as a
 // rule's; the error names the entry (critical[1].type, ...) and what is
 // wrong. No Match (the default) makes no task critical.
@@ -266,7 +266,7 @@ func (p *Policy) WithCritical(ms ...Match) (*Policy, error) {
 	var errs errList
 	for i, m := range ms {
 		if field, msg := checkMatch(m); msg != "" {
-			errs.add(&PolicyError{Field: criticalField(i, field), Msg: msg})
+			errs.add(&Error{Field: criticalField(i, field), Msg: msg})
 		}
 	}
 	if err := errs.err(); err != nil {
@@ -277,13 +277,13 @@ func (p *Policy) WithCritical(ms ...Match) (*Policy, error) {
 	return q, nil
 }
 
-// WithThrottle returns a copy of p whose upstream throttles (Throttled)
+// WithThrottle returns a copy of p whose upstream throttles (taskrl.Throttled)
 // block only the named rules (the policy file's throttle list): a task
 // throttled upstream blocks those of its rules that are named, so that a
 // per-customer 429 under throttle: [per-business] does not hold back the
 // other customers behind a shared rule. A task governed by none of them
 // (as every task when no rule is named, the default) teaches its adaptive
-// rules (quotas.Adaptive: the throttle cuts their learned rate) and blocks
+// rules (limits.Adaptive: the throttle cuts their learned rate) and blocks
 // them, or without any blocks all its rate and window rules, or without
 // those its concurrency rules. A named adaptive rule learns too.
 // Names must be rules of p; the error names the entry (throttle[1]) and
@@ -292,7 +292,7 @@ func (p *Policy) WithThrottle(names ...string) (*Policy, error) {
 	var errs errList
 	for i, n := range names {
 		if msg := p.checkThrottle(n); msg != "" {
-			errs.add(&PolicyError{Field: fmt.Sprintf("throttle[%d]", i+1), Msg: msg})
+			errs.add(&Error{Field: fmt.Sprintf("throttle[%d]", i+1), Msg: msg})
 		}
 	}
 	if err := errs.err(); err != nil {
@@ -353,7 +353,7 @@ func (p *Policy) FailureMode() FailureMode {
 }
 
 // Rules returns a copy of the policy's rules in order. Passing them to
-// NewPolicy builds an equivalent policy.
+// New builds an equivalent policy.
 func (p *Policy) Rules() []Rule {
 	if p == nil {
 		return nil
@@ -430,7 +430,7 @@ func (p *Policy) bindSlow(k bindKey) *Binding {
 
 func newBinding(all []*crule, idx []int, throttle []string, overrides []Override) *Binding {
 	b := &Binding{rules: make([]*crule, len(idx)), throttle: make([]bool, len(idx))}
-	qs := make([]quotas.Rule, len(idx))
+	qs := make([]limits.Rule, len(idx))
 	for j, i := range idx {
 		r := all[i]
 		b.rules[j] = r
@@ -438,24 +438,18 @@ func newBinding(all []*crule, idx []int, throttle []string, overrides []Override
 		for _, o := range overrides {
 			if o.Rule == r.Name {
 				if b.over == nil {
-					b.over = make([]map[string]quotas.Limit, len(idx))
+					b.over = make([]map[string]limits.Limit, len(idx))
 				}
 				if b.over[j] == nil {
-					b.over[j] = map[string]quotas.Limit{}
+					b.over[j] = map[string]limits.Limit{}
 				}
 				b.over[j][o.Key] = r.Raised(o.Limit)
 			}
 		}
-		qs[j] = quotas.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil, Prefetch: r.Prefetch}
+		qs[j] = limits.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil, Prefetch: r.Prefetch}
 		b.payload = b.payload || (r.tmpl != nil && r.tmpl.fields)
 		b.costs = b.costs || r.Cost != ""
 	}
-	s, err := quotas.NewSet(qs...)
-	if err != nil {
-		// Unreachable: every rule was validated by quotas and the names
-		// are unique, so every subset is a valid set.
-		panic("taskrl: internal error: " + err.Error())
-	}
-	b.set = s
+	b.set = qs
 	return b
 }

@@ -1,4 +1,4 @@
-package taskrl
+package policy
 
 import (
 	"errors"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/limits"
 	"github.com/taskrl/taskrl/quotas"
 )
 
@@ -22,7 +23,7 @@ func doc(limit string) string {
 	return "rules:\n  - name: a\n    match: {type: \"http:call\"}\n    " + limit + "\n"
 }
 
-func TestParsePolicyErrors(t *testing.T) {
+func TestParseErrors(t *testing.T) {
 	cases := []struct {
 		name, doc, want string
 	}{
@@ -141,7 +142,7 @@ func TestParsePolicyErrors(t *testing.T) {
 				t.Fatalf("duplicate document")
 			}
 			seen[c.doc] = true
-			p, err := ParsePolicy([]byte(c.doc))
+			p, err := Parse([]byte(c.doc))
 			if err == nil {
 				t.Fatalf("parsed:\n%s", c.doc)
 			}
@@ -151,9 +152,9 @@ func TestParsePolicyErrors(t *testing.T) {
 			if !strings.Contains(err.Error(), c.want) {
 				t.Errorf("error\n  %v\nwants\n  %s\ndocument:\n%s", err, c.want, c.doc)
 			}
-			var pe *PolicyError
+			var pe *Error
 			if !errors.As(err, &pe) {
-				t.Errorf("error %T is not a *PolicyError", err)
+				t.Errorf("error %T is not a *Error", err)
 			}
 		})
 	}
@@ -163,7 +164,7 @@ func TestParsePolicyErrors(t *testing.T) {
 }
 
 // Every wrong rule is reported, each on its own line.
-func TestParsePolicyReportsEveryRule(t *testing.T) {
+func TestParseReportsEveryRule(t *testing.T) {
 	src := `rules:
   - name: a
     match: {type: x}
@@ -175,7 +176,7 @@ func TestParsePolicyReportsEveryRule(t *testing.T) {
     match: {type: x}
     quota: {limit: 5, every: 1}
 `
-	_, err := ParsePolicy([]byte(src))
+	_, err := Parse([]byte(src))
 	if err == nil {
 		t.Fatal("parsed")
 	}
@@ -184,28 +185,28 @@ func TestParsePolicyReportsEveryRule(t *testing.T) {
 	if err.Error() != want {
 		t.Errorf("got\n%v\nwant\n%s", err, want)
 	}
-	var pe *PolicyError
+	var pe *Error
 	if !errors.As(err, &pe) || pe.Line != 4 || pe.Rule != "a" || pe.Index != 1 || pe.Field != "gcra.rate" {
 		t.Errorf("first error: %+v", pe)
 	}
 }
 
-func TestLoadPolicyFile(t *testing.T) {
+func TestLoadFile(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
 	if err := os.WriteFile(bad, []byte(doc("gcra: {rate: -1, per: 1s}")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := LoadPolicyFile(bad)
+	_, err := LoadFile(bad)
 	if want := "policy " + bad + `: line 4: rule "a": gcra.rate: must be a positive number, got -1`; err == nil || err.Error() != want {
 		t.Errorf("got %v, want %s", err, want)
 	}
 	missing := filepath.Join(dir, "missing.yaml")
-	_, err = LoadPolicyFile(missing)
+	_, err = LoadFile(missing)
 	if want := "policy " + missing + ": cannot open: "; err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("got %v, want prefix %s", err, want)
 	}
-	p, err := LoadPolicyFile("testdata/design.yaml")
+	p, err := LoadFile("testdata/design.yaml")
 	if err != nil || len(p.Rules()) != 5 {
 		t.Fatalf("design policy: %v", err)
 	}
@@ -219,7 +220,7 @@ func TestRedisUnavailable(t *testing.T) {
 		"redis_unavailable: closed\n": FailClosed,
 		"redis_unavailable: local\n":  FailLocal,
 	} {
-		p, err := ParsePolicy([]byte(doc + "rules: [{name: a, match: {type: x}, gcra: {rate: 1, per: 1s}}]"))
+		p, err := Parse([]byte(doc + "rules: [{name: a, match: {type: x}, gcra: {rate: 1, per: 1s}}]"))
 		if err != nil {
 			t.Fatalf("%q: %v", doc, err)
 		}
@@ -227,9 +228,9 @@ func TestRedisUnavailable(t *testing.T) {
 			t.Errorf("%q: got %q, want %q", doc, got, want)
 		}
 	}
-	p, err := NewPolicy(Rule{Name: "a", Match: Match{Type: "x"}, Limit: quotas.FixedWindow{Limit: 1, Every: time.Second}})
+	p, err := New(Rule{Name: "a", Match: Match{Type: "x"}, Limit: limits.FixedWindow{Limit: 1, Every: time.Second}})
 	if err != nil || p.FailureMode() != FailClosed {
-		t.Fatalf("NewPolicy: %v %v", err, p.FailureMode())
+		t.Fatalf("New: %v %v", err, p.FailureMode())
 	}
 	q, err := p.WithFailureMode(FailLocal)
 	if err != nil || q.FailureMode() != FailLocal || p.FailureMode() != FailClosed || len(q.Rules()) != 1 {
@@ -245,16 +246,16 @@ func TestRedisUnavailable(t *testing.T) {
 
 // The README's example policy, parsed, bound and keyed.
 func TestDesignPolicy(t *testing.T) {
-	p, err := LoadPolicyFile("testdata/design.yaml")
+	p, err := LoadFile("testdata/design.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Rule{
-		{Name: "vendor-peak", Match: Match{Type: "http:call"}, Limit: quotas.GCRA{Rate: 18, Period: time.Second, Burst: 3}},
-		{Name: "vendor-window", Match: Match{Type: "http:call"}, Limit: quotas.FixedWindow{Limit: 190, Every: 10 * time.Second}},
-		{Name: "vendor-daily", Match: Match{Type: "http:call"}, Limit: quotas.CalendarWindow{Limit: 10000, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
-		{Name: "per-business", Match: Match{Type: "http:call"}, Key: "{{.business_id}}", Limit: quotas.GCRA{Rate: 1.8, Period: time.Second, Burst: 1}},
-		{Name: "business-concurrency", Match: Match{Type: "http:call"}, Key: "{{.business_id}}", Limit: quotas.Concurrency{Max: 2, Lease: 30 * time.Second}},
+		{Name: "vendor-peak", Match: Match{Type: "http:call"}, Limit: limits.GCRA{Rate: 18, Period: time.Second, Burst: 3}},
+		{Name: "vendor-window", Match: Match{Type: "http:call"}, Limit: limits.FixedWindow{Limit: 190, Every: 10 * time.Second}},
+		{Name: "vendor-daily", Match: Match{Type: "http:call"}, Limit: limits.CalendarWindow{Limit: 10000, Cron: "0 0 * * *", TZ: "America/Los_Angeles"}},
+		{Name: "per-business", Match: Match{Type: "http:call"}, Key: "{{.business_id}}", Limit: limits.GCRA{Rate: 1.8, Period: time.Second, Burst: 1}},
+		{Name: "business-concurrency", Match: Match{Type: "http:call"}, Key: "{{.business_id}}", Limit: limits.Concurrency{Max: 2, Lease: 30 * time.Second}},
 	}
 	if got := p.Rules(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("rules\n%+v\nwant\n%+v", got, want)
@@ -280,7 +281,7 @@ func TestDesignPolicy(t *testing.T) {
 		t.Errorf("pairs with the same rules do not share a binding")
 	}
 	// The round trip: the rules build an equal policy.
-	q, err := NewPolicy(p.Rules()...)
+	q, err := New(p.Rules()...)
 	if err != nil || !reflect.DeepEqual(q.Rules(), want) {
 		t.Errorf("round trip: %v", err)
 	}
@@ -288,14 +289,14 @@ func TestDesignPolicy(t *testing.T) {
 
 func names(b *Binding) string {
 	var ns []string
-	for _, r := range b.Set().Rules() {
+	for _, r := range b.Rules() {
 		ns = append(ns, r.Name)
 	}
 	return strings.Join(ns, " ")
 }
 
 func TestBindMatching(t *testing.T) {
-	p, err := ParsePolicy([]byte(`
+	p, err := Parse([]byte(`
 redis_unavailable: local
 rules:
   - name: http-all
@@ -344,13 +345,13 @@ rules:
 		t.Errorf("zero policy binds")
 	}
 	var nb *Binding
-	if k, err := nb.Keys([]byte("x")); k != nil || err != nil || nb.Set() != nil {
+	if k, err := nb.Keys([]byte("x")); k != nil || err != nil || nb.Rules() != nil {
 		t.Errorf("nil binding")
 	}
 }
 
 func TestBindDoesNotAllocateWhenCached(t *testing.T) {
-	p, err := LoadPolicyFile("testdata/design.yaml")
+	p, err := LoadFile("testdata/design.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +366,7 @@ func TestBindDoesNotAllocateWhenCached(t *testing.T) {
 }
 
 func TestBindCacheIsBounded(t *testing.T) {
-	p, err := NewPolicy(Rule{Name: "a", Match: Match{Type: "t*"}, Limit: quotas.FixedWindow{Limit: 1, Every: time.Second}})
+	p, err := New(Rule{Name: "a", Match: Match{Type: "t*"}, Limit: limits.FixedWindow{Limit: 1, Every: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +381,7 @@ func TestBindCacheIsBounded(t *testing.T) {
 }
 
 func TestBindConcurrent(t *testing.T) {
-	p, err := ParsePolicy([]byte(`rules:
+	p, err := Parse([]byte(`rules:
   - {name: a, match: {type: "t:*"}, gcra: {rate: 1, per: 1s}}
   - {name: b, match: {queue: q1}, quota: {limit: 5, every: 1s}}
   - {name: c, match: {type: "t:1*", queue: q2}, key: "{{.id}}", concurrency: {max: 1, lease: 30s}}
@@ -422,12 +423,12 @@ func TestBindConcurrent(t *testing.T) {
 
 func TestKeys(t *testing.T) {
 	rules := []Rule{
-		{Name: "global", Match: Match{Type: "*"}, Limit: quotas.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
-		{Name: "nested", Match: Match{Type: "*"}, Key: "{{ .account.id }}", Limit: quotas.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
-		{Name: "composite", Match: Match{Type: "*"}, Key: "tenant-{{.t}}-{{.region}}", DefaultKey: "tenant-unknown", Limit: quotas.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
-		{Name: "literal", Match: Match{Type: "*"}, Key: "fixed", Limit: quotas.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
+		{Name: "global", Match: Match{Type: "*"}, Limit: limits.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
+		{Name: "nested", Match: Match{Type: "*"}, Key: "{{ .account.id }}", Limit: limits.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
+		{Name: "composite", Match: Match{Type: "*"}, Key: "tenant-{{.t}}-{{.region}}", DefaultKey: "tenant-unknown", Limit: limits.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
+		{Name: "literal", Match: Match{Type: "*"}, Key: "fixed", Limit: limits.GCRA{Rate: 1, Period: time.Second, Burst: 1}},
 	}
-	p, err := NewPolicy(rules...)
+	p, err := New(rules...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +482,7 @@ func TestKeys(t *testing.T) {
 
 // Only global (and literal) rules: the payload is never decoded.
 func TestKeysWithoutTemplatesIgnoresPayload(t *testing.T) {
-	p, err := ParsePolicy([]byte(`rules:
+	p, err := Parse([]byte(`rules:
   - {name: a, match: {type: x}, gcra: {rate: 1, per: 1s}}
   - {name: b, match: {type: x}, key: static, quota: {limit: 1, every: 1s}}
 `))
@@ -494,45 +495,45 @@ func TestKeysWithoutTemplatesIgnoresPayload(t *testing.T) {
 	}
 }
 
-func TestNewPolicyErrors(t *testing.T) {
-	g := quotas.GCRA{Rate: 1, Period: time.Second, Burst: 1}
+func TestNewErrors(t *testing.T) {
+	g := limits.GCRA{Rate: 1, Period: time.Second, Burst: 1}
 	for _, c := range []struct {
 		rules []Rule
 		want  string
 	}{
 		{nil, "policy: rules: a policy needs at least one rule"},
 		{[]Rule{{Name: "a", Match: Match{Type: "x"}}}, `policy: rule "a": no limit`},
-		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: (*quotas.GCRA)(nil)}}, `policy: rule "a": no limit`},
-		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: quotas.GCRA{Rate: -1, Period: time.Second, Burst: 1}}}, `policy: rule "a": gcra.rate: must be a positive number, got -1`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: (*limits.GCRA)(nil)}}, `policy: rule "a": no limit`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: limits.GCRA{Rate: -1, Period: time.Second, Burst: 1}}}, `policy: rule "a": gcra.rate: must be a positive number, got -1`},
 		{[]Rule{{Name: "a", Limit: g}}, `policy: rule "a": match: needs a task type`},
 		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Key: "{{.a}", Limit: g}}, `policy: rule "a": key: bad template "{{.a}": unclosed "{{"`},
 		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: g}, {Name: "a", Match: Match{Type: "y"}, Limit: g}}, `policy: rule 2: name: "a" is already the name of rule 1`},
 		{[]Rule{{Name: "", Match: Match{Type: "x"}, Limit: g}}, `policy: rule 1: name: missing`},
-		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: quotas.CalendarWindow{Limit: 1, Cron: "@daily", TZ: "Nowhere/Land"}}}, `policy: rule "a": quota.tz: unknown time zone "Nowhere/Land"`},
-		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: quotas.GCRA{Rate: math.NaN(), Period: time.Second, Burst: 1}}}, `policy: rule "a": gcra.rate: must be a positive number, got NaN`},
-		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: &quotas.SlidingWindow{Limit: 5}}}, `policy: rule "a": sliding.every: must be at least 1ms, got 0s`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: limits.CalendarWindow{Limit: 1, Cron: "@daily", TZ: "Nowhere/Land"}}}, `policy: rule "a": quota.tz: unknown time zone "Nowhere/Land"`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: limits.GCRA{Rate: math.NaN(), Period: time.Second, Burst: 1}}}, `policy: rule "a": gcra.rate: must be a positive number, got NaN`},
+		{[]Rule{{Name: "a", Match: Match{Type: "x"}, Limit: &limits.SlidingWindow{Limit: 5}}}, `policy: rule "a": sliding.every: must be at least 1ms, got 0s`},
 		{[]Rule{{Name: "a b", Match: Match{Type: "x"}, Limit: g}}, `policy: rule 1: name: "a b" contains ' '; allowed are letters, digits, '_', '.' and '-'`},
 	} {
-		p, err := NewPolicy(c.rules...)
+		p, err := New(c.rules...)
 		if err == nil || p != nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: got %v, want %s", c.rules, err, c.want)
 		}
 	}
 	// Pointer limits are accepted and stored as values.
-	lim := &quotas.Concurrency{Max: 2, Lease: time.Minute}
-	p, err := NewPolicy(Rule{Name: "a", Match: Match{Queue: "q"}, Limit: lim})
+	lim := &limits.Concurrency{Max: 2, Lease: time.Minute}
+	p, err := New(Rule{Name: "a", Match: Match{Queue: "q"}, Limit: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
 	lim.Max = 0
-	if got := p.Rules()[0].Limit; got != (quotas.Concurrency{Max: 2, Lease: time.Minute}) {
+	if got := p.Rules()[0].Limit; got != (limits.Concurrency{Max: 2, Lease: time.Minute}) {
 		t.Errorf("stored limit %#v", got)
 	}
 }
 
 // Anchors, aliases and merge keys work; the lines still point at the value.
-func TestParsePolicyAnchors(t *testing.T) {
-	p, err := ParsePolicy([]byte(`rules:
+func TestParseAnchors(t *testing.T) {
+	p, err := Parse([]byte(`rules:
   - &vendor
     name: vendor-peak
     match: &http {type: "http:call"}
@@ -548,25 +549,25 @@ func TestParsePolicyAnchors(t *testing.T) {
 		t.Fatal(err)
 	}
 	rs := p.Rules()
-	if len(rs) != 3 || rs[1].Match.Type != "http:call" || rs[1].Limit != (quotas.GCRA{Rate: 5, Period: time.Second, Burst: 1}) || rs[2].Match.Type != "http:call" {
+	if len(rs) != 3 || rs[1].Match.Type != "http:call" || rs[1].Limit != (limits.GCRA{Rate: 5, Period: time.Second, Burst: 1}) || rs[2].Match.Type != "http:call" {
 		t.Errorf("rules %+v", rs)
 	}
-	_, err = ParsePolicy([]byte("rules:\n  - &r\n    name: a\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n  - <<: *r\n"))
+	_, err = Parse([]byte("rules:\n  - &r\n    name: a\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n  - <<: *r\n"))
 	if err == nil || !strings.Contains(err.Error(), `rule 2: name: "a" is already the name of rule 1`) {
 		t.Errorf("merged duplicate: %v", err)
 	}
-	_, err = ParsePolicy([]byte("rules:\n  - &r\n    name: a\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n    <<: *r\n"))
+	_, err = Parse([]byte("rules:\n  - &r\n    name: a\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n    <<: *r\n"))
 	if err == nil || !strings.Contains(err.Error(), "line 6: rule 1: <<: alias *r is inside the value it refers to") {
 		t.Errorf("self-merge: %v", err)
 	}
 	// Keys written override those merged, wherever the merge key is.
-	p, err = ParsePolicy([]byte("rules:\n  - &r\n    name: a\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n  - name: b\n    <<: *r\n"))
+	p, err = Parse([]byte("rules:\n  - &r\n    name: a\n    match: {type: x}\n    gcra: {rate: 1, per: 1s}\n  - name: b\n    <<: *r\n"))
 	if err != nil || p.Rules()[1].Name != "b" {
 		t.Errorf("merge after a key: %v", err)
 	}
 }
 
-func FuzzParsePolicy(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	design, err := os.ReadFile("testdata/design.yaml")
 	if err != nil {
 		f.Fatal(err)
@@ -577,7 +578,7 @@ func FuzzParsePolicy(f *testing.F) {
 	f.Add([]byte(doc(`quota: {limit: 5, cron: "0 9 * * 1", tz: Europe/Paris}`)))
 	f.Add([]byte(doc(`concurrency: {max: 3, lease: 1m, reserved: 1}`)))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		p, err := ParsePolicy(data)
+		p, err := Parse(data)
 		if err != nil {
 			if p != nil {
 				t.Fatal("policy and error")
@@ -587,7 +588,7 @@ func FuzzParsePolicy(f *testing.F) {
 			}
 			return
 		}
-		q, err := NewPolicy(p.Rules()...)
+		q, err := New(p.Rules()...)
 		if err != nil {
 			t.Fatalf("rules of a parsed policy do not validate: %v", err)
 		}
@@ -607,7 +608,7 @@ func FuzzParsePolicy(f *testing.F) {
 }
 
 func TestCritical(t *testing.T) {
-	p, err := ParsePolicy([]byte(`
+	p, err := Parse([]byte(`
 critical:
   - {queue: critical}
   - {type: "payments:*"}
@@ -656,7 +657,7 @@ rules:
 }
 
 func TestThrottleList(t *testing.T) {
-	p, err := ParsePolicy([]byte(`
+	p, err := Parse([]byte(`
 throttle: [per-business]
 rules:
   - name: vendor
@@ -688,13 +689,13 @@ rules:
 // TestHTTPSkipped: the http section is the worker binary's; the library
 // accepts it without reading it.
 func TestHTTPSkipped(t *testing.T) {
-	if _, err := ParsePolicy([]byte("http:\n  allow_hosts: [{a: 1}]\n  anything: else\n" + doc("gcra: {rate: 1, per: 1s}"))); err != nil {
+	if _, err := Parse([]byte("http:\n  allow_hosts: [{a: 1}]\n  anything: else\n" + doc("gcra: {rate: 1, per: 1s}"))); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func TestFairRequest(t *testing.T) {
-	p, err := ParsePolicy([]byte(`
+	p, err := Parse([]byte(`
 critical:
   - {queue: vip}
 rules:
@@ -711,7 +712,7 @@ rules:
 		t.Fatal(err)
 	}
 	b := p.Bind("http:call", "default")
-	if rs := b.Set().Rules(); !rs[0].Fair || rs[1].Fair {
+	if rs := b.Rules(); !rs[0].Fair || rs[1].Fair {
 		t.Fatalf("fair flags: %+v", rs)
 	}
 	for payload, want := range map[string][2]string{
@@ -726,7 +727,7 @@ rules:
 	}
 	// A flow that cannot be rendered is "": fairness is no reason to refuse
 	// a task; the key's missing field still is.
-	only := mustPolicy(t, Rule{Name: "peak", Match: Match{Type: "x"}, Fair: "{{.b}}", Limit: quotas.GCRA(gcra.PerSecond(1))}).Bind("x", "q")
+	only := mustNew(t, Rule{Name: "peak", Match: Match{Type: "x"}, Fair: "{{.b}}", Limit: limits.GCRA(gcra.PerSecond(1))}).Bind("x", "q")
 	for _, payload := range []string{`{}`, `{"b": null}`, `not json`} {
 		if req, err := only.Request([]byte(payload)); err != nil || req.Fair[0] != "" {
 			t.Errorf("Request(%s) = %+v, %v", payload, req, err)
@@ -744,7 +745,7 @@ rules:
 // nesting, huge numbers, invalid UTF-8, long strings): never a panic, and a
 // payload that renders gives keys a Limiter accepts.
 func FuzzRequest(f *testing.F) {
-	p, err := ParsePolicy([]byte(`rules:
+	p, err := Parse([]byte(`rules:
   - name: per-business
     match: {type: job}
     key: "{{.business_id}}:{{.region}}"
@@ -770,6 +771,10 @@ func FuzzRequest(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	set, err := quotas.NewSet(b.Rules()...)
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		rq, err := b.Request(payload)
 		if err != nil {
@@ -778,8 +783,41 @@ func FuzzRequest(f *testing.F) {
 		if len(rq.Keys) != 2 || len(rq.Fair) != 2 {
 			t.Fatalf("payload %q: request %+v", payload, rq)
 		}
-		if _, err := quotas.NewModel().AllowAt(time.Unix(1e9, 0), b.Set(), rq); err != nil {
+		if _, err := quotas.NewModel().AllowAt(time.Unix(1e9, 0), set, rq); err != nil {
 			t.Fatalf("payload %q: keys %q: %v", payload, rq.Keys, err)
 		}
 	})
+}
+
+// TestCostPolicyErrors: cost and default_cost are checked
+// like the rest of a rule, each error naming the line and the field.
+func TestCostPolicyErrors(t *testing.T) {
+	for _, tc := range []struct{ name, doc, want string }{
+		{"cost on concurrency", doc("concurrency: {max: 2, lease: 30s}\n    cost: \"{{.units}}\""), `policy: line 5: rule "a": cost: a concurrency rule takes one slot per task; only gcra, adaptive, quota and sliding rules have a cost`},
+		{"cost zero", doc("gcra: {rate: 30, per: 1s, burst: 30}\n    cost: 0"), `policy: line 5: rule "a": cost: must be a whole number of at least 1, got 0`},
+		{"cost above burst", doc("gcra: {rate: 30, per: 1s, burst: 30}\n    cost: 31"), `policy: line 5: rule "a": cost: 31 is above the rule's burst of 30: no task could ever pass`},
+		{"cost above window", doc("quota: {limit: 10, every: 1m}\n    cost: \"11\""), `policy: line 5: rule "a": cost: 11 is above the rule's limit of 10: no task could ever pass`},
+		{"cost literal text", doc("gcra: {rate: 30, per: 1s}\n    cost: three"), `policy: line 5: rule "a": cost: must be a whole number of at least 1 or a template over the payload such as "{{.units}}", got "three"`},
+		{"cost bad template", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{units}}\""), `policy: line 5: rule "a": cost: bad template "{{units}}": only field references`},
+		{"cost a list", doc("gcra: {rate: 30, per: 1s}\n    cost: [1]"), `policy: line 5: rule "a": cost: must be a string, got a list`},
+		{"cost with prefetch", doc("gcra: {rate: 1000, per: 1s, burst: 100}\n    prefetch: 5ms\n    cost: 2"), `policy: line 6: rule "a": cost: a rule with prefetch hands out one unit per task; remove prefetch or cost`},
+		{"default_cost without cost", doc("gcra: {rate: 30, per: 1s}\n    default_cost: 1"), `policy: line 5: rule "a": default_cost: set, but the rule has no cost`},
+		{"default_cost with a literal", doc("gcra: {rate: 30, per: 1s, burst: 5}\n    cost: 2\n    default_cost: 1"), `policy: line 6: rule "a": default_cost: set, but cost references no payload field that could be missing`},
+		{"default_cost zero or less", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: -1"), `policy: line 6: rule "a": default_cost: must be a whole number of at least 1, got -1`},
+		{"default_cost above burst", doc("gcra: {rate: 30, per: 1s, burst: 3}\n    cost: \"{{.u}}\"\n    default_cost: 4"), `policy: line 6: rule "a": default_cost: 4 is above the rule's burst of 3: no task could ever pass`},
+		{"default_cost not whole", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: 1.5"), `policy: line 6: rule "a": default_cost: must be a whole number`},
+		{"settle_header is the worker's", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    settle_header: X-Cost"), `policy: line 6: rule "a": settle_header: unknown field; expected name, match, key, default_key, fair, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.doc))
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("got  %v\nwant %s", err, tc.want)
+			}
+		})
+	}
+	// Go: the same checks, by field.
+	_, err := New(Rule{Name: "c", Match: Match{Type: "x"}, Cost: "2", Limit: limits.Concurrency{Max: 2, Lease: time.Minute}})
+	if err == nil || !strings.Contains(err.Error(), `rule "c": cost: a concurrency rule`) {
+		t.Errorf("New: %v", err)
+	}
 }

@@ -1,0 +1,156 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/taskrl/taskrl/limits"
+)
+
+// overrideDoc is a policy with a global and a per-business rule (lines
+// 2-4 and 5-8) and the given overrides list from line 9.
+func overrideDoc(overrides string) string {
+	return `rules:
+  - name: peak
+    match: {type: job}
+    gcra: {rate: 100, per: 1s, burst: 10}
+  - name: per-business
+    match: {type: job}
+    key: "{{.business_id}}"
+    gcra: {rate: 1, per: 1s}
+overrides:
+` + overrides
+}
+
+func TestParseOverrides(t *testing.T) {
+	p, err := Parse([]byte(overrideDoc(`  - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s, burst: 2}}
+  - rule: per-business
+    key: 42
+    gcra: {rate: 0.5, per: 1s}
+`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Override{
+		{Rule: "per-business", Key: "b7", Limit: limits.GCRA{Rate: 5, Period: time.Second, Burst: 2}},
+		{Rule: "per-business", Key: "42", Limit: limits.GCRA{Rate: 0.5, Period: time.Second, Burst: 1}},
+	}
+	if got := p.Overrides(); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("overrides %+v, want %+v", got, want)
+	}
+	b := p.Bind("job", "q")
+	for payload, wantLimit := range map[string]limits.Limit{
+		`{"business_id": "b7"}`: want[0].Limit,
+		`{"business_id": 42}`:   want[1].Limit,
+		`{"business_id": "b8"}`: limits.GCRA{Rate: 1, Period: time.Second, Burst: 1},
+	} {
+		rq, err := b.Request([]byte(payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := b.ForKeys(rq.Keys)
+		rules := v.Rules()
+		if rules[1].Limit != wantLimit || rules[0].Limit != (limits.GCRA{Rate: 100, Period: time.Second, Burst: 10}) || rules[1].Name != "per-business" {
+			t.Errorf("%s: rules %+v, want per-business at %v", payload, rules, wantLimit)
+		}
+		if again := b.ForKeys(rq.Keys); again != v {
+			t.Errorf("%s: the variant is not cached", payload)
+		}
+	}
+
+	for _, tc := range []struct{ name, overrides, want string }{
+		{"unknown rule", "  - {rule: nope, key: b7, gcra: {rate: 5, per: 1s}}\n", `line 10: overrides[1].rule: no rule is named "nope"`},
+		{"global rule", "  - {rule: peak, key: b7, gcra: {rate: 5, per: 1s}}\n", `line 10: overrides[1].rule: rule "peak" has no key`},
+		{"no key", "  - {rule: per-business, gcra: {rate: 5, per: 1s}}\n", `overrides[1].key: missing`},
+		{"bad limit", "  - {rule: per-business, key: b7, gcra: {rate: -5, per: 1s}}\n", `line 10: overrides[1].gcra.rate: must be a positive number`},
+		{"other kind", "  - {rule: per-business, key: b7, quota: {limit: 5, every: 1s}}\n", `overrides[1].quota: is 5 per 1s (fixed window); rule "per-business" is 1/1s burst 1 (GCRA)`},
+		{"twice", "  - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s}}\n  - {rule: per-business, key: b7, gcra: {rate: 6, per: 1s}}\n", `line 11: overrides[2].key: rule "per-business" key "b7" is already overridden by overrides[1]`},
+		{"no limit", "  - {rule: per-business, key: b7}\n", `line 10: overrides[1]: no limit`},
+		{"two limits", "  - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s}, sliding: {limit: 1, every: 1s}}\n", `overrides[1]: has both gcra and sliding`},
+		{"unknown field", "  - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s}, plan: gold}\n", `overrides[1].plan: unknown field`},
+		{"not a list", "  rule: per-business\n", `overrides: must be a list`},
+	} {
+		_, err := Parse([]byte(overrideDoc(tc.overrides)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestWithOverrides(t *testing.T) {
+	p, err := Parse([]byte(overrideDoc("  - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s}}\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gold := limits.GCRA{Rate: 8, Period: time.Second, Burst: 1}
+	q, err := p.WithOverrides(Override{Rule: "per-business", Key: "b7", Limit: &gold}, Override{Rule: "per-business", Key: "b9", Limit: gold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := q.Overrides(); len(got) != 2 || got[0].Key != "b7" || got[0].Limit != gold || got[1].Key != "b9" {
+		t.Fatalf("overrides %+v", got)
+	}
+	if len(p.Overrides()) != 1 || p.Overrides()[0].Limit == gold {
+		t.Fatal("WithOverrides changed its receiver")
+	}
+	_, err = p.WithOverrides(Override{Rule: "peak", Key: "x", Limit: gold}, Override{Rule: "per-business", Key: "b1", Limit: limits.GCRA{}})
+	if err == nil || !strings.Contains(err.Error(), "overrides[1].rule") || !strings.Contains(err.Error(), "overrides[2].gcra") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestParseLimit(t *testing.T) {
+	for in, want := range map[string]limits.Limit{
+		"gcra: {rate: 5, per: 1s, burst: 2}":   limits.GCRA{Rate: 5, Period: time.Second, Burst: 2},
+		"quota: {limit: 100, every: 1h}":       limits.FixedWindow{Limit: 100, Every: time.Hour},
+		"concurrency: {max: 3, lease: 1m}":     limits.Concurrency{Max: 3, Lease: time.Minute},
+		"sliding:\n  limit: 7\n  every: 10s\n": limits.SlidingWindow{Limit: 7, Every: 10 * time.Second},
+		"adaptive: {max: 40, min: 2, per: 1s}": limits.Adaptive{Max: 40, Min: 2, Per: time.Second},
+	} {
+		got, err := ParseLimit([]byte(in))
+		if err != nil || got != want {
+			t.Errorf("%q: got %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for in, want := range map[string]string{
+		"":                          "the document is empty",
+		"gcra: {rate: -1, per: 1s}": "line 1: gcra.rate: must be a positive number",
+		"gcra: {rate: 1, per: 1s}\nquota: {limit: 1, every: 1s}": "want exactly one limit block, got 2",
+		"rate: 5":                          "rate: unknown field",
+		"concurrency: {max: 3, lease: 1s}": "concurrency.lease: must be at least 30s",
+		"gcra: [1]":                        "gcra: must be a mapping",
+	} {
+		if _, err := ParseLimit([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want %q", in, err, want)
+		}
+	}
+}
+
+// TestOverridePrefetch: a key's override of a prefetching rule is decided
+// without prefetch (its burst may be too small for it); the other keys
+// keep it.
+func TestOverridePrefetch(t *testing.T) {
+	p, err := Parse([]byte(`rules:
+  - name: per-business
+    match: {type: job}
+    key: "{{.business_id}}"
+    prefetch: 10ms
+    gcra: {rate: 1000, per: 1s, burst: 100}
+overrides:
+  - {rule: per-business, key: small, gcra: {rate: 5, per: 1s}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.Bind("job", "q")
+	for biz, want := range map[string]time.Duration{"small": 0, "other": 10 * time.Millisecond} {
+		rq, err := b.Request([]byte(`{"business_id": "` + biz + `"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := b.ForKeys(rq.Keys).Rules()[0].Prefetch; got != want {
+			t.Errorf("business %s: prefetch %v, want %v", biz, got, want)
+		}
+	}
+}
