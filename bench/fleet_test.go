@@ -417,8 +417,9 @@ func redisCPU(t *testing.T) time.Duration {
 // TestFleetCost measures issue 15's per-task figures with the built
 // worker, 3 processes of 16 slots, in one run against one redis-server:
 // Redis commands per task and throughput for 15,000 tasks under no rule,
-// one GCRA rule (plain, and with prefetch: 9ms) and five rules that never
-// bind; and commands per
+// one GCRA rule (plain, and with prefetch: 9ms), three global rules (a
+// rate, a 10 s window, a daily quota; plain, and all with prefetch: 9ms)
+// and five rules that never bind; and commands per
 // delivered task for a backlog 10x and 30x a 50/s rule. Each rule case
 // logs its commands per task by name too; TASKRL_FLEET_CASES and
 // TASKRL_WORKER_BASE (see below) restrict the run and add another build. It fails only if
@@ -441,6 +442,23 @@ func TestFleetCost(t *testing.T) {
     gcra: {rate: 100000, per: 1s, burst: 1000}
 `
 	prefetch := strings.Replace(one, "    gcra:", "    prefetch: 9ms\n    gcra:", 1)
+	// Three global rules that never bind (the first three of fivePolicy),
+	// each prefetching: a rate, a 10 s window and a daily quota.
+	threePrefetch := `rules:
+  - name: peak
+    match: {type: "http:call"}
+    prefetch: 9ms
+    gcra: {rate: 100000, per: 1s, burst: 1000}
+  - name: window
+    match: {type: "http:call"}
+    prefetch: 9ms
+    quota: {limit: 10000000, every: 10s}
+  - name: daily
+    match: {type: "http:call"}
+    prefetch: 9ms
+    quota: {limit: 100000000, cron: "0 0 * * *", tz: UTC}
+`
+	three := strings.ReplaceAll(threePrefetch, "    prefetch: 9ms\n", "")
 	// TASKRL_FLEET_CASES (say "none,five") restricts the run to those
 	// cases; TASKRL_WORKER_BASE names another worker binary (say, built
 	// from an earlier commit) whose rule cases run too, in the same run.
@@ -454,7 +472,7 @@ func TestFleetCost(t *testing.T) {
 	if b := os.Getenv("TASKRL_WORKER_BASE"); b != "" {
 		bins = append(bins, struct{ label, bin string }{b + ": ", b})
 	}
-	for _, c := range []struct{ name, policy string }{{"one", one}, {"one-prefetch", prefetch}, {"five", fivePolicy}} {
+	for _, c := range []struct{ name, policy string }{{"one", one}, {"one-prefetch", prefetch}, {"three", three}, {"three-prefetch", threePrefetch}, {"five", fivePolicy}} {
 		if !want(c.name) {
 			continue
 		}

@@ -23,17 +23,25 @@ type Rule struct {
 	// every request is a booking of its own: about 10 µs more Redis time
 	// per decision than a plain rule (BENCHMARKS.md).
 	Fair bool
-	// Prefetch, for a GCRA rule that is not fair, lets a quotas.Limiter take the
-	// rule's units ahead in batches (token leasing) and hand them out in
-	// its process, each within Prefetch of the moment the batch was
-	// taken, so that a busy process needs a script call for a batch, not
-	// for every request (see quotas.Limiter.Allow). A unit handed out up to
-	// Prefetch after its moment could push a span of real time over the
-	// limit by Prefetch's worth of units, so the rule decides every
-	// request with Burst lowered by ceil(Prefetch/T) (RuleStatus reports
-	// that burst): what is handed out never exceeds Burst plus one per T
-	// elapsed in any span. 0 (the default) takes nothing ahead; at most
-	// MaxPrefetch, and Burst must exceed ceil(Prefetch/T).
+	// Prefetch, for a GCRA rule that is not fair or a FixedWindow or
+	// CalendarWindow, lets a quotas.Limiter take the rule's units ahead
+	// in batches (token leasing) and hand them out in its process, each
+	// within Prefetch of the moment the batch was taken, so that a busy
+	// process needs a script call for a batch, not for every request (see
+	// quotas.Limiter.Allow); a set prefetches when all its rules do.
+	//
+	// A GCRA unit handed out up to Prefetch after its moment could push a
+	// span of real time over the limit by Prefetch's worth of units, so
+	// the rule decides every request with Burst lowered by ceil(Prefetch/T)
+	// (RuleStatus reports that burst): what is handed out never exceeds
+	// Burst plus one per T elapsed in any span; Burst must exceed
+	// ceil(Prefetch/T). A window's units are counted in the window of the
+	// batch and handed out only before that window ends, so no window ever
+	// admits more than its Limit; a batch takes at most WindowBatch(Limit)
+	// units, and the units a process did not hand out are given back when
+	// they expire.
+	//
+	// 0 (the default) takes nothing ahead; at most MaxPrefetch.
 	Prefetch time.Duration
 }
 
@@ -82,6 +90,8 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 		return fail(e)
 	}
 	g, plain := r.Limit.(GCRA)
+	_, fixed := r.Limit.(FixedWindow)
+	_, calendar := r.Limit.(CalendarWindow)
 	if r.Fair && !plain {
 		msg := fmt.Sprintf("only a GCRA rule can be fair, not a %s", r.Limit)
 		return fail(&RuleError{Field: "Rule.Fair", Reason: msg, msg: msg})
@@ -92,12 +102,12 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 			return fail(&RuleError{Field: "Rule.Prefetch", Reason: msg, msg: "prefetch " + msg})
 		}
 		switch {
-		case !plain || r.Fair:
-			return bad("is only for a GCRA rule that is not fair, not %s", r.Limit)
+		case !(plain || fixed || calendar) || r.Fair:
+			return bad("is only for a GCRA rule that is not fair or a fixed or calendar window, not %s", r.Limit)
 		case r.Prefetch < time.Microsecond || r.Prefetch > MaxPrefetch:
 			return bad("must be between 1µs and %v, got %v", MaxPrefetch, r.Prefetch)
 		}
-		if ahead := Ahead(g, r.Prefetch); ahead >= int64(g.Burst) {
+		if ahead := Ahead(g, r.Prefetch); plain && ahead >= int64(g.Burst) {
 			return bad("%v takes %d units of %s ahead: the burst must be above that", r.Prefetch, ahead, r.Limit)
 		}
 	}
@@ -165,6 +175,12 @@ func badLimit(field, word, format string, args ...any) *RuleError {
 	reason := fmt.Sprintf(format, args...)
 	return &RuleError{Field: field, Reason: reason, msg: "invalid limit: " + word + " " + reason}
 }
+
+// WindowBatch is the most units of a prefetching FixedWindow or
+// CalendarWindow of limit units that one batch takes: a 32nd of the limit,
+// at least 1, so that the units a fleet holds ahead are a small part of
+// the window.
+func WindowBatch(limit int) int64 { return max(int64(limit)/32, 1) }
 
 // MaxPrefetch bounds Rule.Prefetch.
 const MaxPrefetch = 100 * time.Millisecond

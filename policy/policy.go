@@ -88,8 +88,10 @@ type Rule struct {
 	// burst; batches are only taken while the rule has room (see
 	// limits.Rule.Prefetch), and overrides of the rule's keys are decided
 	// without. 0 (the default): none; at most 100ms, below the burst's
-	// worth of the rate. Only a gcra rule that is not fair. Policy file:
-	// prefetch: 5ms.
+	// worth of the rate. A gcra rule that is not fair, or a quota rule
+	// (fixed or calendar window), whose batches are handed out only
+	// before their window ends and whose unused units go back to it.
+	// Policy file: prefetch: 5ms.
 	Prefetch time.Duration
 	// Cost is how many units of the rule's limit one task takes: a
 	// template over the task's JSON payload like Key whose value is a

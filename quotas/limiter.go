@@ -315,7 +315,7 @@ func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horiz
 	}
 	d, err = l.decideNow(ctx, s, req, op, horizon)
 	if err == nil && p != nil {
-		l.resume(p, d)
+		l.resume(s, p, d)
 	}
 	return d, err
 }

@@ -20,10 +20,25 @@ import (
 // until a request decided as usual finds room for a batch again: the
 // request is decided as usual, and units are not taken ahead of requests
 // that would wait for them.
+//
+// Windows (fixed and calendar) prefetch too. A batch's units are counted
+// in the window of the batch, so they are handed out only until that
+// window ends (its ResetAfter, measured from when the batch was asked for,
+// which is never after the server's moment): no window admits more than
+// its Limit. Units a process did not hand out are given back to the
+// windows (Settle of the batch) when they expire: by the request that
+// finds them expired, by a timer on the real clock, or when a Block drops
+// the pools. A batch leaves at least windowMargin batches in every window
+// or the pool pauses, so that near its limit a window decides every
+// request as usual.
 
 // prefetchPause is how long a pool takes no batch after one was refused,
 // unless a decision meanwhile finds the rules with room again.
 const prefetchPause = time.Second
+
+// windowMargin is how many batches a window must have left after one for
+// its pool to take the next; see resume.
+const windowMargin = 4
 
 // pools holds a Limiter's prefetched units; the zero value is ready.
 type pools struct {
@@ -35,11 +50,12 @@ type pools struct {
 // no usable units (keyed rules have a pool per key).
 const maxPools = 4096
 
-// prune forgets the pools with no usable units, no batch on its way and
-// no pause running.
+// prune forgets the pools with no usable units, no batch on its way, no
+// pause running and no units to give back.
 func (ps *pools) prune(now int64) {
 	for k, p := range ps.m {
-		if now >= p.pause && p.filling == nil && !slices.ContainsFunc(p.grants, func(g grant) bool { return g.until > now }) {
+		// Units of windows not yet given back keep their pool.
+		if now >= p.pause && p.filling == nil && !slices.ContainsFunc(p.grants, func(g grant) bool { return g.until > now || g.pf.s.windows }) {
 			delete(ps.m, k)
 		}
 	}
@@ -67,6 +83,7 @@ type pool struct {
 	grants  []grant       // unexpired units
 	batch   int64         // units the next batch asks for
 	took    int64         // local µs: when the last batch was asked for
+	gap     int64         // windows: local µs between units, ×16, averaged (sizeForWindows)
 	wasted  bool          // units expired unused since the last batch
 	pause   int64         // no batch before this, local µs
 	filling chan struct{} // closed when the batch on its way has come
@@ -129,9 +146,24 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 		// Looked up again after a wait: a Block may have dropped the pool.
 		now := l.local()
 		p = l.pools.get(key, n, now)
-		if d, ok := p.take(n, now); ok {
+		d, ok, back := p.take(n, now, nil)
+		if ok {
 			l.pools.mu.Unlock()
 			return d, nil, nil
+		}
+		if len(back) > 0 {
+			// Expired units of windows go back before anything else.
+			units := make([]int64, len(back))
+			for i, b := range back {
+				units[i] = p.drop(b)
+				p.wasted = p.wasted || units[i] > 0
+			}
+			l.pools.mu.Unlock()
+			for i, b := range back {
+				l.settleBack(b, units[i])
+			}
+			l.pools.mu.Lock()
+			continue
 		}
 		if now < p.pause {
 			l.pools.mu.Unlock()
@@ -150,11 +182,15 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 		l.pools.mu.Lock()
 	}
 	now := l.local()
-	switch {
-	case p.wasted:
-		p.batch = max(p.batch/2, n)
-	case now-p.took < s.prefetch/2:
-		p.batch = min(2*p.batch, s.batchMax)
+	if s.windows {
+		p.sizeForWindows(s, n, now)
+	} else {
+		switch {
+		case p.wasted:
+			p.batch = max(p.batch/2, n)
+		case now-p.took < s.prefetch/2:
+			p.batch = min(2*p.batch, s.batchMax)
+		}
 	}
 	k := max(p.batch, n)
 	p.wasted, p.took, p.filling = false, now, make(chan struct{})
@@ -176,23 +212,114 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 		return Decision{}, p, nil
 	}
 	g := grant{units: k - n, until: now + s.prefetch, took: now, now: bd.Now, rules: bd.Rules}
-	g.pf = &prefetch{g: g}
+	if s.windows {
+		for i, c := range s.comp {
+			if c.kind != kindFixed && c.kind != kindCalendar || i >= len(bd.Rules) {
+				continue
+			}
+			r := bd.Rules[i]
+			g.until = min(g.until, now+r.ResetAfter.Microseconds())
+			if int64(r.Remaining) < windowMargin*k {
+				p.pause = now + prefetchPause.Microseconds() // near the limit
+			}
+		}
+	}
+	b := &prefetch{g: g, s: s, req: breq, bd: bd}
+	g.pf, b.g.pf = b, b
 	if g.units > 0 {
 		p.grants = append(p.grants, g)
+		if s.windows && l.now == nil {
+			time.AfterFunc(time.Duration(g.until-now)*time.Microsecond, func() { l.giveBack(p, b) })
+		}
 	}
 	return g.decision(n, now), nil, nil
 }
 
+// giveBack gives the units of batch b still in pool p back to the set's
+// windows, once: they expired, or a Block dropped them.
+func (l *Limiter) giveBack(p *pool, b *prefetch) {
+	l.pools.mu.Lock()
+	units := p.drop(b)
+	l.pools.mu.Unlock()
+	l.settleBack(b, units)
+}
+
+// settleBack settles batch b's windows at what was handed out of it, the
+// other rules as charged. Its errors are dropped: the units then stay
+// counted until their window ends, as when a process dies holding them.
+func (l *Limiter) settleBack(b *prefetch, units int64) {
+	if units <= 0 {
+		return
+	}
+	actual := make([]int, len(b.s.comp))
+	for i, c := range b.s.comp {
+		actual[i] = -1
+		if c.kind == kindFixed || c.kind == kindCalendar {
+			actual[i] = b.req.Cost - int(units)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = l.Settle(ctx, b.s, b.req, b.bd, actual)
+}
+
+// drop removes batch b's units from p, marks b given back and returns how
+// many there were (0 if b was given back already); pools.mu is held.
+func (p *pool) drop(b *prefetch) int64 {
+	if b.given {
+		return 0
+	}
+	b.given = true
+	var units int64
+	p.grants = slices.DeleteFunc(p.grants, func(g grant) bool {
+		if g.pf == b {
+			units += g.units
+			return true
+		}
+		return false
+	})
+	return units
+}
+
+// sizeForWindows sizes p's next batch for a set with windows, whose
+// unused units cost a call to give back: what the requests' pace, averaged
+// over the last batches (p.gap), uses in half the prefetch time, at most
+// twice the last batch (and half of it after units expired unused), at
+// least n. At a pace of one request per half prefetch or slower every
+// request takes a batch of its own: no units are left to give back.
+func (p *pool) sizeForWindows(s *Set, n, now int64) {
+	if p.took > 0 {
+		gap := max(now-p.took, 1) * 16 / p.batch // µs per unit, ×16
+		if p.gap == 0 {
+			p.gap = gap
+		}
+		p.gap = (3*p.gap + gap) / 4
+	}
+	want := max(p.batch, 1)
+	if p.gap > 0 {
+		want = s.prefetch * 16 / 2 / p.gap
+	}
+	most := 2 * p.batch
+	if p.wasted {
+		most = p.batch / 2
+	}
+	p.batch = max(min(want, most, s.batchMax), n)
+}
+
 // resume ends p's pause when a decision made as usual admitted at once
 // with room for a batch left in every rule: the rules are no longer busy.
-func (l *Limiter) resume(p *pool, d Decision) {
+func (l *Limiter) resume(s *Set, p *pool, d Decision) {
 	if !d.Allowed || d.Delay > 0 {
 		return
 	}
 	l.pools.mu.Lock()
 	defer l.pools.mu.Unlock()
-	for _, r := range d.Rules {
-		if int64(r.Remaining) < 2*p.batch {
+	for i, r := range d.Rules {
+		margin := int64(2)
+		if k := s.comp[i].kind; k == kindFixed || k == kindCalendar {
+			margin = windowMargin
+		}
+		if int64(r.Remaining) < margin*p.batch {
 			return
 		}
 	}
@@ -200,10 +327,16 @@ func (l *Limiter) resume(p *pool, d Decision) {
 }
 
 // take hands out n units from p's unexpired grants, those that expire
-// first first, and drops the expired ones.
-func (p *pool) take(n, now int64) (Decision, bool) {
+// first first, and drops the expired ones; those of batches whose units
+// go back to their windows are appended to back, to give back.
+func (p *pool) take(n, now int64, back []*prefetch) (Decision, bool, []*prefetch) {
+	for _, g := range p.grants {
+		if g.until <= now && g.pf.s.windows && !g.pf.given && !slices.Contains(back, g.pf) {
+			back = append(back, g.pf)
+		}
+	}
 	p.grants = slices.DeleteFunc(p.grants, func(g grant) bool {
-		if g.until <= now {
+		if g.until <= now && (!g.pf.s.windows || g.pf.given) {
 			p.wasted = true
 			return true
 		}
@@ -211,12 +344,12 @@ func (p *pool) take(n, now int64) (Decision, bool) {
 	})
 	best := -1
 	for i, g := range p.grants {
-		if g.units >= n && (best < 0 || g.until < p.grants[best].until) {
+		if g.until > now && g.units >= n && (best < 0 || g.until < p.grants[best].until) {
 			best = i
 		}
 	}
 	if best < 0 {
-		return Decision{}, false
+		return Decision{}, false, back
 	}
 	g := &p.grants[best]
 	g.units -= n
@@ -224,7 +357,7 @@ func (p *pool) take(n, now int64) (Decision, bool) {
 	if g.units == 0 {
 		p.grants = slices.Delete(p.grants, best, best+1)
 	}
-	return d, true
+	return d, true, back
 }
 
 // decision is an admitted Decision for n of g's units handed out at now
@@ -237,8 +370,15 @@ func (g grant) decision(n, now int64) Decision {
 
 // prefetch marks a Decision admitted from prefetched units, with their
 // batch's grant: a refund puts them back in their pool while they are
-// usable.
-type prefetch struct{ g grant }
+// usable. For a set with prefetching windows it also holds what giving
+// the unused units back needs.
+type prefetch struct {
+	g     grant
+	s     *Set
+	req   Request  // the batch's request: its cost is the batch's
+	bd    Decision // the batch's decision, which the give-back settles
+	given bool     // given back, or being (pools.mu)
+}
 
 // unfetch puts back the units of a Decision admitted from a pool, if they
 // are still usable.
@@ -257,9 +397,21 @@ func (l *Limiter) unfetch(key string, d Decision) {
 }
 
 // dropPools forgets every prefetched unit, so that a Block holds in this
-// process at once (in others, within their units' Prefetch).
+// process at once (in others, within their units' Prefetch); the units of
+// windows are given back, in the background.
 func (l *Limiter) dropPools() {
 	l.pools.mu.Lock()
 	defer l.pools.mu.Unlock()
+	for _, p := range l.pools.m {
+		var back []*prefetch
+		for _, g := range p.grants {
+			if g.pf.s.windows && !slices.Contains(back, g.pf) {
+				back = append(back, g.pf)
+			}
+		}
+		for _, b := range back {
+			go l.settleBack(b, p.drop(b))
+		}
+	}
 	l.pools.m = nil
 }

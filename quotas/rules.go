@@ -60,7 +60,7 @@ type compiled struct {
 	tails []string
 	ticks *tickCache // calendar
 	fair  bool       // GCRA shared fairly among flows
-	// prefetch is a GCRA rule's Rule.Prefetch, µs (burst is lowered by it).
+	// prefetch is Rule.Prefetch, µs (a GCRA rule's burst is lowered by it).
 	prefetch int64
 	learn    *learnParams // an Adaptive rule: a GCRA whose em is learned
 }
@@ -116,6 +116,11 @@ func compile(r Rule) compiled {
 	case Concurrency:
 		c = compiled{kind: kindConcurrency, max: int64(l.Max), reserved: int64(l.Reserved), lease: l.Lease.Microseconds()}
 	}
+	if c.kind == kindFixed || c.kind == kindCalendar {
+		// A window's units are handed out before its end only, so its
+		// limit stands as it is.
+		c.prefetch = r.Prefetch.Microseconds()
+	}
 	return c
 }
 
@@ -131,8 +136,11 @@ type Set struct {
 	// shortest, µs; otherwise 0.
 	prefetch int64
 	// batchMax is the most units one prefetch may take: the smallest
-	// burst of the set's rules.
+	// (lowered) burst of the set's GCRA rules and limits.WindowBatch of its
+	// windows.
 	batchMax int64
+	// windows: a window rule prefetches; its unused units are given back.
+	windows bool
 }
 
 // NewSet validates rules and returns a Set. The error, a *RuleError unless
@@ -173,8 +181,13 @@ func NewSet(rules ...Rule) (*Set, error) {
 		if i == 0 || c.prefetch < s.prefetch {
 			s.prefetch = c.prefetch
 		}
-		if i == 0 || c.burst < s.batchMax {
-			s.batchMax = c.burst
+		most := c.burst
+		if c.kind == kindFixed || c.kind == kindCalendar {
+			most = limits.WindowBatch(int(c.limit))
+			s.windows = s.windows || c.prefetch > 0
+		}
+		if i == 0 || most < s.batchMax {
+			s.batchMax = most
 		}
 	}
 	return s, nil

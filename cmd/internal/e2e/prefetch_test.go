@@ -50,3 +50,45 @@ rules:
 	}
 	r.stop()
 }
+
+// TestPrefetchQuota: three worker binaries prefetch a quota rule
+// (prefetch: 20ms on 270 per 2 s, batches of at most 8) and call an API
+// that answers 429 above 300 per 2 s window (both windows aligned to the
+// Unix epoch). 1,200 tasks enqueued at once must each reach it exactly
+// once, with no 429 (no window of batches handed out late or twice), and
+// by the end of the sixth window from the first call: the rule alone
+// needs ceil(1200/270) = 5 windows counting the one of the first call,
+// and one more is the slack for the units the workers hold when each
+// window ends (at most 3 × 8 a window) and for the first window being
+// partial.
+func TestPrefetchQuota(t *testing.T) {
+	const tasks, limit, every = 1200, 270, 2 * time.Second
+	policy := fmt.Sprintf(`
+rules:
+  - name: quota
+    match: {type: "http:call"}
+    prefetch: 20ms
+    quota: {limit: %d, every: %v}
+`, limit, every)
+	r := start(t, fakeapi.Limits{Quota: fakeapi.Quota{Limit: 300, Every: every}}, policy, 3)
+	begin := time.Now()
+	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", "100")
+	st := r.waitKeys(tasks, 2*time.Minute)
+	begin = firstCall(t, begin, st)
+	window := func(at time.Time) int64 { return at.UnixNano() / int64(every) }
+	perWindow := map[int64]int{}
+	for _, s := range st.PerSecond {
+		perWindow[window(s.Start)-window(begin)] += s.OK
+	}
+	used := window(st.LastOK) - window(begin) + 1
+	t.Logf("API: %d calls, %d 429s, %d duplicates; %d windows from the first call (the rule alone: %d); 2xx per window %v",
+		st.Calls, st.Throttled, st.Duplicates, used, (tasks+limit-1)/limit, perWindow)
+	if st.DistinctKeys != tasks || st.Calls != tasks {
+		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", tasks, st.Calls, st.DistinctKeys)
+	}
+	checkCalls(t, st)
+	if want := int64((tasks+limit-1)/limit + 1); used > want {
+		t.Errorf("the calls took %d windows; the rule alone needs %d, %d with the slack", used, want-1, want)
+	}
+	r.stop()
+}
