@@ -3,6 +3,7 @@ package quotas
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -87,6 +88,7 @@ type pool struct {
 	wasted  bool          // units expired unused since the last batch
 	pause   int64         // no batch before this, local µs
 	filling chan struct{} // closed when the batch on its way has come
+	dropped bool          // a Block dropped the pool: refunds of windows go back at once
 }
 
 // grant is what is left of one batch.
@@ -109,7 +111,8 @@ func (l *Limiter) local() int64 {
 }
 
 // poolKey names a set's pool for req's keys: its rules' keys, which hold
-// the rule's name and limit.
+// the rule's name and limit (a window's key its length or calendar, so its
+// limit is added: a reload that lowers it starts a pool of its own).
 func poolKey(s *Set, req Request) string {
 	return string(appendPoolKey(nil, s, req))
 }
@@ -118,6 +121,9 @@ func poolKey(s *Set, req Request) string {
 func appendPoolKey(b []byte, s *Set, req Request) []byte {
 	for i, c := range s.comp {
 		b = append(b, c.tails[0]...)
+		if c.kind == kindFixed || c.kind == kindCalendar {
+			b = strconv.AppendInt(append(b, ':'), c.limit, 10)
+		}
 		b = append(b, 0)
 		if i < len(req.Keys) {
 			b = append(b, req.Keys[i]...)
@@ -147,23 +153,34 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 		now := l.local()
 		p = l.pools.get(key, n, now)
 		d, ok, back := p.take(n, now, nil)
-		if ok {
-			l.pools.mu.Unlock()
-			return d, nil, nil
-		}
 		if len(back) > 0 {
-			// Expired units of windows go back before anything else.
+			// Expired units of windows go back: in the background, or,
+			// on an explicit clock (tests, simulations), before this
+			// request goes on.
 			units := make([]int64, len(back))
 			for i, b := range back {
 				units[i] = p.drop(b)
 				p.wasted = p.wasted || units[i] > 0
 			}
-			l.pools.mu.Unlock()
-			for i, b := range back {
-				l.settleBack(b, units[i])
+			if l.now == nil {
+				for i, b := range back {
+					go l.settleBack(b, units[i])
+				}
+			} else {
+				l.pools.mu.Unlock()
+				for i, b := range back {
+					l.settleBack(b, units[i])
+				}
+				if ok {
+					return d, nil, nil
+				}
+				l.pools.mu.Lock()
+				continue
 			}
-			l.pools.mu.Lock()
-			continue
+		}
+		if ok {
+			l.pools.mu.Unlock()
+			return d, nil, nil
 		}
 		if now < p.pause {
 			l.pools.mu.Unlock()
@@ -198,7 +215,7 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 	l.pools.mu.Unlock()
 
 	breq := req
-	breq.Cost = int(k)
+	breq.Cost, breq.Costs = int(k), nil // sameCosts: every rule costs Cost
 	bd, err := l.decideNow(ctx, s, breq, opAllow, 0)
 	l.pools.mu.Lock()
 	defer l.pools.mu.Unlock()
@@ -224,32 +241,45 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 			}
 		}
 	}
-	b := &prefetch{g: g, s: s, req: breq, bd: bd}
+	b := &prefetch{g: g, s: s, req: breq, bd: bd, pool: p}
 	g.pf, b.g.pf = b, b
 	if g.units > 0 {
 		p.grants = append(p.grants, g)
-		if s.windows && l.now == nil {
-			time.AfterFunc(time.Duration(g.until-now)*time.Microsecond, func() { l.giveBack(p, b) })
-		}
+	}
+	if s.windows && l.now == nil {
+		// Even a batch that left nothing over: a refund may put units back.
+		time.AfterFunc(time.Duration(g.until-now)*time.Microsecond, func() { l.giveBack(b) })
 	}
 	return g.decision(n, now), nil, nil
 }
 
-// giveBack gives the units of batch b still in pool p back to the set's
-// windows, once: they expired, or a Block dropped them.
-func (l *Limiter) giveBack(p *pool, b *prefetch) {
+// giveBack gives the units of batch b still in its pool back to the set's
+// windows: they expired.
+func (l *Limiter) giveBack(b *prefetch) {
 	l.pools.mu.Lock()
-	units := p.drop(b)
+	units := b.pool.drop(b)
+	b.pool.wasted = b.pool.wasted || units > 0
 	l.pools.mu.Unlock()
 	l.settleBack(b, units)
 }
 
-// settleBack settles batch b's windows at what was handed out of it, the
-// other rules as charged. Its errors are dropped: the units then stay
-// counted until their window ends, as when a process dies holding them.
+// settleBack gives units of batch b back to the set's windows (a Settle
+// of the batch at units less; the other rules keep their charge). Windows
+// un-count what a settle gives back, so a batch is settled once for each
+// lot of units that comes back, and each unit comes back once: from its
+// pool (drop), or from a refund once its pool cannot take it (unfetch).
+// Errors are dropped: the units then stay counted until their window
+// ends, as when a process dies holding them.
 func (l *Limiter) settleBack(b *prefetch, units int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = l.settleBackCtx(ctx, b, units)
+}
+
+// settleBackCtx is settleBack with ctx, returning the error.
+func (l *Limiter) settleBackCtx(ctx context.Context, b *prefetch, units int64) error {
 	if units <= 0 {
-		return
+		return nil
 	}
 	actual := make([]int, len(b.s.comp))
 	for i, c := range b.s.comp {
@@ -258,13 +288,11 @@ func (l *Limiter) settleBack(b *prefetch, units int64) {
 			actual[i] = b.req.Cost - int(units)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = l.Settle(ctx, b.s, b.req, b.bd, actual)
+	return l.Settle(ctx, b.s, b.req, b.bd, actual)
 }
 
 // drop removes batch b's units from p, marks b given back and returns how
-// many there were (0 if b was given back already); pools.mu is held.
+// many there were; pools.mu is held.
 func (p *pool) drop(b *prefetch) int64 {
 	if b.given {
 		return 0
@@ -376,22 +404,38 @@ type prefetch struct {
 	g     grant
 	s     *Set
 	req   Request  // the batch's request: its cost is the batch's
-	bd    Decision // the batch's decision, which the give-back settles
-	given bool     // given back, or being (pools.mu)
+	bd    Decision // the batch's decision, which the give-backs settle
+	pool  *pool    // the pool its units live in
+	given bool     // its pooled units were given back: a refund goes back at once (pools.mu)
 }
 
 // unfetch puts back the units of a Decision admitted from a pool, if they
-// are still usable.
+// are still usable. Those of a set with windows go back to their batch's
+// pool, or, once it cannot take them (they expired, the batch was given
+// back, a Block dropped the pool), to the windows at once.
 func (l *Limiter) unfetch(key string, d Decision) {
+	b := d.pf
 	now := l.local()
-	if d.pf.g.until <= now {
+	l.pools.mu.Lock()
+	if b.s.windows {
+		if b.given || b.pool.dropped || b.g.until <= now {
+			l.pools.mu.Unlock()
+			l.settleBack(b, int64(d.cost))
+			return
+		}
+		g := b.g
+		g.units = int64(d.cost)
+		b.pool.grants = append(b.pool.grants, g)
+		l.pools.mu.Unlock()
 		return
 	}
-	l.pools.mu.Lock()
 	defer l.pools.mu.Unlock()
+	if b.g.until <= now {
+		return
+	}
 	if p := l.pools.m[key]; p != nil {
-		g := d.pf.g
-		g.units, g.pf = int64(d.cost), d.pf
+		g := b.g
+		g.units = int64(d.cost)
 		p.grants = append(p.grants, g)
 	}
 }
@@ -400,18 +444,46 @@ func (l *Limiter) unfetch(key string, d Decision) {
 // process at once (in others, within their units' Prefetch); the units of
 // windows are given back, in the background.
 func (l *Limiter) dropPools() {
+	back, units := l.emptyPools()
+	for i, b := range back {
+		go l.settleBack(b, units[i])
+	}
+}
+
+// GiveBack forgets every unit this Limiter took ahead (Rule.Prefetch) and
+// gives those of fixed and calendar windows back to their windows, one
+// call per batch: call it before the process stops (or its Redis client
+// closes), or they stay counted until their windows end. The Limiter
+// stays usable. It returns the first error; the units of a batch whose
+// call failed stay counted. Safe for concurrent use.
+func (l *Limiter) GiveBack(ctx context.Context) error {
+	back, units := l.emptyPools()
+	var first error
+	for i, b := range back {
+		if err := l.settleBackCtx(ctx, b, units[i]); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// emptyPools forgets every pool, marking each dropped, and returns the
+// batches of windows they held with their units.
+func (l *Limiter) emptyPools() (back []*prefetch, units []int64) {
 	l.pools.mu.Lock()
 	defer l.pools.mu.Unlock()
 	for _, p := range l.pools.m {
-		var back []*prefetch
+		p.dropped = true
+		var bs []*prefetch
 		for _, g := range p.grants {
-			if g.pf.s.windows && !slices.Contains(back, g.pf) {
-				back = append(back, g.pf)
+			if g.pf.s.windows && !slices.Contains(bs, g.pf) {
+				bs = append(bs, g.pf)
 			}
 		}
-		for _, b := range back {
-			go l.settleBack(b, p.drop(b))
+		for _, b := range bs {
+			back, units = append(back, b), append(units, p.drop(b))
 		}
 	}
 	l.pools.m = nil
+	return back, units
 }

@@ -30,7 +30,7 @@ func TestPrefetchWindowExact(t *testing.T) {
 		n      int           // the window's limit
 		every  time.Duration // its length
 		window func(µs int64) int64
-		calls  bool // below the limit, at most one call per 4 requests
+		calls  bool // below the limit, at most one call per 4 requests (else at most one per request)
 	}{
 		{"fixed", FixedWindow{Limit: 640, Every: 100 * time.Millisecond}, 640, 100 * time.Millisecond,
 			func(t int64) int64 { return t - t%100_000 }, true},
@@ -56,6 +56,7 @@ func TestPrefetchWindowExact(t *testing.T) {
 			ctx := context.Background()
 			rng := rand.New(rand.NewPCG(3, 4))
 			handed := map[int64]int{} // window start -> units handed out
+			checks := 0
 			// pooled is what the pools hold of the window starting at w.
 			pooled := func(w int64) int {
 				n := 0
@@ -74,6 +75,7 @@ func TestPrefetchWindowExact(t *testing.T) {
 			}
 			check := func() {
 				t.Helper()
+				checks++
 				st, err := ls[0].Status(ctx, set, Request{})
 				if err != nil {
 					t.Fatal(err)
@@ -85,7 +87,7 @@ func TestPrefetchWindowExact(t *testing.T) {
 			}
 			step := c.every / time.Duration(c.n) // the limit's spacing
 			phase := func(windows int, mean time.Duration) (requests, admitted int, calls int64) {
-				before := counter.n.Load()
+				before, checked := counter.n.Load(), checks
 				for end := now.Add(time.Duration(windows) * c.every); now.Before(end); now = now.Add(time.Duration(rng.Int64N(int64(2*mean))) + 1) {
 					requests++
 					d, err := ls[rng.IntN(len(ls))].Allow(ctx, set, Request{})
@@ -100,7 +102,7 @@ func TestPrefetchWindowExact(t *testing.T) {
 						check()
 					}
 				}
-				return requests, admitted, counter.n.Load() - before
+				return requests, admitted, counter.n.Load() - before - int64(checks-checked)
 			}
 			start := c.window(now.UnixMicro())
 			busyReq, busyAdm, busyCalls := phase(4, step/2)
@@ -124,62 +126,222 @@ func TestPrefetchWindowExact(t *testing.T) {
 			if c.calls && 4*idleCalls > int64(idleReq) {
 				t.Errorf("below the limit, %d calls for %d requests: want at most 1 in 4", idleCalls, idleReq)
 			}
+			if idleCalls > int64(idleReq) {
+				t.Errorf("below the limit, %d calls for %d requests: more than without prefetch", idleCalls, idleReq)
+			}
 		})
 	}
 }
 
-// TestPrefetchWindowGiveBack: on the real clock, the units of a window a
-// process took ahead and did not hand out go back to the window when they
-// expire, without another request; after a Block (which drops the pools)
-// too.
+// TestPrefetchWindowGiveBack: the units of a window a process took ahead
+// and did not hand out go back to the window exactly once: on the real
+// clock when they expire, without another request; after a Block (which
+// drops the pools); at GiveBack; and a refund of a unit handed out goes
+// back to the pool while it is usable, to the window once it is not.
 func TestPrefetchWindowGiveBack(t *testing.T) {
 	set := mustSet(Rule{Name: "w", Limit: FixedWindow{Limit: 3200, Every: time.Hour}, Prefetch: 10 * time.Millisecond})
 	c := redistest.Client(t)
-	prefix := redistest.Prefix(t)
-	l, err := New(Config{Client: c, Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	used := func() int {
-		st, err := l.Status(ctx, set, Request{})
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	// setup returns a limiter on its own keys, on the real clock or (virtual)
+	// on now, and the window's count.
+	setup := func(virtual bool) (*Limiter, func() int) {
+		cfg := Config{Client: c, Prefix: redistest.Prefix(t)}
+		if virtual {
+			cfg.Now = func() time.Time { return now }
+		}
+		l, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Rules[0].ResetAfter < 10*time.Second {
-			t.Skip("the hour's window ends within the test")
-		}
-		return st.Rules[0].Used
-	}
-	// settled waits until the window counts want units.
-	settled := func(want int, what string) {
-		t.Helper()
-		var got int
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			if got = used(); got == want {
-				return
+		return l, func() int {
+			st, err := l.Status(ctx, set, Request{})
+			if err != nil {
+				t.Fatal(err)
 			}
+			if st.Rules[0].ResetAfter < 10*time.Second {
+				t.Skip("the hour's window ends within the test")
+			}
+			return st.Rules[0].Used
 		}
-		t.Errorf("%s: the window counts %d, want %d", what, got, want)
 	}
-	handed := 0
-	allow := func(n int) {
+	// settled waits until the window counts want units, then checks that
+	// nothing more is given back.
+	settled := func(used func() int, want int, what string) {
+		t.Helper()
+		got := -1
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && got != want; time.Sleep(5 * time.Millisecond) {
+			got = used()
+		}
+		time.Sleep(50 * time.Millisecond)
+		if got = used(); got != want {
+			t.Errorf("%s: the window counts %d, want %d", what, got, want)
+		}
+	}
+	allow := func(l *Limiter, n int) []Decision {
+		var ds []Decision
 		for range n {
 			d, err := l.Allow(ctx, set, Request{})
 			if err != nil || !d.Allowed {
 				t.Fatalf("%+v %v", d, err)
 			}
-			handed++
+			ds = append(ds, d)
+		}
+		return ds
+	}
+	pooled := func(used func() int, handed int) {
+		t.Helper()
+		if u := used(); u <= handed {
+			t.Fatalf("the window counts %d with %d handed out: nothing was taken ahead", u, handed)
 		}
 	}
-	allow(20) // batches of 1, 2, 4, 8, 16 (if the loop is fast)
-	if u := used(); u < handed {
-		t.Fatalf("the window counts %d; %d were handed out", u, handed)
+
+	t.Run("expired", func(t *testing.T) {
+		l, used := setup(false)
+		allow(l, 20)
+		pooled(used, 20)
+		settled(used, 20, "after the units expired")
+	})
+	t.Run("block", func(t *testing.T) {
+		l, used := setup(true) // no timers: only the Block gives back
+		ds := allow(l, 20)
+		pooled(used, 20)
+		if _, err := l.Block(ctx, set, Request{}, now); err != nil {
+			t.Fatal(err)
+		}
+		settled(used, 20, "after a Block")
+		if err := l.Refund(ctx, set, Request{}, ds[19]); err != nil {
+			t.Fatal(err)
+		}
+		settled(used, 19, "after a refund of a unit whose pool a Block dropped")
+	})
+	t.Run("GiveBack", func(t *testing.T) {
+		l, used := setup(true)
+		allow(l, 20)
+		pooled(used, 20)
+		if err := l.GiveBack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if u := used(); u != 20 {
+			t.Errorf("after GiveBack the window counts %d, want 20", u)
+		}
+	})
+	t.Run("refund", func(t *testing.T) {
+		l, used := setup(true)
+		ds := allow(l, 20)
+		held := used() - 20
+		// Usable still: back to the pool, handed out again without a call.
+		if err := l.Refund(ctx, set, Request{}, ds[0]); err != nil {
+			t.Fatal(err)
+		}
+		if u := used(); u != 20+held {
+			t.Errorf("a refund while usable changed the count to %d, want %d", u, 20+held)
+		}
+		// Expired: the refund and the pool go back to the window.
+		now = now.Add(20 * time.Millisecond)
+		if err := l.Refund(ctx, set, Request{}, ds[1]); err != nil {
+			t.Fatal(err)
+		}
+		allow(l, 1) // finds the expired units and gives them back
+		if u, want := used(), 18+1+int(poolUnits(l)); u != want {
+			t.Errorf("after expiry the window counts %d, want %d (18 kept, 1 new, %d pooled)", u, want, poolUnits(l))
+		}
+	})
+	t.Run("refund on the real clock", func(t *testing.T) {
+		l, used := setup(false)
+		d := allow(l, 1)[0] // a batch of 1: nothing over
+		if err := l.Refund(ctx, set, Request{}, d); err != nil {
+			t.Fatal(err)
+		}
+		settled(used, 0, "a unit refunded into its pool, after it expired")
+	})
+}
+
+// poolUnits is what l's pools hold.
+func poolUnits(l *Limiter) int64 {
+	l.pools.mu.Lock()
+	defer l.pools.mu.Unlock()
+	var n int64
+	for _, p := range l.pools.m {
+		for _, g := range p.grants {
+			n += g.units
+		}
 	}
-	settled(handed, "after the units expired")
-	allow(20)
-	if _, err := l.Block(ctx, set, Request{}, time.Now()); err != nil {
+	return n
+}
+
+// TestPrefetchWindowCosts: a request whose per-rule Costs all equal its
+// Cost prefetches, and its batches charge the batch's units, not the
+// request's.
+func TestPrefetchWindowCosts(t *testing.T) {
+	set := mustSet(Rule{Name: "w", Limit: FixedWindow{Limit: 640, Every: time.Hour}, Prefetch: 10 * time.Millisecond})
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	l, err := New(Config{Client: redistest.Client(t), Prefix: redistest.Prefix(t), Now: func() time.Time { return now }})
+	if err != nil {
 		t.Fatal(err)
 	}
-	settled(handed, "after a Block")
+	ctx := context.Background()
+	handed := 0
+	for range 300 {
+		d, err := l.Allow(ctx, set, Request{Costs: []int{1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			handed++
+		}
+		now = now.Add(time.Microsecond)
+	}
+	st, err := l.Status(ctx, set, Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used, want := st.Rules[0].Used, handed+int(poolUnits(l)); used != want || handed != 300 {
+		t.Errorf("%d handed out of 300; the window counts %d, want %d (%d pooled)", handed, used, want, poolUnits(l))
+	}
+}
+
+// TestPrefetchWindowMargin: near its limit a window is decided request by
+// request: a batch that leaves less than windowMargin batches pauses the
+// pool, so the last units of a window filled by one busy process each take
+// a call.
+func TestPrefetchWindowMargin(t *testing.T) {
+	const limit = 320 // batches of at most 10
+	set := mustSet(Rule{Name: "w", Limit: FixedWindow{Limit: limit, Every: 10 * time.Second}, Prefetch: 20 * time.Millisecond})
+	c := redistest.Client(t)
+	cc := redis.NewClient(&redis.Options{Addr: c.Options().Addr})
+	t.Cleanup(func() { cc.Close() })
+	var counter callCounter
+	cc.AddHook(&counter)
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	l, err := New(Config{Client: cc, Prefix: redistest.Prefix(t), Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var called []bool // per admitted request: it made a call
+	for {
+		before := counter.n.Load()
+		d, err := l.Allow(context.Background(), set, Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed {
+			break
+		}
+		called = append(called, counter.n.Load() > before)
+		now = now.Add(time.Microsecond)
+	}
+	calls := 0
+	for _, c := range called[len(called)-3*10:] {
+		if c {
+			calls++
+		}
+	}
+	t.Logf("%d admitted with %d calls; of the last 30, %d with a call", len(called), counter.n.Load(), calls)
+	if len(called) != limit {
+		t.Fatalf("%d admitted, want the limit %d", len(called), limit)
+	}
+	if calls < 20 {
+		t.Errorf("of the window's last 30 units %d took a call: near the limit a window decides request by request", calls)
+	}
 }

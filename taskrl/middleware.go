@@ -180,9 +180,12 @@ func (m *Middleware) SetPolicy(p *policy.Policy) error {
 // last one given to SetPolicy. Safe for concurrent use.
 func (m *Middleware) Policy() *policy.Policy { return m.policy.Load() }
 
-// Close stops the middleware's pacer, sweeper and shed loop. Call it after
-// the asynq server has shut down; rescheduled tasks then still run, up to
-// a few seconds late.
+// Close stops the middleware's pacer, sweeper and shed loop, and gives the
+// units of quota rules this process took ahead (prefetch) back to their
+// windows (within 5 seconds). Call it after the asynq server has shut
+// down; rescheduled tasks then still run, up to a few seconds late. It
+// returns the error of giving units back, if any: they then stay counted
+// until their windows end.
 func (m *Middleware) Close() error {
 	m.renew.loop.close()
 	m.shed.loop.close()
@@ -190,7 +193,9 @@ func (m *Middleware) Close() error {
 	if m.sweep != nil {
 		m.sweep.close()
 	}
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return m.limiter.GiveBack(ctx)
 }
 
 // split is a binding's rules in two sets: the rate and window rules, which
