@@ -418,8 +418,9 @@ func redisCPU(t *testing.T) time.Duration {
 // worker, 3 processes of 16 slots, in one run against one redis-server:
 // Redis commands per task and throughput for 15,000 tasks under no rule,
 // one GCRA rule (plain, and with prefetch: 9ms), three global rules (a
-// rate, a 10 s window, a daily quota; plain, and all with prefetch: 9ms)
-// and five rules that never bind; and commands per
+// rate, a 10 s window, a daily quota; plain, and all with prefetch: 9ms),
+// one daily quota (prefetching by itself, and with prefetch: off) and five
+// rules that never bind; and commands per
 // delivered task for a backlog 10x and 30x a 50/s rule. Each rule case
 // logs its commands per task by name too; TASKRL_FLEET_CASES and
 // TASKRL_WORKER_BASE (see below) restrict the run and add another build. It fails only if
@@ -459,6 +460,14 @@ func TestFleetCost(t *testing.T) {
     quota: {limit: 100000000, cron: "0 0 * * *", tz: UTC}
 `
 	three := strings.ReplaceAll(threePrefetch, "    prefetch: 9ms\n", "")
+	// One daily quota that never binds: it prefetches by itself; with
+	// prefetch: off it does not.
+	daily := `rules:
+  - name: daily
+    match: {type: "http:call"}
+    quota: {limit: 100000000, cron: "0 0 * * *", tz: UTC}
+`
+	dailyOff := strings.Replace(daily, "    quota:", "    prefetch: off\n    quota:", 1)
 	// TASKRL_FLEET_CASES (say "none,five") restricts the run to those
 	// cases; TASKRL_WORKER_BASE names another worker binary (say, built
 	// from an earlier commit) whose rule cases run too, in the same run.
@@ -472,7 +481,7 @@ func TestFleetCost(t *testing.T) {
 	if b := os.Getenv("TASKRL_WORKER_BASE"); b != "" {
 		bins = append(bins, struct{ label, bin string }{b + ": ", b})
 	}
-	for _, c := range []struct{ name, policy string }{{"one", one}, {"one-prefetch", prefetch}, {"three", three}, {"three-prefetch", threePrefetch}, {"five", fivePolicy}} {
+	for _, c := range []struct{ name, policy string }{{"one", one}, {"one-prefetch", prefetch}, {"three", three}, {"three-prefetch", threePrefetch}, {"daily-off", dailyOff}, {"daily", daily}, {"five", fivePolicy}} {
 		if !want(c.name) {
 			continue
 		}

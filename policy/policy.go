@@ -91,7 +91,9 @@ type Rule struct {
 	// worth of the rate. A gcra rule that is not fair, or a quota rule
 	// (fixed or calendar window), whose batches are handed out only
 	// before their window ends and whose unused units go back to it.
-	// Policy file: prefetch: 5ms.
+	// A quota rule of at least 128 without a cost prefetches by itself
+	// (10ms) in the middleware when its task has no concurrency rule;
+	// NoPrefetch turns that off. Policy file: prefetch: 5ms, prefetch: off.
 	Prefetch time.Duration
 	// Cost is how many units of the rule's limit one task takes: a
 	// template over the task's JSON payload like Key whose value is a
@@ -146,6 +148,10 @@ func (r Rule) Raised(l limits.Limit) limits.Limit {
 	}
 	return l
 }
+
+// NoPrefetch, as a Rule's Prefetch, keeps a quota rule from prefetching by
+// itself (policy file: prefetch: off).
+const NoPrefetch time.Duration = -1
 
 // Match selects tasks by type and queue. A task matches when both set
 // fields match; the zero Match matches nothing and is refused by New.
@@ -448,7 +454,7 @@ func newBinding(all []*crule, idx []int, throttle []string, overrides []Override
 				b.over[j][o.Key] = r.Raised(o.Limit)
 			}
 		}
-		qs[j] = limits.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil, Prefetch: r.Prefetch}
+		qs[j] = limits.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil, Prefetch: max(r.Prefetch, 0)}
 		b.payload = b.payload || (r.tmpl != nil && r.tmpl.fields)
 		b.costs = b.costs || r.Cost != ""
 	}

@@ -56,7 +56,8 @@ func TestParseErrors(t *testing.T) {
 		{"prefetch fair", doc("gcra: {rate: 1000, per: 1s, burst: 50}\n    fair: \"{{.b}}\"\n    prefetch: 5ms"), `policy: line 6: rule "a": prefetch: is only for a GCRA rule that is not fair or a fixed or calendar window, not 1000/1s burst 50 (GCRA)`},
 		{"prefetch past the burst", doc("gcra: {rate: 1000, per: 1s, burst: 5}\n    prefetch: 5ms"), `policy: line 5: rule "a": prefetch: 5ms takes 5 units of 1000/1s burst 5 (GCRA) ahead: the burst must be above that`},
 		{"prefetch too long", doc("gcra: {rate: 1000, per: 1s, burst: 500}\n    prefetch: 1s"), `policy: line 5: rule "a": prefetch: must be between 1µs and 100ms, got 1s`},
-		{"prefetch no unit", doc("gcra: {rate: 1000, per: 1s, burst: 500}\n    prefetch: 5"), `policy: line 5: rule "a": prefetch: 5 needs a unit, e.g. 5s (Go duration syntax: ms, s, m, h)`},
+		{"prefetch no unit", doc("gcra: {rate: 1000, per: 1s, burst: 500}\n    prefetch: 5"), `policy: line 5: rule "a": prefetch: 5 needs a unit, e.g. 5s (Go duration syntax: ms, s, m, h) (or off)`},
+		{"prefetch negative", doc("quota: {limit: 500, every: 1s}\n    prefetch: -1ms"), `policy: line 5: rule "a": prefetch: must be between 1µs and 100ms, or off, got -1ms`},
 		{"soft a list", doc("gcra: {rate: 1, per: 1s}\n    soft: [1]"), `policy: line 5: rule "a": soft: must be a number, got a list`},
 		{"fair window", doc("quota: {limit: 5, every: 1s}\n    fair: \"{{.b}}\""), `policy: line 5: rule "a": fair: only a gcra rate can be shared fairly; this rule's limit is 5 per 1s (fixed window)`},
 		{"fair bad template", doc("gcra: {rate: 1, per: 1s}\n    fair: \"{{.b | x}}\""), `policy: line 5: rule "a": fair: bad template "{{.b | x}}": only field references such as {{.business_id}}`},
@@ -819,5 +820,22 @@ func TestCostPolicyErrors(t *testing.T) {
 	_, err := New(Rule{Name: "c", Match: Match{Type: "x"}, Cost: "2", Limit: limits.Concurrency{Max: 2, Lease: time.Minute}})
 	if err == nil || !strings.Contains(err.Error(), `rule "c": cost: a concurrency rule`) {
 		t.Errorf("New: %v", err)
+	}
+}
+
+// TestPrefetchOff: prefetch: off (or false) is NoPrefetch, which the
+// binding's rules do not carry (a limits.Rule has no such value).
+func TestPrefetchOff(t *testing.T) {
+	for _, v := range []string{"off", "false"} {
+		p, err := Parse([]byte(doc("quota: {limit: 500, every: 1s}\n    prefetch: " + v)))
+		if err != nil {
+			t.Fatalf("prefetch: %s: %v", v, err)
+		}
+		if got := p.Rules()[0].Prefetch; got != NoPrefetch {
+			t.Errorf("prefetch: %s reads as %v, want NoPrefetch", v, got)
+		}
+		if got := p.Bind("http:call", "q").Rules()[0].Prefetch; got != 0 {
+			t.Errorf("prefetch: %s: the bound rule has prefetch %v, want 0", v, got)
+		}
 	}
 }

@@ -29,7 +29,7 @@ import (
 //	    fair: "{{.business_id}}"         # optional, gcra only; see Rule.Fair
 //	    mode: enforce                    # optional: enforce (default) | shadow; see Rule.Shadow
 //	    soft: 10%                        # optional: see Rule.Soft (also 0.1)
-//	    prefetch: 5ms                    # optional, gcra and quota: see Rule.Prefetch
+//	    prefetch: 5ms                    # optional, gcra and quota (off: no automatic one): see Rule.Prefetch
 //	    gcra: {rate: 18, per: 1s, burst: 3}
 //	  - name: vendor-points
 //	    match: {type: "http:call"}
@@ -148,18 +148,18 @@ type policyDoc struct {
 
 // ruleDoc is a rule as written in a policy file.
 type ruleDoc struct {
-	Name        yamldoc.Val[string]          `yaml:"name"`
-	Match       yamldoc.Block[matchDoc]      `yaml:"match"`
-	Key         yamldoc.Val[string]          `yaml:"key"`
-	DefaultKey  yamldoc.Val[string]          `yaml:"default_key"`
-	Fair        yamldoc.Val[string]          `yaml:"fair"`
-	Mode        yamldoc.Val[string]          `yaml:"mode"`
-	Soft        yamldoc.Val[yamldoc.Share]   `yaml:"soft"`
-	Borrow      yamldoc.Val[yamldoc.Factor]  `yaml:"borrow"`
-	Prefetch    yamldoc.Val[time.Duration]   `yaml:"prefetch"`
-	Cost        yamldoc.Val[yamldoc.IntText] `yaml:"cost"`
-	DefaultCost yamldoc.Val[int]             `yaml:"default_cost"`
-	Limits      limitsDoc                    `yaml:",inline"`
+	Name        yamldoc.Val[string]              `yaml:"name"`
+	Match       yamldoc.Block[matchDoc]          `yaml:"match"`
+	Key         yamldoc.Val[string]              `yaml:"key"`
+	DefaultKey  yamldoc.Val[string]              `yaml:"default_key"`
+	Fair        yamldoc.Val[string]              `yaml:"fair"`
+	Mode        yamldoc.Val[string]              `yaml:"mode"`
+	Soft        yamldoc.Val[yamldoc.Share]       `yaml:"soft"`
+	Borrow      yamldoc.Val[yamldoc.Factor]      `yaml:"borrow"`
+	Prefetch    yamldoc.Val[yamldoc.DurationOff] `yaml:"prefetch"`
+	Cost        yamldoc.Val[yamldoc.IntText]     `yaml:"cost"`
+	DefaultCost yamldoc.Val[int]                 `yaml:"default_cost"`
+	Limits      limitsDoc                        `yaml:",inline"`
 }
 
 // matchDoc is a matcher: a rule's match, a critical entry, a shed class.
@@ -429,7 +429,8 @@ func readRule(b *yamldoc.Block[ruleDoc], line int) (Rule, yamldoc.Lines, *yamldo
 	soft, _ := yamldoc.Get(r, "soft", rd.Soft)
 	borrow, _ := yamldoc.Get(r, "borrow", rd.Borrow)
 	rule.Soft, rule.Borrow = float64(soft), float64(borrow)
-	rule.Prefetch, _ = yamldoc.Get(r, "prefetch", rd.Prefetch)
+	prefetch, _ := yamldoc.Get(r, "prefetch", rd.Prefetch)
+	rule.Prefetch = time.Duration(prefetch)
 	cost, _ := yamldoc.Get(r, "cost", rd.Cost)
 	rule.Cost = string(cost)
 	rule.DefaultCost, _ = yamldoc.Get(r, "default_cost", rd.DefaultCost)

@@ -202,7 +202,10 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 			return nil, field, msg
 		}
 	}
-	if r.Prefetch != 0 {
+	if r.Prefetch < 0 && r.Prefetch != NoPrefetch {
+		return nil, "prefetch", fmt.Sprintf("must be between 1µs and %v, or off, got %v", limits.MaxPrefetch, r.Prefetch)
+	}
+	if r.Prefetch > 0 {
 		if err := (limits.Rule{Name: r.Name, Limit: r.Raised(lim), Fair: r.Fair != "", Prefetch: r.Prefetch}).Validate(); err != nil {
 			var re *limits.RuleError
 			if errors.As(err, &re) && re.Field == "Rule.Prefetch" {
@@ -224,7 +227,7 @@ func (c *crule) compileCost(lim limits.Limit) (field, msg string) {
 	if _, ok := lim.(limits.Concurrency); ok {
 		return "cost", "a concurrency rule takes one slot per task; only gcra, adaptive, quota and sliding rules have a cost"
 	}
-	if r.Prefetch != 0 {
+	if r.Prefetch > 0 {
 		return "cost", "a rule with prefetch hands out one unit per task; remove prefetch or cost"
 	}
 	if n, err := strconv.Atoi(r.Cost); err == nil {

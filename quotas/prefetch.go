@@ -27,11 +27,13 @@ import (
 // window ends (its ResetAfter, measured from when the batch was asked for,
 // which is never after the server's moment): no window admits more than
 // its Limit. Units a process did not hand out are given back to the
-// windows (Settle of the batch) when they expire: by the request that
-// finds them expired, by a timer on the real clock, or when a Block drops
-// the pools. A batch leaves at least windowMargin batches in every window
-// or the pool pauses, so that near its limit a window decides every
-// request as usual.
+// windows (a Settle of the batch, settleBack) when they expire: by the
+// request that finds them expired, by a timer on the real clock, when a
+// Block drops the pools, or at GiveBack; a refunded unit goes back to its
+// batch's pool while usable, else to the windows at once. Batches are
+// sized by the requests' pace (sizeForWindows), and one that leaves less
+// than windowMargin batches in a window pauses the pool, so that near its
+// limit a window decides every request as usual.
 
 // prefetchPause is how long a pool takes no batch after one was refused,
 // unless a decision meanwhile finds the rules with room again.

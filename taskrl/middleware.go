@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -270,6 +271,9 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%+v", rates)
 	sp.digest = strconv.FormatUint(h.Sum64(), 36)
+	if len(slots) == 0 {
+		rates = withAutoPrefetch(b, rates, sp.rateIdx)
+	}
 	for i, rules := range [][]quotas.Rule{rates, slots} {
 		if len(rules) == 0 {
 			continue
@@ -309,6 +313,37 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 	}
 	v, _ := m.splits.LoadOrStore(b, sp)
 	return v.(*split), nil
+}
+
+// autoLease is how far ahead a quota rule prefetches by itself.
+const autoLease = 10 * time.Millisecond
+
+// autoMin is the smallest limit of a quota rule that prefetches by itself:
+// batches of 4 (limits.WindowBatch).
+const autoMin = 128
+
+// withAutoPrefetch returns rates with a prefetch of autoLease for the quota
+// rules among them (their positions in b at idx) that have no prefetch, no
+// cost and no NoPrefetch, and a limit of at least autoMin: exact for a window (see
+// limits.Rule.Prefetch), so a binding's windows lease their units without
+// a policy change; the set prefetches when all its rules do. Not for a
+// binding with concurrency rules: its rates and slots are decided in one
+// call, which a set that prefetches does not join.
+func withAutoPrefetch(b *policy.Binding, rates []quotas.Rule, idx []int) []quotas.Rule {
+	rates = slices.Clone(rates)
+	for k, r := range rates {
+		limit := 0
+		switch l := r.Limit.(type) {
+		case quotas.FixedWindow:
+			limit = l.Limit
+		case quotas.CalendarWindow:
+			limit = l.Limit
+		}
+		if pr := b.Rule(idx[k]); limit >= autoMin && r.Prefetch == 0 && pr.Prefetch == 0 && pr.Cost == "" {
+			rates[k].Prefetch = autoLease
+		}
+	}
+	return rates
 }
 
 // atShare returns r with its limit divided among share processes, each at

@@ -302,11 +302,13 @@ type (
 	// ScalarText is a string, or a number or boolean as written (42 is
 	// "42").
 	ScalarText string
+	// DurationOff is a duration, or off (or false): -1.
+	DurationOff time.Duration
 )
 
 // ValType is the types a Val holds.
 type ValType interface {
-	string | float64 | int | time.Duration | Share | Factor | IntText | ScalarText
+	string | float64 | int | time.Duration | Share | Factor | IntText | ScalarText | DurationOff
 }
 
 // Val is a scalar field: a field of type Val[int] decodes a whole number.
@@ -349,6 +351,8 @@ func (s *Val[T]) UnmarshalYAML(decode func(any) error) error {
 		*p, s.Bad = intText(n)
 	case *ScalarText:
 		*p, s.Bad = scalarText(n)
+	case *DurationOff:
+		*p, s.Bad = durationOff(n)
 	}
 	return nil
 }
@@ -423,6 +427,24 @@ func duration(n ast.Node) (time.Duration, string) {
 		return 0, fmt.Sprintf("%q is not a duration; use Go syntax such as 500ms, 1s, 10m or 24h", n.(*ast.StringNode).Value)
 	}
 	return d, ""
+}
+
+func durationOff(n ast.Node) (DurationOff, string) {
+	switch v := n.(type) {
+	case *ast.BoolNode:
+		if !v.Value {
+			return -1, ""
+		}
+	case *ast.StringNode:
+		if strings.TrimSpace(v.Value) == "off" {
+			return -1, ""
+		}
+	}
+	d, bad := duration(n)
+	if bad != "" {
+		bad += " (or off)"
+	}
+	return DurationOff(d), bad
 }
 
 func share(n ast.Node) (Share, string) {

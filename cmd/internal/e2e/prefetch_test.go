@@ -51,27 +51,33 @@ rules:
 	r.stop()
 }
 
-// TestPrefetchQuota: three worker binaries prefetch a quota rule
-// (prefetch: 20ms on 270 per 2 s, batches of at most 8) and call an API
-// that answers 429 above 275 per 2 s window (both windows aligned to the
-// Unix epoch; the 5 over are for a call decided at a window's end that
-// arrives in the next). 1,200 tasks enqueued at once must each reach it
-// exactly once, with no 429 (a batch handed out after its window ended
-// would put up to 8 more in the next), every full window between the
-// first and the last must take at least 270 less what the three workers
-// can hold at its end (3 × 8), and all by the end of the sixth window from
-// the first call: the rule alone needs ceil(1200/270) = 5 counting the
-// one of the first call, and one more is the slack for what is held at
-// window ends and for the first window being partial.
+// TestPrefetchQuota: three worker binaries prefetch a quota rule, with
+// prefetch: 20ms and by themselves (no prefetch in the policy: 10ms), on
+// 270 per 2 s (batches of at most 8), and call an API that answers 429
+// above 275 per 2 s window (both windows aligned to the Unix epoch; the 5
+// over are for a call decided at a window's end that arrives in the
+// next). 1,200 tasks enqueued at once must each reach it exactly once,
+// with no 429 (a batch handed out after its window ended would put up to
+// 8 more in the next), every full window between the first and the last
+// must take at least 270 less what the three workers can hold at its end
+// (3 × 8), and all by the end of the sixth window from the first call:
+// the rule alone needs ceil(1200/270) = 5 counting the one of the first
+// call, and one more is the slack for what is held at window ends and for
+// the first window being partial.
 func TestPrefetchQuota(t *testing.T) {
+	for _, c := range []struct{ name, prefetch string }{{"explicit", "    prefetch: 20ms\n"}, {"automatic", ""}} {
+		t.Run(c.name, func(t *testing.T) { prefetchQuota(t, c.prefetch) })
+	}
+}
+
+func prefetchQuota(t *testing.T, prefetch string) {
 	const tasks, limit, every = 1200, 270, 2 * time.Second
 	policy := fmt.Sprintf(`
 rules:
   - name: quota
     match: {type: "http:call"}
-    prefetch: 20ms
-    quota: {limit: %d, every: %v}
-`, limit, every)
+%s    quota: {limit: %d, every: %v}
+`, prefetch, limit, every)
 	r := start(t, fakeapi.Limits{Quota: fakeapi.Quota{Limit: 275, Every: every}}, policy, 3)
 	begin := time.Now()
 	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(tasks), "--businesses", "100")
