@@ -23,8 +23,8 @@ type Rule struct {
 	// every request is a booking of its own: about 10 µs more Redis time
 	// per decision than a plain rule (BENCHMARKS.md).
 	Fair bool
-	// Prefetch, for a GCRA rule that is not fair or a FixedWindow or
-	// CalendarWindow, lets a quotas.Limiter take the rule's units ahead
+	// Prefetch, for a GCRA rule that is not fair or a FixedWindow,
+	// CalendarWindow or SlidingWindow, lets a quotas.Limiter take the rule's units ahead
 	// in batches (token leasing) and hand them out in its process, each
 	// within Prefetch of the moment the batch was taken, so that a busy
 	// process needs a script call for a batch, not for every request (see
@@ -37,9 +37,13 @@ type Rule struct {
 	// Burst plus one per T elapsed in any span; Burst must exceed
 	// ceil(Prefetch/T). A window's units are counted in the window of the
 	// batch and handed out only before that window ends, so no window ever
-	// admits more than its Limit; a batch takes at most WindowBatch(Limit)
-	// units, and the units a process did not hand out are given back when
-	// they expire.
+	// admits more than its Limit. A SlidingWindow decides every request
+	// with Every lengthened by Prefetch (RuleStatus reports the count in
+	// that span): the units of a batch logged at its moment and handed
+	// out up to Prefetch later then never put more than Limit in any span
+	// of Every. A window's batch takes at most WindowBatch(Limit) units,
+	// and the units a process did not hand out are given back when they
+	// expire.
 	//
 	// 0 (the default) takes nothing ahead; at most MaxPrefetch.
 	Prefetch time.Duration
@@ -92,6 +96,7 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 	g, plain := r.Limit.(GCRA)
 	_, fixed := r.Limit.(FixedWindow)
 	_, calendar := r.Limit.(CalendarWindow)
+	_, sliding := r.Limit.(SlidingWindow)
 	if r.Fair && !plain {
 		msg := fmt.Sprintf("only a GCRA rule can be fair, not a %s", r.Limit)
 		return fail(&RuleError{Field: "Rule.Fair", Reason: msg, msg: msg})
@@ -102,8 +107,8 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 			return fail(&RuleError{Field: "Rule.Prefetch", Reason: msg, msg: "prefetch " + msg})
 		}
 		switch {
-		case !(plain || fixed || calendar) || r.Fair:
-			return bad("is only for a GCRA rule that is not fair or a fixed or calendar window, not %s", r.Limit)
+		case !(plain || fixed || calendar || sliding) || r.Fair:
+			return bad("is only for a GCRA rule that is not fair or a window, not %s", r.Limit)
 		case r.Prefetch < time.Microsecond || r.Prefetch > MaxPrefetch:
 			return bad("must be between 1µs and %v, got %v", MaxPrefetch, r.Prefetch)
 		}
@@ -176,8 +181,8 @@ func badLimit(field, word, format string, args ...any) *RuleError {
 	return &RuleError{Field: field, Reason: reason, msg: "invalid limit: " + word + " " + reason}
 }
 
-// WindowBatch is the most units of a prefetching FixedWindow or
-// CalendarWindow of limit units that one batch takes: a 32nd of the limit,
+// WindowBatch is the most units of a prefetching FixedWindow,
+// CalendarWindow or SlidingWindow of limit units that one batch takes: a 32nd of the limit,
 // at least 1, so that the units a fleet holds ahead are a small part of
 // the window.
 func WindowBatch(limit int) int64 { return max(int64(limit)/32, 1) }

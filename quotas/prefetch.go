@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,11 +23,13 @@ import (
 // request is decided as usual, and units are not taken ahead of requests
 // that would wait for them.
 //
-// Windows (fixed and calendar) prefetch too. A batch's units are counted
-// in the window of the batch, so they are handed out only until that
+// Windows prefetch too. A fixed or calendar window's batch is counted in
+// the window of the batch, so its units are handed out only until that
 // window ends (its ResetAfter, measured from when the batch was asked for,
 // which is never after the server's moment): no window admits more than
-// its Limit. Units a process did not hand out are given back to the
+// its Limit. A sliding window logs a batch at its moment and decides with
+// Every lengthened by Prefetch, so units handed out up to Prefetch later
+// never put more than Limit in any span of Every (Rule.Prefetch). Units a process did not hand out are given back to the
 // windows (a Settle of the batch, settleBack) when they expire: by the
 // request that finds them expired, by a timer on the real clock, when a
 // Block drops the pools, or at GiveBack; a refunded unit goes back to its
@@ -123,7 +126,7 @@ func poolKey(s *Set, req Request) string {
 func appendPoolKey(b []byte, s *Set, req Request) []byte {
 	for i, c := range s.comp {
 		b = append(b, c.tails[0]...)
-		if c.kind == kindFixed || c.kind == kindCalendar {
+		if c.kind == kindFixed || c.kind == kindCalendar || c.kind == kindSliding {
 			b = strconv.AppendInt(append(b, ':'), c.limit, 10)
 		}
 		b = append(b, 0)
@@ -233,11 +236,14 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 	g := grant{units: k - n, until: now + s.prefetch, took: now, now: bd.Now, rules: bd.Rules}
 	if s.windows {
 		for i, c := range s.comp {
-			if c.kind != kindFixed && c.kind != kindCalendar || i >= len(bd.Rules) {
+			if c.kind != kindFixed && c.kind != kindCalendar && c.kind != kindSliding || i >= len(bd.Rules) {
 				continue
 			}
 			r := bd.Rules[i]
-			g.until = min(g.until, now+r.ResetAfter.Microseconds())
+			if c.kind != kindSliding {
+				// A sliding log spans Every+Prefetch instead.
+				g.until = min(g.until, now+r.ResetAfter.Microseconds())
+			}
 			if int64(r.Remaining) < windowMargin*k {
 				p.pause = now + prefetchPause.Microseconds() // near the limit
 			}
@@ -283,11 +289,19 @@ func (l *Limiter) settleBackCtx(ctx context.Context, b *prefetch, units int64) e
 	if units <= 0 {
 		return nil
 	}
+	// A fixed or calendar window un-counts what each settle gives back;
+	// a sliding window drops the batch's entries above actual, so it is
+	// told all that came back so far.
+	total := b.back.Add(units)
 	actual := make([]int, len(b.s.comp))
 	for i, c := range b.s.comp {
-		actual[i] = -1
-		if c.kind == kindFixed || c.kind == kindCalendar {
+		switch c.kind {
+		case kindFixed, kindCalendar:
 			actual[i] = b.req.Cost - int(units)
+		case kindSliding:
+			actual[i] = b.req.Cost - int(total)
+		default:
+			actual[i] = -1
 		}
 	}
 	return l.Settle(ctx, b.s, b.req, b.bd, actual)
@@ -346,7 +360,7 @@ func (l *Limiter) resume(s *Set, p *pool, d Decision) {
 	defer l.pools.mu.Unlock()
 	for i, r := range d.Rules {
 		margin := int64(2)
-		if k := s.comp[i].kind; k == kindFixed || k == kindCalendar {
+		if k := s.comp[i].kind; k == kindFixed || k == kindCalendar || k == kindSliding {
 			margin = windowMargin
 		}
 		if int64(r.Remaining) < margin*p.batch {
@@ -405,10 +419,11 @@ func (g grant) decision(n, now int64) Decision {
 type prefetch struct {
 	g     grant
 	s     *Set
-	req   Request  // the batch's request: its cost is the batch's
-	bd    Decision // the batch's decision, which the give-backs settle
-	pool  *pool    // the pool its units live in
-	given bool     // its pooled units were given back: a refund goes back at once (pools.mu)
+	req   Request      // the batch's request: its cost is the batch's
+	bd    Decision     // the batch's decision, which the give-backs settle
+	pool  *pool        // the pool its units live in
+	back  atomic.Int64 // units given back so far
+	given bool         // its pooled units were given back: a refund goes back at once (pools.mu)
 }
 
 // unfetch puts back the units of a Decision admitted from a pool, if they

@@ -38,7 +38,6 @@ func TestPrefetchValidation(t *testing.T) {
 		name string
 		r    Rule
 	}{
-		{"sliding window", Rule{Name: "w", Limit: SlidingWindow{Limit: 10, Every: time.Second}, Prefetch: time.Millisecond}},
 		{"concurrency", Rule{Name: "c", Limit: Concurrency{Max: 10, Lease: time.Minute}, Prefetch: time.Millisecond}},
 		{"window too long", Rule{Name: "w", Limit: FixedWindow{Limit: 10, Every: time.Second}, Prefetch: time.Second}},
 		{"fair", Rule{Name: "f", Limit: g, Fair: true, Prefetch: time.Millisecond}},
@@ -58,7 +57,7 @@ func TestPrefetchValidation(t *testing.T) {
 	if err := (Rule{Name: "ok", Limit: g, Prefetch: 99 * time.Millisecond}).Validate(); err != nil {
 		t.Errorf("99 units of a burst of 100 ahead: %v", err)
 	}
-	for _, l := range []Limit{FixedWindow{Limit: 1, Every: time.Second}, CalendarWindow{Limit: 5, Cron: "@daily"}} {
+	for _, l := range []Limit{FixedWindow{Limit: 1, Every: time.Second}, CalendarWindow{Limit: 5, Cron: "@daily"}, SlidingWindow{Limit: 5, Every: time.Second}} {
 		if err := (Rule{Name: "w", Limit: l, Prefetch: 100 * time.Millisecond}).Validate(); err != nil {
 			t.Errorf("%s with prefetch: %v", l, err)
 		}

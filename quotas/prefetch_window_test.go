@@ -345,3 +345,110 @@ func TestPrefetchWindowMargin(t *testing.T) {
 		t.Errorf("of the window's last 30 units %d took a call: near the limit a window decides request by request", calls)
 	}
 }
+
+// TestPrefetchSlidingExact: a sliding window of 640 per 100 ms prefetched
+// by three limiters on an explicit clock (prefetch: 20ms, so the log spans
+// 120 ms), requests at twice the limit and then, after 120 ms without
+// any, at a third of it. Checked on
+// the hand-out times alone: no span of 100 ms holds more than 640. At
+// every 97th request the server's count (entries of the last 120 ms) is
+// the units logged then, handed out or pooled, less those given back.
+func TestPrefetchSlidingExact(t *testing.T) {
+	const limit, every, prefetch = 640, 100 * time.Millisecond, 20 * time.Millisecond
+	cl := redistest.Client(t)
+	cc := redis.NewClient(&redis.Options{Addr: cl.Options().Addr})
+	t.Cleanup(func() { cc.Close() })
+	var counter callCounter
+	cc.AddHook(&counter)
+	set := mustSet(Rule{Name: "s", Limit: SlidingWindow{Limit: limit, Every: every}, Prefetch: prefetch})
+	prefix := redistest.Prefix(t)
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	var ls []*Limiter
+	for range 3 {
+		l, err := New(Config{Client: cc, Prefix: prefix, Now: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(5, 6))
+	var handed, logged []int64 // per unit handed out: when, and its batch's moment
+	span := (every + prefetch).Microseconds()
+	checks := 0
+	check := func() {
+		t.Helper()
+		checks++
+		st, err := ls[0].Status(ctx, set, Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		from := now.UnixMicro() - span
+		want := 0
+		for _, at := range logged {
+			if at > from {
+				want++
+			}
+		}
+		for _, l := range ls {
+			l.pools.mu.Lock()
+			for _, p := range l.pools.m {
+				for _, g := range p.grants {
+					if g.now.UnixMicro() > from {
+						want += int(g.units)
+					}
+				}
+			}
+			l.pools.mu.Unlock()
+		}
+		if used := st.Rules[0].Used; used != want {
+			t.Fatalf("at %v the log counts %d; logged in its span and not given back: %d", now, used, want)
+		}
+	}
+	step := every / limit
+	phase := func(d, mean time.Duration) (requests, admitted int, calls int64) {
+		before, checked := counter.n.Load(), checks
+		for end := now.Add(d); now.Before(end); now = now.Add(time.Duration(rng.Int64N(int64(2*mean))) + 1) {
+			requests++
+			dec, err := ls[rng.IntN(len(ls))].Allow(ctx, set, Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dec.Allowed {
+				admitted++
+				at := dec.Now.UnixMicro()
+				if dec.pf != nil {
+					at = dec.pf.g.now.UnixMicro()
+				}
+				handed, logged = append(handed, now.UnixMicro()), append(logged, at)
+			}
+			if requests%97 == 0 {
+				check()
+			}
+		}
+		return requests, admitted, counter.n.Load() - before - int64(checks-checked)
+	}
+	busyReq, busyAdm, busyCalls := phase(4*every, step/2)
+	now = now.Add(every + prefetch) // the busy phase leaves the log
+	idleReq, idleAdm, idleCalls := phase(3*every, 3*step)
+	check()
+	t.Logf("at 2x the limit: %d requests, %d admitted, %d calls; at 1/3: %d requests, %d admitted, %d calls",
+		busyReq, busyAdm, busyCalls, idleReq, idleAdm, idleCalls)
+	for i, j := 0, 0; j < len(handed); j++ {
+		for handed[j]-handed[i] >= every.Microseconds() {
+			i++
+		}
+		if n := j - i + 1; n > limit {
+			t.Fatalf("%d units handed out within %v (from %d µs); the limit is %d", n, every, handed[i], limit)
+		}
+	}
+	if busyAdm < 4*limit*int(every)/int(every+prefetch)*9/10 {
+		t.Errorf("at twice the limit %d handed out in %v; the lengthened log allows about %d", busyAdm, 4*every, 4*limit*int(every)/int(every+prefetch))
+	}
+	if idleAdm != idleReq {
+		t.Errorf("below the limit, %d of %d requests admitted", idleAdm, idleReq)
+	}
+	if 4*idleCalls > int64(idleReq) {
+		t.Errorf("below the limit, %d calls for %d requests: want at most 1 in 4", idleCalls, idleReq)
+	}
+}

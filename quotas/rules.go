@@ -105,7 +105,10 @@ func compile(r Rule) compiled {
 	case FixedWindow:
 		c = compiled{kind: kindFixed, suffix: "fixed:" + strconv.FormatInt(l.Every.Microseconds(), 10), limit: int64(l.Limit), every: l.Every.Microseconds()}
 	case SlidingWindow:
-		c = compiled{kind: kindSliding, suffix: "sliding:" + strconv.FormatInt(l.Every.Microseconds(), 10), limit: int64(l.Limit), every: l.Every.Microseconds()}
+		// A prefetching log spans Every+Prefetch (see Rule.Prefetch); its
+		// key names that span, so it never reads another definition's.
+		every := l.Every.Microseconds() + r.Prefetch.Microseconds()
+		c = compiled{kind: kindSliding, suffix: "sliding:" + strconv.FormatInt(every, 10), limit: int64(l.Limit), every: every, prefetch: r.Prefetch.Microseconds()}
 	case CalendarWindow:
 		s, err := calendar.Parse(l.Cron, l.TZ)
 		if err != nil {
@@ -139,7 +142,8 @@ type Set struct {
 	// (lowered) burst of the set's GCRA rules and limits.WindowBatch of its
 	// windows.
 	batchMax int64
-	// windows: a window rule prefetches; its unused units are given back.
+	// windows: a window rule (fixed, calendar, sliding) prefetches; its
+	// unused units are given back.
 	windows bool
 }
 
@@ -182,7 +186,7 @@ func NewSet(rules ...Rule) (*Set, error) {
 			s.prefetch = c.prefetch
 		}
 		most := c.burst
-		if c.kind == kindFixed || c.kind == kindCalendar {
+		if c.kind == kindFixed || c.kind == kindCalendar || c.kind == kindSliding {
 			most = limits.WindowBatch(int(c.limit))
 			s.windows = s.windows || c.prefetch > 0
 		}
