@@ -34,25 +34,12 @@ func TestPrefetchWindowExact(t *testing.T) {
 	}{
 		{"fixed", FixedWindow{Limit: 640, Every: 100 * time.Millisecond}, 640, 100 * time.Millisecond,
 			func(t int64) int64 { return t - t%100_000 }, true},
-		{"calendar", CalendarWindow{Limit: 12800, Cron: "* * * * *"}, 12800, time.Minute, minute, false},
+		{"calendar", CalendarWindow{Limit: 3200, Cron: "* * * * *"}, 3200, time.Minute, minute, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cl := redistest.Client(t)
-			cc := redis.NewClient(&redis.Options{Addr: cl.Options().Addr})
-			t.Cleanup(func() { cc.Close() })
-			var counter callCounter
-			cc.AddHook(&counter)
 			set := mustSet(Rule{Name: "w", Limit: c.limit, Prefetch: 20 * time.Millisecond})
-			prefix := redistest.Prefix(t)
 			now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-			var ls []*Limiter
-			for range 3 {
-				l, err := New(Config{Client: cc, Prefix: prefix, Now: func() time.Time { return now }})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ls = append(ls, l)
-			}
+			ls, counter := limitersOn(t, 3, &now)
 			ctx := context.Background()
 			rng := rand.New(rand.NewPCG(3, 4))
 			handed := map[int64]int{} // window start -> units handed out
@@ -308,16 +295,9 @@ func TestPrefetchWindowCosts(t *testing.T) {
 func TestPrefetchWindowMargin(t *testing.T) {
 	const limit = 320 // batches of at most 10
 	set := mustSet(Rule{Name: "w", Limit: FixedWindow{Limit: limit, Every: 10 * time.Second}, Prefetch: 20 * time.Millisecond})
-	c := redistest.Client(t)
-	cc := redis.NewClient(&redis.Options{Addr: c.Options().Addr})
-	t.Cleanup(func() { cc.Close() })
-	var counter callCounter
-	cc.AddHook(&counter)
 	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	l, err := New(Config{Client: cc, Prefix: redistest.Prefix(t), Now: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ls, counter := limitersOn(t, 1, &now)
+	l := ls[0]
 	var called []bool // per admitted request: it made a call
 	for {
 		before := counter.n.Load()
@@ -355,22 +335,9 @@ func TestPrefetchWindowMargin(t *testing.T) {
 // the units logged then, handed out or pooled, less those given back.
 func TestPrefetchSlidingExact(t *testing.T) {
 	const limit, every, prefetch = 640, 100 * time.Millisecond, 20 * time.Millisecond
-	cl := redistest.Client(t)
-	cc := redis.NewClient(&redis.Options{Addr: cl.Options().Addr})
-	t.Cleanup(func() { cc.Close() })
-	var counter callCounter
-	cc.AddHook(&counter)
 	set := mustSet(Rule{Name: "s", Limit: SlidingWindow{Limit: limit, Every: every}, Prefetch: prefetch})
-	prefix := redistest.Prefix(t)
 	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	var ls []*Limiter
-	for range 3 {
-		l, err := New(Config{Client: cc, Prefix: prefix, Now: func() time.Time { return now }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-	}
+	ls, counter := limitersOn(t, 3, &now)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(5, 6))
 	var handed, logged []int64 // per unit handed out: when, and its batch's moment
@@ -451,4 +418,24 @@ func TestPrefetchSlidingExact(t *testing.T) {
 	if 4*idleCalls > int64(idleReq) {
 		t.Errorf("below the limit, %d calls for %d requests: want at most 1 in 4", idleCalls, idleReq)
 	}
+}
+
+// limitersOn returns n limiters (processes) on one Redis client, whose
+// commands counter counts, and one key prefix, all on the clock *now.
+func limitersOn(t *testing.T, n int, now *time.Time) ([]*Limiter, *callCounter) {
+	t.Helper()
+	cc := redis.NewClient(&redis.Options{Addr: redistest.Client(t).Options().Addr})
+	t.Cleanup(func() { cc.Close() })
+	counter := &callCounter{}
+	cc.AddHook(counter)
+	prefix := redistest.Prefix(t)
+	var ls []*Limiter
+	for range n {
+		l, err := New(Config{Client: cc, Prefix: prefix, Now: func() time.Time { return *now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	return ls, counter
 }
