@@ -24,20 +24,21 @@ type Rule struct {
 	// per decision than a plain rule (BENCHMARKS.md).
 	Fair bool
 	// Prefetch, for a GCRA rule that is not fair or a FixedWindow,
-	// CalendarWindow or SlidingWindow, lets a quotas.Limiter take the rule's units ahead
-	// in batches (token leasing) and hand them out in its process, each
-	// within Prefetch of the moment the batch was taken, so that a busy
-	// process needs a script call for a batch, not for every request (see
-	// quotas.Limiter.Allow); a set prefetches when all its rules do.
+	// CalendarWindow or SlidingWindow, lets a quotas.Limiter take the
+	// rule's units ahead in batches (token leasing) and hand them out in
+	// its process, each within Prefetch of the moment the batch was
+	// taken, so that a busy process needs a script call for a batch, not
+	// for every request (see quotas.Limiter.Allow); a set prefetches when
+	// all its rules do.
 	//
 	// A GCRA unit handed out up to Prefetch after its moment could push a
 	// span of real time over the limit by Prefetch's worth of units, so
 	// the rule decides every request with Burst lowered by ceil(Prefetch/T)
 	// (RuleStatus reports that burst): what is handed out never exceeds
 	// Burst plus one per T elapsed in any span; Burst must exceed
-	// ceil(Prefetch/T). A window's units are counted in the window of the
-	// batch and handed out only before that window ends, so no window ever
-	// admits more than its Limit. A SlidingWindow decides every request
+	// ceil(Prefetch/T). A fixed or calendar window's units are counted in
+	// the window of the batch and handed out only before that window ends,
+	// so no window ever admits more than its Limit. A SlidingWindow decides every request
 	// with Every lengthened by Prefetch (RuleStatus reports the count in
 	// that span): the units of a batch logged at its moment and handed
 	// out up to Prefetch later then never put more than Limit in any span
