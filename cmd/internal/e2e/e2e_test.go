@@ -811,8 +811,12 @@ func onTopology(t *testing.T, topo topology, started string, within float64) {
 // the old primary did not record runs again when asynq recovers it, which
 // the API sees as a second call with the same Idempotency-Key, logged),
 // and no second holds more calls than the limits allow plus one burst
-// (state written to the old primary in the moments before the switch may
-// not have reached the replica).
+// plus the calls made twice: state written to the old primary in the
+// moments before the switch may not have reached the replica, the
+// limiter's charges as well as asynq's records of tasks done, and each
+// task run twice is one whose end was lost, with its charge, in that
+// moment (on a loaded machine the switch took 3 s once and lost 6 ends:
+// 17 calls in a second, 14 + 6 allowed).
 func TestSentinelFailover(t *testing.T) {
 	const n, businesses = 120, 6
 	r := startOn(t, fakeapi.Limits{Global: apiGlobal}, `rules:
@@ -839,8 +843,8 @@ func TestSentinelFailover(t *testing.T) {
 	if st.DistinctKeys != n {
 		t.Errorf("%d of %d calls made: tasks lost in the failover", st.DistinctKeys, n)
 	}
-	if busiest > 10+2+2 {
-		t.Errorf("%d calls in one second: more than the limits (10/s burst 2) and one burst", busiest)
+	if busiest > 10+2+2+st.Duplicates {
+		t.Errorf("%d calls in one second: more than the limits (10/s burst 2), one burst and the %d calls made twice", busiest, st.Duplicates)
 	}
 	info, err := asynq.NewInspectorFromRedisClient(r.sentinel.Client(t)).GetQueueInfo(r.queue)
 	if err != nil {
