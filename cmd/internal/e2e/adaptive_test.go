@@ -34,12 +34,15 @@ rules:
 // measured in each phase after 10 s of settling: with TASKRL_LONG=1
 // (phases of 60 s, and also 6 workers, an API at 3/s and one at 300/s)
 // the issue's, at most 2 % of calls answered 429 and at least 90 % of the
-// API's rate used; in CI (phases of 25 s, so 15 s measured, in which a
+// API's rate used; in CI (phases of 40 s, so 30 s measured, in which a
 // raised limit is found late) at most 4 % and 50 % (a fixed GCRA rule
-// above the limit: about 50 % of calls 429 and 5 % of the rate used).
+// above the limit: about 50 % of calls 429 and 5 % of the rate used). A
+// raised limit may be found only after a hold (24 s at a rate of 1/s,
+// Adaptive's doc): with phases of 25 s one CI run measured 23.7 % in the
+// third phase, which found 20/s again only after its 15 s were over.
 func TestAdaptive(t *testing.T) {
 	if os.Getenv("TASKRL_LONG") == "" {
-		runAdaptive(t, 3, 40, []float64{20, 5, 20}, 25*time.Second, 0.5, 0.04)
+		runAdaptive(t, 3, 40, []float64{20, 5, 20}, 40*time.Second, 0.5, 0.04)
 		return
 	}
 	for _, c := range []struct {
