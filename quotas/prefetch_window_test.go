@@ -46,19 +46,7 @@ func TestPrefetchWindowExact(t *testing.T) {
 			checks := 0
 			// pooled is what the pools hold of the window starting at w.
 			pooled := func(w int64) int {
-				n := 0
-				for _, l := range ls {
-					l.pools.mu.Lock()
-					for _, p := range l.pools.m {
-						for _, g := range p.grants {
-							if c.window(g.now.UnixMicro()) == w {
-								n += int(g.units)
-							}
-						}
-					}
-					l.pools.mu.Unlock()
-				}
-				return n
+				return pooledUnits(ls, func(g grant) bool { return c.window(g.now.UnixMicro()) == w })
 			}
 			check := func() {
 				t.Helper()
@@ -230,7 +218,7 @@ func TestPrefetchWindowGiveBack(t *testing.T) {
 			t.Fatal(err)
 		}
 		allow(l, 1) // finds the expired units and gives them back
-		if u, want := used(), 18+1+int(poolUnits(l)); u != want {
+		if u, want := used(), 18+1+poolUnits(l); u != want {
 			t.Errorf("after expiry the window counts %d, want %d (18 kept, 1 new, %d pooled)", u, want, poolUnits(l))
 		}
 	})
@@ -244,18 +232,26 @@ func TestPrefetchWindowGiveBack(t *testing.T) {
 	})
 }
 
-// poolUnits is what l's pools hold.
-func poolUnits(l *Limiter) int64 {
-	l.pools.mu.Lock()
-	defer l.pools.mu.Unlock()
-	var n int64
-	for _, p := range l.pools.m {
-		for _, g := range p.grants {
-			n += g.units
+// pooledUnits is what the pools of ls hold in the grants keep selects
+// (nil: all).
+func pooledUnits(ls []*Limiter, keep func(grant) bool) int {
+	n := 0
+	for _, l := range ls {
+		l.pools.mu.Lock()
+		for _, p := range l.pools.m {
+			for _, g := range p.grants {
+				if keep == nil || keep(g) {
+					n += int(g.units)
+				}
+			}
 		}
+		l.pools.mu.Unlock()
 	}
 	return n
 }
+
+// poolUnits is what l's pools hold.
+func poolUnits(l *Limiter) int { return pooledUnits([]*Limiter{l}, nil) }
 
 // TestPrefetchWindowCosts: a request whose per-rule Costs all equal its
 // Cost prefetches, and its batches charge the batch's units, not the
@@ -283,7 +279,7 @@ func TestPrefetchWindowCosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if used, want := st.Rules[0].Used, handed+int(poolUnits(l)); used != want || handed != 300 {
+	if used, want := st.Rules[0].Used, handed+poolUnits(l); used != want || handed != 300 {
 		t.Errorf("%d handed out of 300; the window counts %d, want %d (%d pooled)", handed, used, want, poolUnits(l))
 	}
 }
@@ -357,17 +353,7 @@ func TestPrefetchSlidingExact(t *testing.T) {
 				want++
 			}
 		}
-		for _, l := range ls {
-			l.pools.mu.Lock()
-			for _, p := range l.pools.m {
-				for _, g := range p.grants {
-					if g.now.UnixMicro() > from {
-						want += int(g.units)
-					}
-				}
-			}
-			l.pools.mu.Unlock()
-		}
+		want += pooledUnits(ls, func(g grant) bool { return g.now.UnixMicro() > from })
 		if used := st.Rules[0].Used; used != want {
 			t.Fatalf("at %v the log counts %d; logged in its span and not given back: %d", now, used, want)
 		}
