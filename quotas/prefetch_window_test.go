@@ -114,13 +114,19 @@ func TestPrefetchWindowExact(t *testing.T) {
 // drops the pools); at GiveBack; and a refund of a unit handed out goes
 // back to the pool while it is usable, to the window once it is not.
 func TestPrefetchWindowGiveBack(t *testing.T) {
-	set := mustSet(Rule{Name: "w", Limit: FixedWindow{Limit: 3200, Every: time.Hour}, Prefetch: 10 * time.Millisecond})
+	rule := Rule{Name: "w", Limit: FixedWindow{Limit: 3200, Every: time.Hour}, Prefetch: 10 * time.Millisecond}
+	set := mustSet(rule)
+	// On the real clock, the units must still be pooled when the test
+	// looks: the longest lease, and the look only if it came within half
+	// of it (a loaded machine may pause for longer).
+	rule.Prefetch = 100 * time.Millisecond
+	slow := mustSet(rule)
 	c := redistest.Client(t)
 	ctx := context.Background()
 	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 	// setup returns a limiter on its own keys, on the real clock or (virtual)
-	// on now, and the window's count.
-	setup := func(virtual bool) (*Limiter, func() int) {
+	// on now, and the count of set's window.
+	setup := func(t *testing.T, set *Set, virtual bool) (*Limiter, func() int) {
 		cfg := Config{Client: c, Prefix: redistest.Prefix(t)}
 		if virtual {
 			cfg.Now = func() time.Time { return now }
@@ -142,7 +148,7 @@ func TestPrefetchWindowGiveBack(t *testing.T) {
 	}
 	// settled waits until the window counts want units, then checks that
 	// nothing more is given back.
-	settled := func(used func() int, want int, what string) {
+	settled := func(t *testing.T, used func() int, want int, what string) {
 		t.Helper()
 		got := -1
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && got != want; time.Sleep(5 * time.Millisecond) {
@@ -153,7 +159,8 @@ func TestPrefetchWindowGiveBack(t *testing.T) {
 			t.Errorf("%s: the window counts %d, want %d", what, got, want)
 		}
 	}
-	allow := func(l *Limiter, n int) []Decision {
+	allow := func(t *testing.T, l *Limiter, set *Set, n int) []Decision {
+		t.Helper()
 		var ds []Decision
 		for range n {
 			d, err := l.Allow(ctx, set, Request{})
@@ -164,7 +171,7 @@ func TestPrefetchWindowGiveBack(t *testing.T) {
 		}
 		return ds
 	}
-	pooled := func(used func() int, handed int) {
+	pooled := func(t *testing.T, used func() int, handed int) {
 		t.Helper()
 		if u := used(); u <= handed {
 			t.Fatalf("the window counts %d with %d handed out: nothing was taken ahead", u, handed)
@@ -172,28 +179,32 @@ func TestPrefetchWindowGiveBack(t *testing.T) {
 	}
 
 	t.Run("expired", func(t *testing.T) {
-		l, used := setup(false)
-		allow(l, 20)
-		pooled(used, 20)
-		settled(used, 20, "after the units expired")
+		l, used := setup(t, slow, false)
+		start := time.Now()
+		allow(t, l, slow, 20)
+		u := used()
+		if time.Since(start) < rule.Prefetch/2 && u <= 20 {
+			t.Fatalf("the window counts %d with 20 handed out: nothing was taken ahead", u)
+		}
+		settled(t, used, 20, "after the units expired")
 	})
 	t.Run("block", func(t *testing.T) {
-		l, used := setup(true) // no timers: only the Block gives back
-		ds := allow(l, 20)
-		pooled(used, 20)
+		l, used := setup(t, set, true) // no timers: only the Block gives back
+		ds := allow(t, l, set, 20)
+		pooled(t, used, 20)
 		if _, err := l.Block(ctx, set, Request{}, now); err != nil {
 			t.Fatal(err)
 		}
-		settled(used, 20, "after a Block")
+		settled(t, used, 20, "after a Block")
 		if err := l.Refund(ctx, set, Request{}, ds[19]); err != nil {
 			t.Fatal(err)
 		}
-		settled(used, 19, "after a refund of a unit whose pool a Block dropped")
+		settled(t, used, 19, "after a refund of a unit whose pool a Block dropped")
 	})
 	t.Run("GiveBack", func(t *testing.T) {
-		l, used := setup(true)
-		allow(l, 20)
-		pooled(used, 20)
+		l, used := setup(t, set, true)
+		allow(t, l, set, 20)
+		pooled(t, used, 20)
 		if err := l.GiveBack(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -202,8 +213,8 @@ func TestPrefetchWindowGiveBack(t *testing.T) {
 		}
 	})
 	t.Run("refund", func(t *testing.T) {
-		l, used := setup(true)
-		ds := allow(l, 20)
+		l, used := setup(t, set, true)
+		ds := allow(t, l, set, 20)
 		held := used() - 20
 		// Usable still: back to the pool, handed out again without a call.
 		if err := l.Refund(ctx, set, Request{}, ds[0]); err != nil {
@@ -217,18 +228,18 @@ func TestPrefetchWindowGiveBack(t *testing.T) {
 		if err := l.Refund(ctx, set, Request{}, ds[1]); err != nil {
 			t.Fatal(err)
 		}
-		allow(l, 1) // finds the expired units and gives them back
+		allow(t, l, set, 1) // finds the expired units and gives them back
 		if u, want := used(), 18+1+poolUnits(l); u != want {
 			t.Errorf("after expiry the window counts %d, want %d (18 kept, 1 new, %d pooled)", u, want, poolUnits(l))
 		}
 	})
 	t.Run("refund on the real clock", func(t *testing.T) {
-		l, used := setup(false)
-		d := allow(l, 1)[0] // a batch of 1: nothing over
+		l, used := setup(t, set, false)
+		d := allow(t, l, set, 1)[0] // a batch of 1: nothing over
 		if err := l.Refund(ctx, set, Request{}, d); err != nil {
 			t.Fatal(err)
 		}
-		settled(used, 0, "a unit refunded into its pool, after it expired")
+		settled(t, used, 0, "a unit refunded into its pool, after it expired")
 	})
 }
 
