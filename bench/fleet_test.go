@@ -419,8 +419,8 @@ func redisCPU(t *testing.T) time.Duration {
 // Redis commands per task and throughput for 15,000 tasks under no rule,
 // one GCRA rule (plain, and with prefetch: 9ms), three global rules (a
 // rate, a 10 s window, a daily quota; plain, and all with prefetch: 9ms),
-// one daily quota (prefetching by itself, and with prefetch: off) and five
-// rules that never bind; and commands per
+// one daily quota (prefetching by itself, and with prefetch: off), alone
+// and beside a concurrency cap, and five rules that never bind; and commands per
 // delivered task for a backlog 10x and 30x a 50/s rule. Each rule case
 // logs its commands per task by name too; TASKRL_FLEET_CASES and
 // TASKRL_WORKER_BASE (see below) restrict the run and add another build. It fails only if
@@ -468,6 +468,14 @@ func TestFleetCost(t *testing.T) {
     quota: {limit: 100000000, cron: "0 0 * * *", tz: UTC}
 `
 	dailyOff := strings.Replace(daily, "    quota:", "    prefetch: off\n    quota:", 1)
+	// The daily quota beside a concurrency cap that never binds: the
+	// quota leases by itself and the slot takes the task's one call.
+	slots := `
+  - name: slots
+    match: {type: "http:call"}
+    concurrency: {max: 1000, lease: 30s}
+`
+	dailySlots, dailySlotsOff := daily+slots[1:], dailyOff+slots[1:]
 	// TASKRL_FLEET_CASES (say "none,five") restricts the run to those
 	// cases; TASKRL_WORKER_BASE names another worker binary (say, built
 	// from an earlier commit) whose rule cases run too, in the same run.
@@ -481,7 +489,7 @@ func TestFleetCost(t *testing.T) {
 	if b := os.Getenv("TASKRL_WORKER_BASE"); b != "" {
 		bins = append(bins, struct{ label, bin string }{b + ": ", b})
 	}
-	for _, c := range []struct{ name, policy string }{{"one", one}, {"one-prefetch", prefetch}, {"three", three}, {"three-prefetch", threePrefetch}, {"daily-off", dailyOff}, {"daily", daily}, {"five", fivePolicy}} {
+	for _, c := range []struct{ name, policy string }{{"one", one}, {"one-prefetch", prefetch}, {"three", three}, {"three-prefetch", threePrefetch}, {"daily-off", dailyOff}, {"daily", daily}, {"daily-slots-off", dailySlotsOff}, {"daily-slots", dailySlots}, {"five", fivePolicy}} {
 		if !want(c.name) {
 			continue
 		}

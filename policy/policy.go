@@ -92,8 +92,7 @@ type Rule struct {
 	// (fixed or calendar window), whose batches are handed out only
 	// before their window ends and whose unused units go back to it.
 	// A quota rule of at least 128 without a cost prefetches by itself
-	// (10ms) in the middleware when its task has no concurrency rule;
-	// NoPrefetch turns that off. Policy file: prefetch: 5ms, prefetch: off.
+	// (10ms) in the middleware; NoPrefetch turns that off. Policy file: prefetch: 5ms, prefetch: off.
 	Prefetch time.Duration
 	// Cost is how many units of the rule's limit one task takes: a
 	// template over the task's JSON payload like Key whose value is a

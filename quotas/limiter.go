@@ -208,15 +208,31 @@ func (l *Limiter) Reserve(ctx context.Context, s *Set, req Request, horizon time
 // request now (Allowed, Delay 0), Allow of slots under slotSet at the same
 // moment, decided in one script call on a single Redis: the same decisions
 // as the two calls made back to back, in one round trip and at one read of
-// the server's clock. decided reports whether the slots were decided (sd
-// is their Decision); if not (the rates did not admit now, or the call
-// cannot carry both: Redis Cluster, a set with Rule.Prefetch, a calendar
-// rule whose ticks missed the clock), rd is Reserve's decision alone and
-// the caller calls Allow itself when it wants the slots.
+// the server's clock. When s prefetches (Rule.Prefetch) and has units in
+// hand, the rates are admitted from them and only the slots are decided,
+// in one call. decided reports whether the slots were decided (sd is
+// their Decision); if not (the rates did not admit now, or the call cannot
+// carry both: Redis Cluster, a calendar rule whose ticks missed the
+// clock), rd is Reserve's decision alone and the caller calls Allow itself
+// when it wants the slots.
 func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, horizon time.Duration, slotSet *Set, slots Request) (rd, sd Decision, decided bool, err error) {
-	if l.sharded || s == nil || slotSet == nil || s.prefetch != 0 || slotSet.prefetch != 0 {
+	if l.sharded || s == nil || slotSet == nil || slotSet.prefetch != 0 {
 		rd, err = l.Reserve(ctx, s, req, horizon)
 		return rd, Decision{}, false, err
+	}
+	var p *pool // the rates' pool, to resume after a decision made as usual
+	if s.prefetch != 0 && sameCosts(req) {
+		if rd, p, err = l.prefetched(ctx, s, req); err != nil {
+			return Decision{}, Decision{}, false, err
+		}
+		if rd.Allowed {
+			sd, err = l.Allow(ctx, slotSet, slots)
+			if err != nil {
+				l.unfetch(poolKey(s, req), rd)
+				return Decision{}, Decision{}, false, err
+			}
+			return rd, sd, true, nil
+		}
 	}
 	rcalls, err := l.bind(s, req, false)
 	if err != nil {
@@ -279,6 +295,9 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 		l.skew.Learn(time.UnixMicro(rs[0].now), time.Now())
 	}
 	rd = l.assemble(s, [][]call{rcalls}, rs[:1], rp)
+	if p != nil {
+		l.resume(s, p, rd)
+	}
 	if rs[1].status == stSkipped || rs[1].status == stNoTicks {
 		// Not decided: the rates did not admit now (or the slots'
 		// calendar ticks missed; nothing charged).

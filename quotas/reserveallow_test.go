@@ -103,3 +103,82 @@ func TestReserveAndAllowMatchesModel(t *testing.T) {
 		}
 	}
 }
+
+// TestReserveAndAllowPrefetch: when the rates prefetch, a request admitted
+// from units in hand takes its slots in one call, the only call it makes;
+// its slots are decided as without prefetch; a window near its limit
+// (the pool paused) is decided with the slots in one call again, and
+// nothing is ever counted twice or lost.
+func TestReserveAndAllowPrefetch(t *testing.T) {
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	ls, counter := limitersOn(t, 1, &now)
+	l := ls[0]
+	ctx := context.Background()
+	const limit = 640
+	rates := mustSet(Rule{Name: "w", Limit: FixedWindow{Limit: limit, Every: time.Hour}, Prefetch: 10 * time.Millisecond})
+	slots := mustSet(Rule{Name: "slots", Limit: Concurrency{Max: 2, Lease: time.Minute}})
+	if _, err := l.Status(ctx, rates, Request{}); err != nil { // loads the scripts
+		t.Fatal(err)
+	}
+	var held []Lease
+	handed, fromPool, denied := 0, 0, 0
+	for i := range limit + 10 {
+		now = now.Add(10 * time.Microsecond)
+		if i%4 == 0 {
+			// Between, the slots are full: a request in four frees them.
+			for _, ls := range held {
+				if ok, err := l.Release(ctx, ls); err != nil || !ok {
+					t.Fatalf("release: %v %v", ok, err)
+				}
+			}
+			held = nil
+		}
+		before := counter.n.Load()
+		rd, sd, ok, err := l.ReserveAndAllow(ctx, rates, Request{}, 0, slots, Request{Holder: fmt.Sprint("h", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := counter.n.Load() - before
+		if !rd.Allowed {
+			if i < limit {
+				t.Fatalf("request %d denied by the window: %+v", i, rd)
+			}
+			continue
+		}
+		handed++
+		if !ok {
+			t.Fatalf("request %d: admitted now but its slots were not decided", i)
+		}
+		if rd.pf != nil && calls == 1 {
+			fromPool++
+		}
+		if calls > 2 {
+			t.Fatalf("request %d took %d calls", i, calls)
+		}
+		if !sd.Allowed {
+			denied++
+			if len(held) != 2 || sd.Rule != "slots" {
+				t.Fatalf("request %d: slots denied with %d held: %+v", i, len(held), sd)
+			}
+			continue
+		}
+		held = append(held, sd.Leases...)
+	}
+	if handed != limit {
+		t.Errorf("the window admitted %d, want its limit %d", handed, limit)
+	}
+	if fromPool < limit/2 {
+		t.Errorf("%d of %d requests were admitted from units in hand with one call for the slots; want at least half", fromPool, limit)
+	}
+	if denied == 0 {
+		t.Error("no request found the slots held: the test does not test their decision")
+	}
+	if err := l.GiveBack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.Status(ctx, rates, Request{})
+	if err != nil || st.Rules[0].Used != limit {
+		t.Fatalf("the window counts %+v %v, want %d", st.Rules, err, limit)
+	}
+	t.Logf("%d admitted, %d from units in hand with one call, %d found the slots held", handed, fromPool, denied)
+}

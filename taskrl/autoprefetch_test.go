@@ -9,8 +9,8 @@ import (
 )
 
 // TestAutoPrefetch: a task's quota rules of at least autoMin, without a
-// cost or prefetch: off, prefetch by themselves (autoLease) when the task
-// has no concurrency rule; nothing else changes.
+// cost or prefetch: off, prefetch by themselves (autoLease), with or
+// without a concurrency rule beside them; nothing else changes.
 func TestAutoPrefetch(t *testing.T) {
 	p, err := policy.Parse([]byte(`rules:
   - {name: big, match: {type: big}, quota: {limit: 1000, every: 10s}}
@@ -32,7 +32,7 @@ func TestAutoPrefetch(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Close() })
 	for typ, want := range map[string][]time.Duration{
-		"big": {autoLease}, "off": {0}, "small": {0}, "slots": {0}, "costly": {0},
+		"big": {autoLease}, "off": {0}, "small": {0}, "slots": {autoLease}, "costly": {0},
 		"mixed": {0, autoLease}, "own": {30 * time.Millisecond},
 	} {
 		sp, err := m.split(p.Bind(typ, "q"))

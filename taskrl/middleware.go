@@ -271,9 +271,7 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%+v", rates)
 	sp.digest = strconv.FormatUint(h.Sum64(), 36)
-	if len(slots) == 0 {
-		rates = withAutoPrefetch(b, rates, sp.rateIdx)
-	}
+	rates = withAutoPrefetch(b, rates, sp.rateIdx)
 	for i, rules := range [][]quotas.Rule{rates, slots} {
 		if len(rules) == 0 {
 			continue
@@ -326,9 +324,9 @@ const autoMin = 128
 // rules among them (their positions in b at idx) that have no prefetch, no
 // cost and no NoPrefetch, and a limit of at least autoMin: exact for a window (see
 // limits.Rule.Prefetch), so a binding's windows lease their units without
-// a policy change; the set prefetches when all its rules do. Not for a
-// binding with concurrency rules: its rates and slots are decided in one
-// call, which a set that prefetches does not join.
+// a policy change; the set prefetches when all its rules do. With
+// concurrency rules, a task admitted from units in hand takes its slots in
+// one call (quotas.Limiter.ReserveAndAllow), as it would with its rates.
 func withAutoPrefetch(b *policy.Binding, rates []quotas.Rule, idx []int) []quotas.Rule {
 	rates = slices.Clone(rates)
 	for k, r := range rates {
