@@ -46,6 +46,16 @@ type Rule struct {
 	// and the units a process did not hand out are given back when they
 	// expire.
 	//
+	// For a Concurrency rule, Prefetch is how long a slot released in a
+	// process is kept there, under a holder of the process's own and its
+	// lease, for the process's next request instead of being given back
+	// at once: a busy process then takes and releases its slots without a
+	// call. Every slot handed out is held in Redis, so the rule never
+	// admits more than Max; a slot is kept only while the rule is far from
+	// its limit, and is reclaimed with its lease if the process dies. A
+	// set keeps slots when all its rules are Concurrency rules with
+	// Prefetch.
+	//
 	// 0 (the default) takes nothing ahead; at most MaxPrefetch.
 	Prefetch time.Duration
 }
@@ -98,6 +108,7 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 	_, fixed := r.Limit.(FixedWindow)
 	_, calendar := r.Limit.(CalendarWindow)
 	_, sliding := r.Limit.(SlidingWindow)
+	_, slots := r.Limit.(Concurrency)
 	if r.Fair && !plain {
 		msg := fmt.Sprintf("only a GCRA rule can be fair, not a %s", r.Limit)
 		return fail(&RuleError{Field: "Rule.Fair", Reason: msg, msg: msg})
@@ -108,8 +119,8 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 			return fail(&RuleError{Field: "Rule.Prefetch", Reason: msg, msg: "prefetch " + msg})
 		}
 		switch {
-		case !(plain || fixed || calendar || sliding) || r.Fair:
-			return bad("is only for a GCRA rule that is not fair or a window, not %s", r.Limit)
+		case !(plain || fixed || calendar || sliding || slots) || r.Fair:
+			return bad("is only for a GCRA rule that is not fair, a window or concurrency, not %s", r.Limit)
 		case r.Prefetch < time.Microsecond || r.Prefetch > MaxPrefetch:
 			return bad("must be between 1µs and %v, got %v", MaxPrefetch, r.Prefetch)
 		}

@@ -91,8 +91,12 @@ type Rule struct {
 	// worth of the rate. A gcra rule that is not fair, or a quota rule
 	// (fixed or calendar window), whose batches are handed out only
 	// before their window ends and whose unused units go back to it.
-	// A quota rule of at least 128 without a cost prefetches by itself
-	// (10ms) in the middleware; NoPrefetch turns that off. Policy file: prefetch: 5ms, prefetch: off.
+	// On a concurrency rule, Prefetch is how long a worker keeps a slot
+	// its task released, for its next task (see limits.Rule.Prefetch). A
+	// quota rule of at least 128 without a cost, and a concurrency rule of
+	// a max of at least 32, prefetch by themselves (10ms) in the
+	// middleware; NoPrefetch turns that off. Policy file: prefetch: 5ms,
+	// prefetch: off.
 	Prefetch time.Duration
 	// Cost is how many units of the rule's limit one task takes: a
 	// template over the task's JSON payload like Key whose value is a
@@ -148,8 +152,8 @@ func (r Rule) Raised(l limits.Limit) limits.Limit {
 	return l
 }
 
-// NoPrefetch, as a Rule's Prefetch, keeps a quota rule from prefetching by
-// itself (policy file: prefetch: off).
+// NoPrefetch, as a Rule's Prefetch, keeps a quota or concurrency rule from
+// prefetching by itself (policy file: prefetch: off).
 const NoPrefetch time.Duration = -1
 
 // Match selects tasks by type and queue. A task matches when both set

@@ -29,7 +29,7 @@ import (
 //	    fair: "{{.business_id}}"         # optional, gcra only; see Rule.Fair
 //	    mode: enforce                    # optional: enforce (default) | shadow; see Rule.Shadow
 //	    soft: 10%                        # optional: see Rule.Soft (also 0.1)
-//	    prefetch: 5ms                    # optional, gcra and quota (off: no automatic one): see Rule.Prefetch
+//	    prefetch: 5ms                    # optional: gcra, quota, sliding, concurrency (off: no automatic one); see Rule.Prefetch
 //	    gcra: {rate: 18, per: 1s, burst: 3}
 //	  - name: vendor-points
 //	    match: {type: "http:call"}

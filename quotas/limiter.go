@@ -52,9 +52,11 @@ type Limiter struct {
 	// clock.
 	skew  clock.Skew
 	batch *batch.Batcher
-	// started and pools: units taken ahead (Rule.Prefetch).
+	// started and pools: units taken ahead (Rule.Prefetch); slots: slots
+	// kept.
 	started time.Time
 	pools   pools
+	slots   slotPools
 }
 
 // New validates cfg and returns a Limiter.
@@ -100,14 +102,16 @@ type RuleStatus struct {
 type Lease struct {
 	// Rule and Key name the concurrency rule and entity.
 	Rule, Key string
-	// Holder is the request's Holder; Token is the fencing token issued at
-	// acquisition: only the newest acquisition of a holder can renew or
-	// release.
+	// Holder is the request's Holder (a kept slot's, Rule.Prefetch: the
+	// process's own); Token is the fencing token issued at acquisition:
+	// only the newest acquisition of a holder can renew or release.
 	Holder string
 	Token  int64
 	// Duration is the rule's lease length.
 	Duration   time.Duration
 	zkey, hkey string
+	kept       *slotGrant // a kept slot's grant (Rule.Prefetch), or nil
+	gen        uint64     // the grant's hand-out this lease is of
 }
 
 // decided is when d was decided, µs (0: unknown).
@@ -220,6 +224,17 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 		rd, err = l.Reserve(ctx, s, req, horizon)
 		return rd, Decision{}, false, err
 	}
+	if slotSet.keep != 0 && l.hasKept(slotSet, slots) {
+		// A slot kept: the rates alone, then the slot without a call.
+		if rd, err = l.Reserve(ctx, s, req, horizon); err != nil || !rd.Allowed || rd.Delay > 0 {
+			return rd, Decision{}, false, err
+		}
+		if sd, err = l.Allow(ctx, slotSet, slots); err != nil {
+			_ = l.Refund(context.WithoutCancel(ctx), s, req, rd)
+			return Decision{}, Decision{}, false, err
+		}
+		return rd, sd, true, nil
+	}
 	var p *pool // the rates' pool, to resume after a decision made as usual
 	if s.prefetch != 0 && sameCosts(req) {
 		if rd, p, err = l.prefetched(ctx, s, req); err != nil {
@@ -249,6 +264,10 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 	rp := params{op: opReserve, req: req, n: max(req.Cost, 1), horizon: max(horizon, 0)}
 	if s.named {
 		rp.nonce = newNonce()
+	}
+	start, held := l.local(), slots
+	if slotSet.keep != 0 {
+		slots.Holder = keptHolder() // kept when released (slots.go)
 	}
 	sp := params{op: opAllowAfter, req: slots, n: max(slots.Cost, 1)}
 	if slotSet.named {
@@ -304,7 +323,11 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 		return rd, Decision{}, false, nil
 	}
 	sp.op = opAllow
-	return rd, l.assemble(slotSet, [][]call{scalls}, rs[1:], sp), true, nil
+	sd = l.assemble(slotSet, [][]call{scalls}, rs[1:], sp)
+	if slotSet.keep != 0 && sd.Allowed {
+		sd = l.keepGrant(slotSet, held, sd, start)
+	}
+	return rd, sd, true, nil
 }
 
 // Status reports every rule's state without charging anything. Allowed is
@@ -323,6 +346,9 @@ func (l *Limiter) Status(ctx context.Context, s *Set, req Request) (Decision, er
 }
 
 func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horizon time.Duration) (Decision, error) {
+	if s != nil && s.keep != 0 && op == opAllow {
+		return l.keptAllow(ctx, s, req)
+	}
 	if s == nil || s.prefetch == 0 || !sameCosts(req) {
 		// Per-rule costs that differ are decided one by one, without a
 		// pool.
@@ -384,6 +410,16 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 	if d.pf != nil {
 		l.unfetch(poolKey(s, req), d)
 		return nil
+	}
+	if len(d.Leases) > 0 && d.Leases[0].kept != nil {
+		// Kept slots: released as their holder would.
+		var first error
+		for _, ls := range d.Leases {
+			if _, err := l.releaseKept(ctx, ls); err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
 	}
 	calls, err := l.bind(s, req, true)
 	if err != nil {
@@ -532,12 +568,26 @@ func (l *Limiter) Block(ctx context.Context, s *Set, req Request, until time.Tim
 // it under its token. It reports false when the lease was lost (expired and
 // reclaimed, or re-acquired by a redelivery of the same holder).
 func (l *Limiter) Renew(ctx context.Context, lease Lease) (bool, error) {
-	return l.lease(ctx, lease, leaseRenew)
+	if lease.kept == nil {
+		return l.lease(ctx, lease, leaseRenew)
+	}
+	start := l.local()
+	ok, err := l.lease(ctx, lease, leaseRenew)
+	if err == nil {
+		l.renewedKept(lease, ok, start)
+	}
+	return ok, err
 }
 
 // Release gives lease's slot back if its holder still holds it under its
-// token; it reports whether it did.
+// token; it reports whether it did. The slots of a set that keeps them
+// (Rule.Prefetch of Concurrency rules) are kept in this process for its
+// next request instead, while far from their limit; a lease released
+// twice reports false the second time.
 func (l *Limiter) Release(ctx context.Context, lease Lease) (bool, error) {
+	if lease.kept != nil {
+		return l.releaseKept(ctx, lease)
+	}
 	return l.lease(ctx, lease, leaseRelease)
 }
 

@@ -117,7 +117,8 @@ func (l *Limiter) local() int64 {
 
 // poolKey names a set's pool for req's keys: its rules' keys, which hold
 // the rule's name and limit (a window's key its length or calendar, so its
-// limit is added: a reload that lowers it starts a pool of its own).
+// limit is added, and a concurrency rule's its Max: a reload that lowers
+// it starts a pool of its own).
 func poolKey(s *Set, req Request) string {
 	return string(appendPoolKey(nil, s, req))
 }
@@ -126,8 +127,11 @@ func poolKey(s *Set, req Request) string {
 func appendPoolKey(b []byte, s *Set, req Request) []byte {
 	for i, c := range s.comp {
 		b = append(b, c.tails[0]...)
-		if c.kind == kindFixed || c.kind == kindCalendar || c.kind == kindSliding {
+		switch c.kind {
+		case kindFixed, kindCalendar, kindSliding:
 			b = strconv.AppendInt(append(b, ':'), c.limit, 10)
+		case kindConcurrency:
+			b = strconv.AppendInt(append(b, ':'), c.max, 10)
 		}
 		b = append(b, 0)
 		if i < len(req.Keys) {
@@ -465,19 +469,28 @@ func (l *Limiter) dropPools() {
 	for i, b := range back {
 		go l.settleBack(b, units[i])
 	}
+	if kept := l.emptyKept(); len(kept) > 0 {
+		go l.giveBackGrants(kept)
+	}
 }
 
-// GiveBack forgets every unit this Limiter took ahead (Rule.Prefetch) and
+// GiveBack forgets every unit this Limiter took ahead (Rule.Prefetch),
 // gives those of fixed and calendar windows back to their windows, one
-// call per batch: call it before the process stops (or its Redis client
-// closes), or they stay counted until their windows end. The Limiter
-// stays usable. It returns the first error; the units of a batch whose
-// call failed stay counted. Safe for concurrent use.
+// call per batch, and the concurrency slots it keeps back to their rules:
+// call it before the process stops (or its Redis client closes), or they
+// stay counted until their windows or leases end. The Limiter stays
+// usable. It returns the first error; the units of a batch whose call
+// failed stay counted. Safe for concurrent use.
 func (l *Limiter) GiveBack(ctx context.Context) error {
 	back, units := l.emptyPools()
 	var first error
 	for i, b := range back {
 		if err := l.settleBackCtx(ctx, b, units[i]); err != nil && first == nil {
+			first = err
+		}
+	}
+	for _, g := range l.emptyKept() {
+		if err := l.giveBackGrant(ctx, g); err != nil && first == nil {
 			first = err
 		}
 	}

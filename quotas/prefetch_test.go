@@ -38,7 +38,6 @@ func TestPrefetchValidation(t *testing.T) {
 		name string
 		r    Rule
 	}{
-		{"concurrency", Rule{Name: "c", Limit: Concurrency{Max: 10, Lease: time.Minute}, Prefetch: time.Millisecond}},
 		{"window too long", Rule{Name: "w", Limit: FixedWindow{Limit: 10, Every: time.Second}, Prefetch: time.Second}},
 		{"fair", Rule{Name: "f", Limit: g, Fair: true, Prefetch: time.Millisecond}},
 		{"adaptive", Rule{Name: "a", Limit: Adaptive{Max: 1000, Per: time.Second, Burst: 100}, Prefetch: time.Millisecond}},

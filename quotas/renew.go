@@ -28,6 +28,7 @@ func (l *Limiter) RenewAll(ctx context.Context, leases []Lease) (ok []bool, err 
 	if err != nil {
 		return nil, err
 	}
+	start := l.local()
 	run := func() []*redis.Cmd {
 		cmds := make([]*redis.Cmd, len(leases))
 		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error { // errors: per command, below
@@ -53,6 +54,11 @@ func (l *Limiter) RenewAll(ctx context.Context, leases []Lease) (ok []bool, err 
 			return nil, fmt.Errorf("quotas: %w", err)
 		}
 		ok[i] = v == 1
+	}
+	for i, ls := range leases {
+		if ls.kept != nil {
+			l.renewedKept(ls, ok[i], start)
+		}
 	}
 	return ok, nil
 }

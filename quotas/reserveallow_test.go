@@ -182,3 +182,40 @@ func TestReserveAndAllowPrefetch(t *testing.T) {
 	}
 	t.Logf("%d admitted, %d from units in hand with one call, %d found the slots held", handed, fromPool, denied)
 }
+
+// TestReserveAndAllowKept: slots that keep (Rule.Prefetch) are taken with
+// the rates in one call, and, released, kept: the next request decides
+// its rates in one call and takes the kept slot without another.
+func TestReserveAndAllowKept(t *testing.T) {
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	ls, counter := limitersOn(t, 1, &now)
+	l := ls[0]
+	ctx := context.Background()
+	rates := mustSet(Rule{Name: "peak", Limit: GCRA(gcra.Limit{Rate: 1000, Period: time.Second, Burst: 100})})
+	slots := keptSet(64)
+	if _, err := l.Status(ctx, rates, Request{}); err != nil { // loads the scripts
+		t.Fatal(err)
+	}
+	var token int64
+	for i := range 3 {
+		now = now.Add(time.Millisecond)
+		before := counter.n.Load()
+		rd, sd, ok, err := l.ReserveAndAllow(ctx, rates, Request{}, 0, slots, Request{Holder: fmt.Sprint("h", i)})
+		if err != nil || !ok || !rd.Allowed || !sd.Allowed || len(sd.Leases) != 1 {
+			t.Fatalf("request %d: %+v %+v %v %v", i, rd, sd, ok, err)
+		}
+		if n := counter.n.Load() - before; n != 1 {
+			t.Errorf("request %d made %d calls, want 1", i, n)
+		}
+		if i > 0 && sd.Leases[0].Token != token {
+			t.Errorf("request %d was not handed the kept slot", i)
+		}
+		token = sd.Leases[0].Token
+		if ok, err := l.Release(ctx, sd.Leases[0]); err != nil || !ok {
+			t.Fatalf("release: %v %v", ok, err)
+		}
+	}
+	if got := used(t, l, slots, Request{}); got != 1 {
+		t.Errorf("Redis counts %d slots, want the one kept", got)
+	}
+}

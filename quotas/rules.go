@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strconv"
 
 	"github.com/taskrl/taskrl/gcra"
@@ -119,9 +120,9 @@ func compile(r Rule) compiled {
 	case Concurrency:
 		c = compiled{kind: kindConcurrency, max: int64(l.Max), reserved: int64(l.Reserved), lease: l.Lease.Microseconds()}
 	}
-	if c.kind == kindFixed || c.kind == kindCalendar {
-		// A window's units are handed out before its end only, so its
-		// limit stands as it is.
+	if c.kind == kindFixed || c.kind == kindCalendar || c.kind == kindConcurrency {
+		// A window's units are handed out before its end only, and a
+		// slot kept is still held: the limit stands as it is.
 		c.prefetch = r.Prefetch.Microseconds()
 	}
 	return c
@@ -145,6 +146,11 @@ type Set struct {
 	// windows: a window rule (fixed, calendar, sliding) prefetches; its
 	// unused units are given back.
 	windows bool
+	// keep is, when every rule of the set is a Concurrency rule with
+	// Rule.Prefetch, the shortest, µs: how long a released slot is kept
+	// (slots.go); otherwise 0. Such a set has prefetch 0, as has any set
+	// with a concurrency rule.
+	keep int64
 }
 
 // NewSet validates rules and returns a Set. The error, a *RuleError unless
@@ -193,6 +199,12 @@ func NewSet(rules ...Rule) (*Set, error) {
 		if i == 0 || most < s.batchMax {
 			s.batchMax = most
 		}
+	}
+	if slices.ContainsFunc(s.comp, func(c compiled) bool { return c.kind == kindConcurrency }) {
+		if !slices.ContainsFunc(s.comp, func(c compiled) bool { return c.kind != kindConcurrency }) {
+			s.keep = s.prefetch
+		}
+		s.prefetch = 0
 	}
 	return s, nil
 }

@@ -10,7 +10,8 @@ import (
 
 // TestAutoPrefetch: a task's quota rules of at least autoMin, without a
 // cost or prefetch: off, prefetch by themselves (autoLease), with or
-// without a concurrency rule beside them; nothing else changes.
+// without a concurrency rule beside them, and concurrency rules of a max
+// of at least autoSlots keep their slots; nothing else changes.
 func TestAutoPrefetch(t *testing.T) {
 	p, err := policy.Parse([]byte(`rules:
   - {name: big, match: {type: big}, quota: {limit: 1000, every: 10s}}
@@ -22,6 +23,9 @@ func TestAutoPrefetch(t *testing.T) {
   - {name: rate, match: {type: mixed}, gcra: {rate: 100, per: 1s}}
   - {name: window, match: {type: mixed}, quota: {limit: 1000, every: 10s}}
   - {name: own, match: {type: own}, prefetch: 30ms, quota: {limit: 1000, every: 10s}}
+  - {name: cap, match: {type: cap}, concurrency: {max: 32, lease: 30s}}
+  - {name: cap-off, match: {type: cap-off}, prefetch: off, concurrency: {max: 100, lease: 30s}}
+  - {name: cap-small, match: {type: cap-off}, concurrency: {max: 31, lease: 30s}}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +47,22 @@ func TestAutoPrefetch(t *testing.T) {
 		for i, w := range want {
 			if rs[i].Prefetch != w {
 				t.Errorf("%s: rule %s prefetches %v, want %v", typ, rs[i].Name, rs[i].Prefetch, w)
+			}
+		}
+	}
+	// Concurrency rules of a max of at least autoSlots keep their slots.
+	for typ, want := range map[string][]time.Duration{"cap": {autoLease}, "cap-off": {0, 0}, "slots": {0}} {
+		sp, err := m.split(p.Bind(typ, "q"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := sp.slots.Rules()
+		if len(rs) != len(want) {
+			t.Fatalf("%s: %d concurrency rules, want %d", typ, len(rs), len(want))
+		}
+		for i, w := range want {
+			if rs[i].Prefetch != w {
+				t.Errorf("%s: rule %s keeps slots for %v, want %v", typ, rs[i].Name, rs[i].Prefetch, w)
 			}
 		}
 	}

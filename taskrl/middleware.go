@@ -271,7 +271,7 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%+v", rates)
 	sp.digest = strconv.FormatUint(h.Sum64(), 36)
-	rates = withAutoPrefetch(b, rates, sp.rateIdx)
+	rates, slots = withAutoPrefetch(b, rates, sp.rateIdx), withAutoPrefetch(b, slots, sp.slotIdx)
 	for i, rules := range [][]quotas.Rule{rates, slots} {
 		if len(rules) == 0 {
 			continue
@@ -313,35 +313,45 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 	return v.(*split), nil
 }
 
-// autoLease is how far ahead a quota rule prefetches by itself.
+// autoLease is how far ahead a quota rule prefetches by itself, and how
+// long a concurrency rule keeps a released slot.
 const autoLease = 10 * time.Millisecond
 
 // autoMin is the smallest limit of a quota rule that prefetches by itself:
 // batches of 4 (limits.WindowBatch).
 const autoMin = 128
 
-// withAutoPrefetch returns rates with a prefetch of autoLease for the quota
-// rules among them (their positions in b at idx) that have no prefetch, no
-// cost and no NoPrefetch, and a limit of at least autoMin: exact for a window (see
-// limits.Rule.Prefetch), so a binding's windows lease their units without
-// a policy change; the set prefetches when all its rules do. With
-// concurrency rules, a task admitted from units in hand takes its slots in
-// one call (quotas.Limiter.ReserveAndAllow), as it would with its rates.
-func withAutoPrefetch(b *policy.Binding, rates []quotas.Rule, idx []int) []quotas.Rule {
-	rates = slices.Clone(rates)
-	for k, r := range rates {
-		limit := 0
+// autoSlots is the smallest max of a concurrency rule that keeps its slots
+// by itself: a slot is kept while 4 (a max of 32 over 8) are free besides
+// (quotas.Rule.Prefetch).
+const autoSlots = 32
+
+// withAutoPrefetch returns rules with a prefetch of autoLease for those
+// among them (their positions in b at idx) that have no prefetch, no cost
+// and no NoPrefetch, and that are quota rules of a limit of at least
+// autoMin or concurrency rules of a max of at least autoSlots: exact (see
+// limits.Rule.Prefetch), so a binding's windows lease their units, and
+// its concurrency rules keep their slots, without a policy change. A set
+// prefetches (or keeps) when all its rules do; a task admitted from units
+// in hand takes its slots in one call of their own
+// (quotas.Limiter.ReserveAndAllow).
+func withAutoPrefetch(b *policy.Binding, rules []quotas.Rule, idx []int) []quotas.Rule {
+	rules = slices.Clone(rules)
+	for k, r := range rules {
+		auto := false
 		switch l := r.Limit.(type) {
 		case quotas.FixedWindow:
-			limit = l.Limit
+			auto = l.Limit >= autoMin
 		case quotas.CalendarWindow:
-			limit = l.Limit
+			auto = l.Limit >= autoMin
+		case quotas.Concurrency:
+			auto = l.Max >= autoSlots
 		}
-		if pr := b.Rule(idx[k]); limit >= autoMin && r.Prefetch == 0 && pr.Prefetch == 0 && pr.Cost == "" {
-			rates[k].Prefetch = autoLease
+		if pr := b.Rule(idx[k]); auto && r.Prefetch == 0 && pr.Prefetch == 0 && pr.Cost == "" {
+			rules[k].Prefetch = autoLease
 		}
 	}
-	return rates
+	return rules
 }
 
 // atShare returns r with its limit divided among share processes, each at
