@@ -19,8 +19,10 @@ type Request struct {
 	Costs []int
 	// Holder identifies who takes concurrency slots (an asynq task id). A
 	// holder that acquires again replaces its own lease, so a redelivered
-	// task never holds two slots. Required when the set has a concurrency
-	// rule. Any bytes are allowed.
+	// task never holds two slots, except under rules that keep their
+	// slots (Rule.Prefetch), which take them under a holder of the
+	// process's own. Required when the set has a concurrency rule. Any
+	// bytes are allowed.
 	Holder string
 	// Critical lets the request use the slots concurrency rules reserve
 	// for critical work, and puts it first in line at fair rules: it may

@@ -51,10 +51,14 @@ type Rule struct {
 	// lease, for the process's next request instead of being given back
 	// at once: a busy process then takes and releases its slots without a
 	// call. Every slot handed out is held in Redis, so the rule never
-	// admits more than Max; a slot is kept only while the rule is far from
-	// its limit, and is reclaimed with its lease if the process dies. A
-	// set keeps slots when all its rules are Concurrency rules with
-	// Prefetch.
+	// admits more than Max. A slot is kept only if the rule was far from
+	// its limit when the slot was taken, and handed out again only within
+	// a second (at most a twelfth of its lease) of that: a Block, or the
+	// rule nearing its limit, holds in every process within that time. A
+	// process that dies holds its slots until their leases end, and a
+	// request redelivered meanwhile takes another rather than replacing
+	// its own (Request.Holder). A set keeps slots when all its rules are
+	// Concurrency rules with Prefetch.
 	//
 	// 0 (the default) takes nothing ahead; at most MaxPrefetch.
 	Prefetch time.Duration

@@ -290,6 +290,9 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 	cmd = append(cmd, sargv[1:]...)
 	v, err := setProgram.Run(ctx, l.client, cmd).Slice()
 	if err != nil {
+		if slotSet.keep != 0 {
+			l.dropKept(slotSet, slots)
+		}
 		return Decision{}, Decision{}, false, fmt.Errorf("quotas: %w", err)
 	}
 	var rs [2]reply
@@ -566,15 +569,12 @@ func (l *Limiter) Block(ctx context.Context, s *Set, req Request, until time.Tim
 
 // Renew extends lease to its Duration from now if its holder still holds
 // it under its token. It reports false when the lease was lost (expired and
-// reclaimed, or re-acquired by a redelivery of the same holder).
+// reclaimed, or re-acquired by a redelivery of the same holder); a kept
+// slot's (Rule.Prefetch) lost lease is not handed out again.
 func (l *Limiter) Renew(ctx context.Context, lease Lease) (bool, error) {
-	if lease.kept == nil {
-		return l.lease(ctx, lease, leaseRenew)
-	}
-	start := l.local()
 	ok, err := l.lease(ctx, lease, leaseRenew)
-	if err == nil {
-		l.renewedKept(lease, ok, start)
+	if err == nil && lease.kept != nil {
+		l.renewedKept(lease, ok)
 	}
 	return ok, err
 }

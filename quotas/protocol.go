@@ -82,6 +82,7 @@ const (
 const (
 	leaseRenew = iota
 	leaseRelease
+	leaseDrop // release whatever the token: a kept slot's holder whose call failed
 )
 
 // protocolConsts names the constants above in Lua, by table.
@@ -103,7 +104,7 @@ var protocolConsts = []struct {
 	{"ST", "DENIED", stDenied}, {"ST", "ADMITTED", stAdmitted}, {"ST", "NO_TICKS", stNoTicks},
 	{"ST", "SKIPPED", stSkipped},
 	{"REPLY", "HEAD", replyHead}, {"REPLY", "RULE", replyRule},
-	{"LEASE", "RENEW", leaseRenew}, {"LEASE", "RELEASE", leaseRelease},
+	{"LEASE", "RENEW", leaseRenew}, {"LEASE", "RELEASE", leaseRelease}, {"LEASE", "DROP", leaseDrop},
 }
 
 //go:embed lua/*.lua

@@ -28,7 +28,6 @@ func (l *Limiter) RenewAll(ctx context.Context, leases []Lease) (ok []bool, err 
 	if err != nil {
 		return nil, err
 	}
-	start := l.local()
 	run := func() []*redis.Cmd {
 		cmds := make([]*redis.Cmd, len(leases))
 		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error { // errors: per command, below
@@ -57,7 +56,7 @@ func (l *Limiter) RenewAll(ctx context.Context, leases []Lease) (ok []bool, err 
 	}
 	for i, ls := range leases {
 		if ls.kept != nil {
-			l.renewedKept(ls, ok[i], start)
+			l.renewedKept(ls, ok[i])
 		}
 	}
 	return ok, nil

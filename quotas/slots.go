@@ -2,6 +2,7 @@ package quotas
 
 import (
 	"context"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -15,16 +16,23 @@ import (
 // request's holder releases them they are kept, in a pool per set and
 // keys, for Set.keep (keepMost at most), and handed to the next request
 // there without a call; Redis holds them all the while, so the rule's
-// count is exact. A
-// grant is kept only if, when it was taken, each rule had at least
-// keepMargin slots free besides its reserved ones: near its limit a rule's
-// slots go back at once, for other processes to take. A grant taken or
-// renewed more than a quarter of its lease ago is given back rather than
-// handed out again: its new holder renews it on its own schedule (the
-// middleware's every third of the lease), so the lease must have most of
-// its length left. What is kept past its time is given back by a timer on
-// the real clock (on an explicit clock, by the next request that finds
-// it), at a Block (dropPools) and at GiveBack.
+// count is exact. A grant is handed out again only within keepFresh of the
+// decision that took it: its rules' state (their count, a Block) is then
+// at most that old, and its lease has most of its length left when its
+// new holder takes it over (the middleware renews a third of a lease after
+// that). It is kept only if, when taken, each rule had at least
+// keepMargin slots free besides its reserved ones: near its limit a
+// rule's slots go back at once, for other processes to take. What is kept
+// past its time is given back by a timer on the real clock (on an explicit
+// clock, by the next request that finds it), at a Block (dropPools) and at
+// GiveBack. A call that fails after Redis may have run it drops the
+// holder it took slots under (dropKept): no other request uses it.
+
+// keepFresh is how long after the decision that took a grant it may be
+// handed out again: a second, and at most a twelfth of a lease.
+func keepFresh(lease time.Duration) int64 {
+	return min(time.Second, lease/12).Microseconds()
+}
 
 // keepMost is how many grants a pool keeps at most; one released when it
 // holds that many goes back.
@@ -52,13 +60,13 @@ type slotGrant struct {
 	leases   []Lease      // as Redis holds them (kept unset)
 	rules    []RuleStatus // the rules' state when taken
 	now      time.Time    // the decision's time
-	at       int64        // local µs of the decision
-	renewed  []int64      // per lease, local µs of the call that last took or renewed it
+	at       int64        // local µs of the decision (the call's start)
+	fresh    int64        // keepFresh of its shortest lease, µs
 	freed    int64        // local µs: when it last came back to the pool
 	gen      uint64       // counts hand-outs: a Lease of an earlier one is stale
 	released []bool       // per lease, released since the last hand-out
 	keep     bool         // far from the limit when taken: kept when released
-	lost     bool         // a renewal found a lease gone
+	lost     bool         // a renewal found a lease gone: never handed out again
 	pool     *slotPool
 	s        *Set
 }
@@ -84,10 +92,34 @@ func (l *Limiter) keptAllow(ctx context.Context, s *Set, req Request) (Decision,
 	breq := req
 	breq.Holder = keptHolder()
 	d, err := l.decideNow(ctx, s, breq, opAllow, 0)
-	if err != nil || !d.Allowed {
+	if err != nil {
+		l.dropKept(s, breq)
 		return d, err
 	}
+	if !d.Allowed {
+		return d, nil
+	}
 	return l.keepGrant(s, req, d, start), nil
+}
+
+// dropKept releases, in the background, whatever slots of s a call that
+// failed may have taken under req's holder, one of the Limiter's own that
+// no other request uses: the call may have run in Redis and lost only its
+// reply.
+func (l *Limiter) dropKept(s *Set, req Request) {
+	calls, err := l.bind(s, req, true)
+	if err != nil {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, c := range calls {
+			if c.c.kind == kindConcurrency {
+				_, _ = l.lease(ctx, Lease{Holder: req.Holder, zkey: c.keys[0], hkey: c.keys[1]}, leaseDrop)
+			}
+		}
+	}()
 }
 
 // hasKept reports whether s's pool for req has a grant kept.
@@ -102,7 +134,7 @@ func (l *Limiter) hasKept(s *Set, req Request) bool {
 }
 
 // takeKept hands out the grant kept last in s's pool for req, giving back
-// those past their time or too old to hand out.
+// those past their time or no longer fresh.
 func (l *Limiter) takeKept(s *Set, req Request) (Decision, bool) {
 	l.slots.mu.Lock()
 	p := l.slots.m[poolKey(s, req)]
@@ -112,35 +144,28 @@ func (l *Limiter) takeKept(s *Set, req Request) (Decision, bool) {
 	}
 	now := l.local()
 	var back []*slotGrant
-	var g *slotGrant
-	for g == nil && len(p.free) > 0 {
-		x := p.free[len(p.free)-1]
-		p.free = p.free[:len(p.free)-1]
-		if now-x.freed >= s.keep || x.stale(now) {
-			back = append(back, x)
-			continue
+	p.free = slices.DeleteFunc(p.free, func(g *slotGrant) bool {
+		if now-g.freed >= g.s.keep || g.stale(now) {
+			back = append(back, g)
+			return true
 		}
-		g = x
-	}
+		return false
+	})
 	var d Decision
-	if g != nil {
+	ok := len(p.free) > 0
+	if ok {
+		g := p.free[len(p.free)-1]
+		p.free = p.free[:len(p.free)-1]
 		d = g.handOut(now)
 	}
 	l.slots.mu.Unlock()
 	l.giveBackGrants(back)
-	return d, g != nil
+	return d, ok
 }
 
-// stale reports whether g was taken or renewed more than a quarter of a
-// lease ago, or lost a lease: not to be handed out again.
-func (g *slotGrant) stale(now int64) bool {
-	for i, ls := range g.leases {
-		if now-g.renewed[i] > ls.Duration.Microseconds()/4 {
-			return true
-		}
-	}
-	return g.lost
-}
+// stale reports whether g may not be handed out again: taken more than
+// keepFresh ago, or a renewal found a lease of it gone.
+func (g *slotGrant) stale(now int64) bool { return now-g.at > g.fresh || g.lost }
 
 // handOut marks g handed out at now and returns its Decision; slots.mu is
 // held.
@@ -161,9 +186,9 @@ func (g *slotGrant) handOut(now int64) Decision {
 // returns it handed out.
 func (l *Limiter) keepGrant(s *Set, req Request, d Decision, start int64) Decision {
 	g := &slotGrant{leases: d.Leases, rules: d.Rules, now: d.Now, at: start, s: s, keep: true,
-		renewed: make([]int64, len(d.Leases)), released: make([]bool, len(d.Leases))}
-	for i := range g.renewed {
-		g.renewed[i] = start
+		released: make([]bool, len(d.Leases)), fresh: keepFresh(time.Duration(math.MaxInt64))}
+	for _, ls := range d.Leases {
+		g.fresh = min(g.fresh, keepFresh(ls.Duration))
 	}
 	for i, c := range s.comp {
 		if i < len(d.Rules) && int64(d.Rules[i].Remaining)-c.reserved < keepMargin(c.max) {
@@ -181,7 +206,8 @@ func (l *Limiter) keepGrant(s *Set, req Request, d Decision, start int64) Decisi
 		if len(l.slots.m) >= maxPools {
 			for k, q := range l.slots.m {
 				if len(q.free) == 0 {
-					delete(l.slots.m, k) // its grants out go back when released
+					q.dropped = true // its grants out go back when released
+					delete(l.slots.m, k)
 				}
 			}
 		}
@@ -231,19 +257,14 @@ func (g *slotGrant) index(ls Lease) int {
 }
 
 // renewedKept records the outcome of a renewal of ls, a lease of a kept
-// grant, made by a call that started at start (local µs).
-func (l *Limiter) renewedKept(ls Lease, ok bool, start int64) {
-	g := ls.kept
-	l.slots.mu.Lock()
-	defer l.slots.mu.Unlock()
-	i := g.index(ls)
-	switch {
-	case i < 0:
-	case !ok:
-		g.lost = true
-	default:
-		g.renewed[i] = max(g.renewed[i], start)
+// grant: one found gone marks the grant lost.
+func (l *Limiter) renewedKept(ls Lease, ok bool) {
+	if ok {
+		return
 	}
+	l.slots.mu.Lock()
+	ls.kept.lost = true
+	l.slots.mu.Unlock()
 }
 
 // expireKept gives back p's grants kept past their time (the timer of p,

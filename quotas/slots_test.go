@@ -110,30 +110,78 @@ func TestKeptSlots(t *testing.T) {
 			t.Errorf("after GiveBack Redis counts %d, want 0", got)
 		}
 	})
-	t.Run("stale lease", func(t *testing.T) {
+	t.Run("fresh", func(t *testing.T) {
 		ls, _ := limitersOn(t, 1, &now)
-		l, s := ls[0], keptSet(64)
+		l, s := ls[0], keptSet(64) // a lease of 1m: handed out again within 1s
 		d := allow(t, l, s, "a")
-		// Held for most of its lease, renewed once early on: when it comes
-		// back, more than a quarter of the lease has passed since.
-		now = now.Add(10 * time.Second)
+		// Held 0.9 s, renewed on the way: kept, handed out again.
+		now = now.Add(500 * time.Millisecond)
 		if ok, err := l.Renew(ctx, d.Leases[0]); err != nil || !ok {
 			t.Fatalf("renew: %v %v", ok, err)
 		}
-		now = now.Add(14 * time.Second)
+		now = now.Add(400 * time.Millisecond)
 		release(t, l, d)
-		if got := used(t, l, s, Request{}); got != 1 || keptUnits(l) != 1 {
-			t.Fatalf("renewed 14s ago (a lease of 1m): Redis counts %d, %d kept; want it kept", got, keptUnits(l))
-		}
-		now = now.Add(2 * time.Millisecond)
 		d2 := allow(t, l, s, "b")
 		if d2.Leases[0].Token != d.Leases[0].Token {
-			t.Fatal("a slot renewed 14s ago was not handed out")
+			t.Fatal("a slot taken 0.9 s ago was not handed out again")
 		}
-		now = now.Add(2 * time.Second) // 16 s since the renewal
+		// Released 1.1 s after it was taken: given back, however renewed.
+		now = now.Add(200 * time.Millisecond)
+		if ok, err := l.Renew(ctx, d2.Leases[0]); err != nil || !ok {
+			t.Fatalf("renew: %v %v", ok, err)
+		}
 		release(t, l, d2)
-		if got := used(t, l, s, Request{}); got != 0 || keptUnits(l) != 0 {
-			t.Errorf("released 16s after its renewal (a lease of 1m): Redis counts %d, %d kept; want it given back", got, keptUnits(l))
+		if got, kept := used(t, l, s, Request{}), keptUnits(l); got != 0 || kept != 0 {
+			t.Errorf("released 1.1 s after it was taken: Redis counts %d, %d kept; want it given back", got, kept)
+		}
+	})
+	t.Run("lost", func(t *testing.T) {
+		ls, _ := limitersOn(t, 1, &now)
+		l, s := ls[0], keptSet(64)
+		d := allow(t, l, s, "a")
+		now = now.Add(61 * time.Second) // the lease ended
+		if ok, err := l.Renew(ctx, d.Leases[0]); err != nil || ok {
+			t.Fatalf("renew of an ended lease: %v %v, want false", ok, err)
+		}
+		now = now.Add(-61 * time.Second) // as if a clock stood still: only the loss tells
+		if ok, err := l.Release(ctx, d.Leases[0]); err != nil || !ok {
+			t.Fatalf("release: %v %v", ok, err)
+		}
+		if kept := keptUnits(l); kept != 0 {
+			t.Errorf("a grant whose renewal found it gone was kept (%d)", kept)
+		}
+	})
+	t.Run("drop", func(t *testing.T) {
+		ls, _ := limitersOn(t, 1, &now)
+		l, s := ls[0], keptSet(64)
+		// A call that ran in Redis and lost its reply: its holder is dropped.
+		req := Request{Holder: keptHolder()}
+		if d, err := l.decideNow(ctx, s, req, opAllow, 0); err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+		l.dropKept(s, req)
+		for deadline := time.Now().Add(5 * time.Second); used(t, l, s, Request{}) != 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if got := used(t, l, s, Request{}); got != 0 {
+			t.Errorf("after the drop Redis counts %d, want 0", got)
+		}
+	})
+	t.Run("block by another process", func(t *testing.T) {
+		ls, _ := limitersOn(t, 2, &now)
+		a, b, s := ls[0], ls[1], keptSet(64)
+		release(t, a, allow(t, a, s, "a"))
+		if _, err := b.Block(ctx, s, Request{}, now.Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		// Within a second of its take the kept slot is still handed out...
+		now = now.Add(5 * time.Millisecond)
+		d := allow(t, a, s, "b")
+		// ... and then given back: the next take sees the block.
+		now = now.Add(time.Second)
+		release(t, a, d)
+		if d, err := a.Allow(ctx, s, Request{Holder: "c"}); err != nil || d.Allowed {
+			t.Errorf("a second after the block: %+v %v, want denied", d, err)
 		}
 	})
 	t.Run("block", func(t *testing.T) {
@@ -189,13 +237,18 @@ func TestKeptSlots(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := keptSet(64)
+		s := mustSet(Rule{Name: "slots", Limit: Concurrency{Max: 64, Lease: time.Minute}, Prefetch: 100 * time.Millisecond})
+		start := time.Now()
 		release(t, l, allow(t, l, s, "a"))
+		got, kept := used(t, l, s, Request{}), keptUnits(l)
+		if time.Since(start) < 50*time.Millisecond && (got != 1 || kept != 1) {
+			t.Errorf("at once after its release Redis counts %d, %d kept; want the slot kept", got, kept)
+		}
 		for deadline := time.Now().Add(5 * time.Second); used(t, l, s, Request{}) != 0 && time.Now().Before(deadline); {
 			time.Sleep(5 * time.Millisecond)
 		}
 		if got, kept := used(t, l, s, Request{}), keptUnits(l); got != 0 || kept != 0 {
-			t.Errorf("10ms after its release Redis counts %d, %d kept; want the slot given back by the timer", got, kept)
+			t.Errorf("after its time Redis counts %d, %d kept; want the slot given back by the timer", got, kept)
 		}
 	})
 }
@@ -223,7 +276,7 @@ func TestKeptSlotsFleet(t *testing.T) {
 		d   Decision
 	}
 	var out []held
-	dead := -1
+	dead, deadHeld := -1, 0 // deadHeld: its global slots out and kept
 	keys := []string{"big", "big", "big", "big", "s1", "s2", "s3"}
 	requests, admitted, denied := 0, 0, 0 // requests and calls: below the limit
 	var calls int64
@@ -236,7 +289,13 @@ func TestKeptSlotsFleet(t *testing.T) {
 		}
 		if step == 3000 {
 			dead = 0 // dies: its slots out and kept stay held until their leases end
-			out = slices.DeleteFunc(out, func(h held) bool { return h.l == dead })
+			deadHeld = keptUnits(ls[dead])
+			out = slices.DeleteFunc(out, func(h held) bool {
+				if h.l == dead {
+					deadHeld++
+				}
+				return h.l == dead
+			})
 		}
 		if step == 3000+1 {
 			if got := used(t, ls[1], set, Request{Keys: []string{"", "big"}}); got == 0 {
@@ -299,11 +358,13 @@ func TestKeptSlotsFleet(t *testing.T) {
 	if 3*calls > int64(requests) {
 		t.Errorf("below the limit, %d calls for %d requests: want at most 1 in 3", calls, requests)
 	}
-	// The dead process's slots come back when their leases end.
-	now = now.Add(31 * time.Second)
+	// The live processes give everything back; the dead one's slots stay
+	// until their leases end.
 	for _, h := range out {
 		for _, lease := range h.d.Leases {
-			_, _ = ls[h.l].Release(ctx, lease)
+			if ok, err := ls[h.l].Release(ctx, lease); err != nil || !ok {
+				t.Fatalf("release: %v %v", ok, err)
+			}
 		}
 	}
 	for _, l := range ls[1:] {
@@ -311,8 +372,12 @@ func TestKeptSlotsFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if got := used(t, ls[1], set, Request{Keys: []string{"", "big"}}); got != deadHeld {
+		t.Errorf("everything given back but the dead process's %d: Redis counts %d", deadHeld, got)
+	}
+	now = now.Add(31 * time.Second)
 	if got := used(t, ls[1], set, Request{Keys: []string{"", "big"}}); got != 0 {
-		t.Errorf("after every lease ended or was given back Redis counts %d, want 0", got)
+		t.Errorf("after the dead process's leases ended Redis counts %d, want 0", got)
 	}
 	t.Logf("%d admitted, %d denied; below the limit %d calls for %d requests", admitted, denied, calls, requests)
 }

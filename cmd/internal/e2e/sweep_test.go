@@ -30,21 +30,16 @@ func TestSweepWorkersKilled(t *testing.T) {
 		<-w.done
 	}
 	r.workers = r.workers[killed:]
-	lat, made := r.behind(quiet)
-	info, err := r.insp.GetQueueInfo(r.queue)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lat := r.behind(quiet)
+	// A task a killed worker held may have been called and still be
+	// active; b1 runs at 1.8/s.
+	made, info := r.accounted(noisy, killed*10+2)
 	waiting := info.Pending + info.Scheduled + info.Active + info.Retry
 	p99 := lat[len(lat)*99/100-1]
 	t.Logf("2 of 6 workers killed; the others' calls started after p50 %v p99 %v; the first business: %d made, %d waiting (pending %d, scheduled %d, active %d, retry %d)",
 		lat[len(lat)/2], p99, made, waiting, info.Pending, info.Scheduled, info.Active, info.Retry)
 	if p99 > time.Second {
 		t.Errorf("p99 start latency %v, over 1 s", p99)
-	}
-	// A task a killed worker held may have been called and still be active.
-	if made+waiting < noisy || made+waiting > noisy+killed*10 {
-		t.Errorf("the first business made %d calls and %d tasks wait: want %d in all (up to %d more for the killed workers' running tasks)", made, waiting, noisy, killed*10)
 	}
 	if info.Archived != 0 {
 		t.Errorf("%d archived", info.Archived)
