@@ -463,7 +463,7 @@ func (l *Limiter) unfetch(key string, d Decision) {
 
 // dropPools forgets every prefetched unit and kept slot, so that a Block
 // holds in this process at once (in others, within their units' Prefetch,
-// and for kept slots within keepFresh); the units of windows and the kept
+// and for kept slots within a second); the units of windows and the kept
 // slots are given back, in the background.
 func (l *Limiter) dropPools() {
 	back, units := l.emptyPools()

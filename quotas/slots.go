@@ -2,7 +2,6 @@ package quotas
 
 import (
 	"context"
-	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -16,8 +15,8 @@ import (
 // request's holder releases them they are kept, in a pool per set and
 // keys, for Set.keep (keepMost at most), and handed to the next request
 // there without a call; Redis holds them all the while, so the rule's
-// count is exact. A grant is handed out again only within keepFresh of the
-// decision that took it: its rules' state (their count, a Block) is then
+// count is exact. A grant is handed out again only within a second (and a
+// twelfth of its shortest lease) of the decision that took it (its fresh): its rules' state (their count, a Block) is then
 // at most that old, and its lease has most of its length left when its
 // new holder takes it over (the middleware renews a third of a lease after
 // that). It is kept only if, when taken, each rule had at least
@@ -27,12 +26,6 @@ import (
 // clock, by the next request that finds it), at a Block (dropPools) and at
 // GiveBack. A call that fails after Redis may have run it drops the
 // holder it took slots under (dropKept): no other request uses it.
-
-// keepFresh is how long after the decision that took a grant it may be
-// handed out again: a second, and at most a twelfth of a lease.
-func keepFresh(lease time.Duration) int64 {
-	return min(time.Second, lease/12).Microseconds()
-}
 
 // keepMost is how many grants a pool keeps at most; one released when it
 // holds that many goes back.
@@ -61,7 +54,7 @@ type slotGrant struct {
 	rules    []RuleStatus // the rules' state when taken
 	now      time.Time    // the decision's time
 	at       int64        // local µs of the decision (the call's start)
-	fresh    int64        // keepFresh of its shortest lease, µs
+	fresh    int64        // how long after at it may be handed out, µs
 	freed    int64        // local µs: when it last came back to the pool
 	gen      uint64       // counts hand-outs: a Lease of an earlier one is stale
 	released []bool       // per lease, released since the last hand-out
@@ -163,8 +156,8 @@ func (l *Limiter) takeKept(s *Set, req Request) (Decision, bool) {
 	return d, ok
 }
 
-// stale reports whether g may not be handed out again: taken more than
-// keepFresh ago, or a renewal found a lease of it gone.
+// stale reports whether g may not be handed out again: taken more than its
+// fresh ago, or a renewal found a lease of it gone.
 func (g *slotGrant) stale(now int64) bool { return now-g.at > g.fresh || g.lost }
 
 // handOut marks g handed out at now and returns its Decision; slots.mu is
@@ -185,11 +178,12 @@ func (g *slotGrant) handOut(now int64) Decision {
 // Limiter's own by a call that started at start (local µs), a grant, and
 // returns it handed out.
 func (l *Limiter) keepGrant(s *Set, req Request, d Decision, start int64) Decision {
-	g := &slotGrant{leases: d.Leases, rules: d.Rules, now: d.Now, at: start, s: s, keep: true,
-		released: make([]bool, len(d.Leases)), fresh: keepFresh(time.Duration(math.MaxInt64))}
+	fresh := time.Second
 	for _, ls := range d.Leases {
-		g.fresh = min(g.fresh, keepFresh(ls.Duration))
+		fresh = min(fresh, ls.Duration/12)
 	}
+	g := &slotGrant{leases: d.Leases, rules: d.Rules, now: d.Now, at: start, fresh: fresh.Microseconds(), s: s, keep: true,
+		released: make([]bool, len(d.Leases))}
 	for i, c := range s.comp {
 		if i < len(d.Rules) && int64(d.Rules[i].Remaining)-c.reserved < keepMargin(c.max) {
 			g.keep = false
