@@ -31,12 +31,14 @@ type Rule struct {
 	// for every request (see quotas.Limiter.Allow); a set prefetches when
 	// all its rules do.
 	//
-	// A GCRA unit handed out up to Prefetch after its moment could push a
-	// span of real time over the limit by Prefetch's worth of units, so
-	// the rule decides every request with Burst lowered by ceil(Prefetch/T)
-	// (RuleStatus reports that burst): what is handed out never exceeds
-	// Burst plus one per T elapsed in any span; Burst must exceed
-	// ceil(Prefetch/T). A fixed or calendar window's units are counted in
+	// A GCRA batch is charged Prefetch ahead in the rule's schedule and
+	// must still fit the burst from its moment, so each unit, handed out
+	// within Prefetch, is as if admitted when it is handed out: what is
+	// handed out never exceeds Burst plus one per T elapsed in any span,
+	// and every other request decides with the whole Burst. While batches
+	// are taken, the schedule runs up to Prefetch ahead of now: a burst
+	// arriving then finds up to ceil(Prefetch/T) units fewer (Ahead), and a
+	// batch holds at most Burst less that; Burst must exceed it. A fixed or calendar window's units are counted in
 	// the window of the batch and handed out only before that window ends,
 	// so no window ever admits more than its Limit. A SlidingWindow decides every request
 	// with Every lengthened by Prefetch (RuleStatus reports the count in
@@ -136,8 +138,8 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 }
 
 // Ahead is how many units of a valid GCRA limit g a prefetch of p takes
-// ahead: ceil(p/T). A rule with Prefetch p decides with Burst lowered by
-// it.
+// ahead: ceil(p/T). A batch of a rule with Prefetch p is charged that far
+// ahead, so it holds at most Burst less Ahead units.
 func Ahead(g GCRA, p time.Duration) int64 {
 	em := g.Interval().Microseconds()
 	return (p.Microseconds() + em - 1) / max(em, 1)

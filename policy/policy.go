@@ -81,11 +81,12 @@ type Rule struct {
 	// batches, and hand them to its tasks within Prefetch of taking them
 	// (token leasing): a busy worker then needs a Redis call per batch,
 	// not per task: for rules of hundreds or thousands of tasks a second,
-	// not for a rule that binds (it then decides task by task). The rule then
-	// admits at most burst minus Prefetch's worth of its rate at once (a
-	// rate of 10,000/s with prefetch 5ms: 50 units less), so that the
-	// units handed out late never let the remote side see more than its
-	// burst; batches are only taken while the rule has room (see
+	// not for a rule that binds (it then decides task by task). A batch
+	// is charged Prefetch ahead in the rule's schedule (a rate of
+	// 10,000/s with prefetch 5ms: 50 units), so that the units handed out
+	// late never let the remote side see more than its burst, and holds
+	// at most the burst less that; tasks decided one by one keep the
+	// whole burst; batches are only taken while the rule has room (see
 	// limits.Rule.Prefetch), and overrides of the rule's keys are decided
 	// without. 0 (the default): none; at most 100ms, below the burst's
 	// worth of the rate. A gcra rule that is not fair, or a quota rule
@@ -95,8 +96,10 @@ type Rule struct {
 	// its task released, for its next task (see limits.Rule.Prefetch). A
 	// quota rule of at least 128 without a cost, and a concurrency rule of
 	// a max of at least 32, prefetch by themselves (10ms) in the
-	// middleware; NoPrefetch turns that off. Policy file: prefetch: 5ms,
-	// prefetch: off.
+	// middleware, as does a gcra rule that is not fair, has no cost and
+	// whose burst covers four times a batch's charge ahead (10ms or less,
+	// down to 1ms, and at least 4 of its intervals: 400/s or more);
+	// NoPrefetch turns that off. Policy file: prefetch: 5ms, prefetch: off.
 	Prefetch time.Duration
 	// Cost is how many units of the rule's limit one task takes: a
 	// template over the task's JSON payload like Key whose value is a
@@ -152,8 +155,8 @@ func (r Rule) Raised(l limits.Limit) limits.Limit {
 	return l
 }
 
-// NoPrefetch, as a Rule's Prefetch, keeps a quota or concurrency rule from
-// prefetching by itself (policy file: prefetch: off).
+// NoPrefetch, as a Rule's Prefetch, keeps a rule from prefetching by
+// itself (policy file: prefetch: off).
 const NoPrefetch time.Duration = -1
 
 // Match selects tasks by type and queue. A task matches when both set

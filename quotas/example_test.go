@@ -323,9 +323,9 @@ func ExampleAdaptive() {
 
 // A rule of 10,000 calls a second is worth less than a Redis call per
 // request: with Prefetch, a Limiter takes its units in batches and hands
-// them out for 5 ms, without a call. The rule decides with its burst
-// lowered by 5 ms of its rate (50 units: 450), so that units handed out
-// late never let more than 500 pass at once.
+// them out for 5 ms, without a call. A batch is charged 5 ms ahead in the
+// rule's schedule (50 units), so that units handed out late never let more
+// than 500 pass at once; requests decided one by one keep the whole burst.
 func ExampleRule_Prefetch() {
 	now := monday9
 	limiter := exampleLimiter(&now)
@@ -343,16 +343,18 @@ func ExampleRule_Prefetch() {
 		if err != nil || !d.Allowed {
 			panic(fmt.Sprint(d, err))
 		}
-		// Every decision here is at the same moment: the batches double.
-		// Rules is the state after the batch the unit came from.
+		// Every decision here is at the same moment: the first is decided
+		// as usual (nothing asked for units within 5 ms: a batch of one
+		// would cost the same call), then the batches double. Rules is the
+		// state after the batch the unit came from.
 		fmt.Printf("request %d: %d of %d left after its batch\n", i+1, d.Rules[0].Remaining, d.Rules[0].Remaining+d.Rules[0].Used)
 	}
 	// Output:
-	// request 1: 449 of 450 left after its batch
-	// request 2: 447 of 450 left after its batch
-	// request 3: 447 of 450 left after its batch
-	// request 4: 443 of 450 left after its batch
-	// request 5: 443 of 450 left after its batch
-	// request 6: 443 of 450 left after its batch
-	// request 7: 443 of 450 left after its batch
+	// request 1: 499 of 500 left after its batch
+	// request 2: 449 of 500 left after its batch
+	// request 3: 447 of 500 left after its batch
+	// request 4: 447 of 500 left after its batch
+	// request 5: 443 of 500 left after its batch
+	// request 6: 443 of 500 left after its batch
+	// request 7: 443 of 500 left after its batch
 }

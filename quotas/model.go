@@ -389,14 +389,14 @@ func (m *model) winEarliest(c call, t, n int64) int64 {
 	return t
 }
 
-func (m *model) earliest(c call, t, n, now int64, holder string, critical bool) int64 {
+func (m *model) earliest(c call, t, n, now, ahead int64, holder string, critical bool) int64 {
 	k := c.keys[0]
 	if c.c.kind != kindGCRA {
 		t = max(t, m.tills[c.keys[len(c.keys)-1]])
 	}
 	switch c.c.kind {
 	case kindGCRA:
-		a, _, _ := m.fit(c, t, n, now)
+		a, _, _ := m.fit(c, t, n, now, ahead)
 		return a
 	case kindFixed, kindCalendar:
 		return m.winEarliest(c, t, n)
@@ -585,6 +585,12 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 	if op == opStatus {
 		return out(stAdmitted, 0, 0, now, nil)
 	}
+	// An allow's horizon is how far ahead a batch's GCRA charge is placed
+	// (booked.lua's ahead).
+	var ahead int64
+	if op == opAllow {
+		ahead = horizon
+	}
 	t, wait, worst, agreed := now, int64(0), int64(0), false
 	if op == opReserve {
 		t = max(now, notBefore)
@@ -595,7 +601,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			if op == opReserve && c.c.kind == kindConcurrency {
 				continue
 			}
-			e := m.earliest(c, t, cost(c), now, holder, critical)
+			e := m.earliest(c, t, cost(c), now, ahead, holder, critical)
 			if e < 0 {
 				return out(stDenied, -1, int64(i+1), now, nil)
 			}
@@ -647,7 +653,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				return true
 			}
 			for _, c := range calls {
-				if own(c) && c.c.kind != kindConcurrency && m.earliest(c, bt, cost(c), now, holder, critical) != bt {
+				if own(c) && c.c.kind != kindConcurrency && m.earliest(c, bt, cost(c), now, 0, holder, critical) != bt {
 					return false
 				}
 			}
@@ -702,7 +708,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				x = m.books[k][victim].x
 				m.books[k] = append(m.books[k][:victim:victim], m.books[k][victim+1:]...)
 			} else {
-				_, x, front = m.fit(c, t, n, now)
+				_, x, front = m.fit(c, t, n, now, ahead)
 			}
 			e := x + n*c.em
 			if front && !c.c.fair {
@@ -837,17 +843,17 @@ func (m *model) takeable(c call, t0, n, now int64, visit func(t, x int64, i int)
 }
 
 // fit mirrors booked.lua's gc_fit (gc_gap): the earliest time a >= t0 at
-// which a GCRA request of cost n fits in free virtual time, its start x,
-// and whether it extends the TAT.
-func (m *model) fit(c call, t0, n, now int64) (a, x int64, front bool) {
+// which a GCRA request of cost n fits in free virtual time at or after
+// now+ahead (a batch's), its start x, and whether it extends the TAT.
+func (m *model) fit(c call, t0, n, now, ahead int64) (a, x int64, front bool) {
 	em, burst := c.em, c.c.burst
 	if n > burst {
 		return -1, 0, false
 	}
 	need, slack := n*em, (burst-n)*em
 	k := c.keys[0]
-	g1, first := now, true
-	if tat, ok := m.tats[k]; ok && tat > now {
+	g1, first := now+ahead, true
+	if tat, ok := m.tats[k]; ok && tat > g1 {
 		g1 = tat
 	}
 	try := func(g2 int64, bounded bool) bool {

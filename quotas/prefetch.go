@@ -17,11 +17,20 @@ import (
 // never later). Requests are then admitted from the pool without a call;
 // those that find a batch on its way wait for it. A batch used up within
 // half its Prefetch makes the next one twice as large (up to the set's
-// lowered burst), one whose units expired unused half as large. A batch
-// the rules refuse (they are busy) stops prefetching for prefetchPause, or
+// batchMax), one whose units expired unused half as large. A batch the
+// rules refuse (they are busy) stops prefetching for prefetchPause, or
 // until a request decided as usual finds room for a batch again: the
 // request is decided as usual, and units are not taken ahead of requests
 // that would wait for them.
+//
+// A GCRA rule charges a batch Prefetch ahead in its schedule (the batch's
+// allow carries Prefetch as its horizon; booked.lua), and the batch must
+// still fit the burst from now: a unit handed out up to Prefetch late is
+// then as if admitted when it is handed out, so every other request
+// decides with the whole burst. What this costs is capacity, not
+// exactness: while batches are taken the rule's schedule runs up to
+// Prefetch ahead of now, Prefetch's worth of units (limits.Ahead) that a
+// burst arriving then cannot use.
 //
 // Windows prefetch too. A fixed or calendar window's batch is counted in
 // the window of the batch, so its units are handed out only until that
@@ -92,6 +101,8 @@ type pool struct {
 	gap     int64         // windows: local µs between units, ×16, averaged (sizeForWindows)
 	wasted  bool          // units expired unused since the last batch
 	pause   int64         // no batch before this, local µs
+	asked   int64         // local µs: when a request last found no units in hand
+	waiting int64         // units the requests waiting for the batch on its way want
 	filling chan struct{} // closed when the batch on its way has come
 	dropped bool          // a Block dropped the pool: refunds of windows go back at once
 }
@@ -199,15 +210,29 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 			break
 		}
 		wait := p.filling
+		p.waiting += n
 		l.pools.mu.Unlock()
 		select {
 		case <-wait:
 		case <-ctx.Done():
+			l.pools.mu.Lock()
+			p.waiting -= n
+			l.pools.mu.Unlock()
 			return Decision{}, nil, ctx.Err()
 		}
 		l.pools.mu.Lock()
+		p.waiting -= n
 	}
 	now := l.local()
+	if p.asked == 0 || now-p.asked >= s.prefetch {
+		// Cold: no request asked for units within a prefetch. A batch of
+		// this request's cost would be no cheaper than its decision as
+		// usual, which may carry more (ReserveAndAllow's slots).
+		p.asked = now
+		l.pools.mu.Unlock()
+		return Decision{}, p, nil
+	}
+	p.asked = now
 	if s.windows {
 		p.sizeForWindows(s, n, now)
 	} else {
@@ -218,14 +243,16 @@ func (l *Limiter) prefetched(ctx context.Context, s *Set, req Request) (Decision
 			p.batch = min(2*p.batch, s.batchMax)
 		}
 	}
-	k := max(p.batch, n)
+	// Enough for the requests waiting on the batch before this one came.
+	k := min(max(p.batch, n+p.waiting), max(s.batchMax, n))
 	p.wasted, p.took, p.filling = false, now, make(chan struct{})
 	filled := p.filling
 	l.pools.mu.Unlock()
 
 	breq := req
 	breq.Cost, breq.Costs = int(k), nil // sameCosts: every rule costs Cost
-	bd, err := l.decideNow(ctx, s, breq, opAllow, 0)
+	// The batch's GCRA charges are placed the prefetch ahead (booked.lua).
+	bd, err := l.decideNow(ctx, s, breq, opAllow, time.Duration(s.prefetch)*time.Microsecond)
 	l.pools.mu.Lock()
 	defer l.pools.mu.Unlock()
 	close(filled)

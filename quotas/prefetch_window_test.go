@@ -216,8 +216,9 @@ func TestPrefetchWindowGiveBack(t *testing.T) {
 		l, used := setup(t, set, true)
 		ds := allow(t, l, set, 20)
 		held := used() - 20
-		// Usable still: back to the pool, handed out again without a call.
-		if err := l.Refund(ctx, set, Request{}, ds[0]); err != nil {
+		// Usable still: back to the pool, handed out again without a call
+		// (ds[1]: the first request was decided as usual, the pool cold).
+		if err := l.Refund(ctx, set, Request{}, ds[1]); err != nil {
 			t.Fatal(err)
 		}
 		if u := used(); u != 20+held {
@@ -225,7 +226,7 @@ func TestPrefetchWindowGiveBack(t *testing.T) {
 		}
 		// Expired: the refund and the pool go back to the window.
 		now = now.Add(20 * time.Millisecond)
-		if err := l.Refund(ctx, set, Request{}, ds[1]); err != nil {
+		if err := l.Refund(ctx, set, Request{}, ds[2]); err != nil {
 			t.Fatal(err)
 		}
 		allow(t, l, set, 1) // finds the expired units and gives them back

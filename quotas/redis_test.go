@@ -246,11 +246,17 @@ func (d *differ) step(t testing.TB) {
 	}
 	switch {
 	case x < 12:
-		got, err := d.l.Allow(d.ctx, s, req)
+		// A third of the allows are batches (Limiter.prefetched), whose
+		// GCRA charges are placed ahead of now.
+		var ahead time.Duration
+		if d.rng.IntN(3) == 0 {
+			ahead = time.Duration(1 + d.rng.Int64N(int64(d.scale)*3)).Truncate(time.Microsecond)
+		}
+		got, err := d.l.decideNow(d.ctx, s, req, opAllow, ahead)
 		if err != nil {
 			t.Fatal(err)
 		}
-		compare("Allow", got, d.mod.m.decide(calls, opAllow, now, n, 0, 0, req.Holder, req.Critical, got.nonce), n)
+		compare("Allow", got, d.mod.m.decide(calls, opAllow, now, n, ahead.Microseconds(), 0, req.Holder, req.Critical, got.nonce), n)
 		if got.Allowed {
 			d.held = append(d.held, held{s, req, got})
 		}

@@ -61,7 +61,7 @@ type compiled struct {
 	tails []string
 	ticks *tickCache // calendar
 	fair  bool       // GCRA shared fairly among flows
-	// prefetch is Rule.Prefetch, µs (a GCRA rule's burst is lowered by it).
+	// prefetch is Rule.Prefetch, µs.
 	prefetch int64
 	learn    *learnParams // an Adaptive rule: a GCRA whose em is learned
 }
@@ -95,11 +95,7 @@ func compile(r Rule) compiled {
 		// would hold the new rate back until it had passed.
 		em := gcra.Limit(l).Interval().Microseconds()
 		c = compiled{kind: kindGCRA, suffix: "gcra:" + strconv.FormatInt(em, 10) + ":" + strconv.Itoa(l.Burst), em: em, burst: int64(l.Burst)}
-		if r.Prefetch != 0 {
-			c.burst -= limits.Ahead(l, r.Prefetch)
-			c.prefetch = r.Prefetch.Microseconds()
-			c.suffix += ":p" + strconv.FormatInt(c.prefetch, 10)
-		}
+		c.prefetch = r.Prefetch.Microseconds()
 		c.fair = r.Fair
 	case Adaptive:
 		c = compileAdaptive(l)
@@ -139,9 +135,10 @@ type Set struct {
 	// prefetch is, when every rule of the set has Rule.Prefetch, the
 	// shortest, µs; otherwise 0.
 	prefetch int64
-	// batchMax is the most units one prefetch may take: the smallest
-	// (lowered) burst of the set's GCRA rules and limits.WindowBatch of its
-	// windows.
+	// batchMax is the most units one prefetch may take: the smallest of
+	// its GCRA rules' bursts less what the set's prefetch takes ahead
+	// (limits.Ahead: a batch is placed that far ahead and must still fit
+	// the burst, booked.lua) and limits.WindowBatch of its windows.
 	batchMax int64
 	// windows: a window rule (fixed, calendar, sliding) prefetches; its
 	// unused units are given back.
@@ -191,10 +188,19 @@ func NewSet(rules ...Rule) (*Set, error) {
 		if i == 0 || c.prefetch < s.prefetch {
 			s.prefetch = c.prefetch
 		}
-		most := c.burst
 		if c.kind == kindFixed || c.kind == kindCalendar || c.kind == kindSliding {
-			most = limits.WindowBatch(int(c.limit))
 			s.windows = s.windows || c.prefetch > 0
+		}
+	}
+	for i, c := range s.comp {
+		most := c.burst
+		switch c.kind {
+		case kindGCRA:
+			if s.prefetch > 0 {
+				most -= (s.prefetch + c.em - 1) / c.em
+			}
+		case kindFixed, kindCalendar, kindSliding:
+			most = limits.WindowBatch(int(c.limit))
 		}
 		if i == 0 || most < s.batchMax {
 			s.batchMax = most

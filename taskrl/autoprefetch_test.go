@@ -26,6 +26,12 @@ func TestAutoPrefetch(t *testing.T) {
   - {name: cap, match: {type: cap}, concurrency: {max: 32, lease: 30s}}
   - {name: cap-off, match: {type: cap-off}, prefetch: off, concurrency: {max: 100, lease: 30s}}
   - {name: cap-small, match: {type: cap-off}, concurrency: {max: 31, lease: 30s}}
+  - {name: peak, match: {type: peak}, gcra: {rate: 100000, per: 1s, burst: 1000}}
+  - {name: api, match: {type: api}, gcra: {rate: 1000, per: 1s, burst: 100}}
+  - {name: api-off, match: {type: api-off}, prefetch: off, gcra: {rate: 1000, per: 1s, burst: 100}}
+  - {name: slow, match: {type: slow}, gcra: {rate: 100, per: 1s, burst: 100}}
+  - {name: strict, match: {type: strict}, gcra: {rate: 100000, per: 1s, burst: 3}}
+  - {name: shared, match: {type: shared}, fair: "{{.b}}", gcra: {rate: 100000, per: 1s, burst: 1000}}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -38,6 +44,10 @@ func TestAutoPrefetch(t *testing.T) {
 	for typ, want := range map[string][]time.Duration{
 		"big": {autoLease}, "off": {0}, "small": {0}, "slots": {autoLease}, "costly": {0},
 		"mixed": {0, autoLease}, "own": {30 * time.Millisecond},
+		// GCRA rules: autoLease, or a quarter of the burst's worth
+		// (2.5 ms of 100,000/s burst 1,000); none at 4 intervals or under
+		// (100/s: 10 ms is one), a burst under 4, fair or off.
+		"peak": {2500 * time.Microsecond}, "api": {autoLease}, "api-off": {0}, "slow": {0}, "strict": {0}, "shared": {0},
 	} {
 		sp, err := m.split(p.Bind(typ, "q"))
 		if err != nil {

@@ -313,9 +313,28 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 	return v.(*split), nil
 }
 
-// autoLease is how far ahead a quota rule prefetches by itself, and how
-// long a concurrency rule keeps a released slot.
+// autoLease is how far ahead a quota rule prefetches by itself, how long a
+// concurrency rule keeps a released slot, and the most a GCRA rule
+// prefetches by itself (autoGCRA).
 const autoLease = 10 * time.Millisecond
+
+// autoGCRA is how far ahead a GCRA rule l prefetches by itself: autoLease,
+// or less so that a batch is charged at most a quarter of its burst ahead
+// (limits.Ahead); 0 (none) when that is under autoGCRAMin or under 4 of
+// the rule's intervals (a rate under 400/s: a batch would rarely serve a
+// second task), as for every rule of a burst under 4.
+func autoGCRA(l quotas.GCRA) time.Duration {
+	most := int64(l.Burst / 4)
+	p := min(autoLease, time.Duration(most)*l.Interval()).Truncate(time.Microsecond)
+	if p < autoGCRAMin || p < 4*l.Interval() {
+		return 0
+	}
+	return p
+}
+
+// autoGCRAMin is the shortest prefetch a GCRA rule takes by itself: below
+// it a batch would rarely serve a second task.
+const autoGCRAMin = time.Millisecond
 
 // autoMin is the smallest limit of a quota rule that prefetches by itself:
 // batches of 4 (limits.WindowBatch).
@@ -326,32 +345,45 @@ const autoMin = 128
 // (quotas.Rule.Prefetch).
 const autoSlots = 32
 
-// withAutoPrefetch returns rules with a prefetch of autoLease for those
-// among them (their positions in b at idx) that have no prefetch, no cost
-// and no NoPrefetch, and that are quota rules of a limit of at least
-// autoMin or concurrency rules of a max of at least autoSlots: exact (see
-// limits.Rule.Prefetch), so a binding's windows lease their units, and
-// its concurrency rules keep their slots, without a policy change. A set
-// prefetches (or keeps) when all its rules do; a task admitted from units
-// in hand takes its slots in one call of their own
-// (quotas.Limiter.ReserveAndAllow).
+// withAutoPrefetch returns rules with a prefetch for those among them
+// (their positions in b at idx) that have no prefetch, no cost and no
+// NoPrefetch, and that are quota rules of a limit of at least autoMin or
+// concurrency rules of a max of at least autoSlots (autoLease), or GCRA
+// rules that are not fair and whose burst covers a batch's charge ahead
+// four times (autoGCRA): exact (see limits.Rule.Prefetch), so a binding's
+// rates and windows lease their units, and its concurrency rules keep
+// their slots, without a policy change. A set prefetches (or keeps) when
+// all its rules do; a task admitted from units in hand takes its slots in
+// one call of their own (quotas.Limiter.ReserveAndAllow).
 func withAutoPrefetch(b *policy.Binding, rules []quotas.Rule, idx []int) []quotas.Rule {
 	rules = slices.Clone(rules)
 	for k, r := range rules {
-		auto := false
+		var auto time.Duration
 		switch l := r.Limit.(type) {
 		case quotas.FixedWindow:
-			auto = l.Limit >= autoMin
+			auto = autoIf(l.Limit >= autoMin)
 		case quotas.CalendarWindow:
-			auto = l.Limit >= autoMin
+			auto = autoIf(l.Limit >= autoMin)
 		case quotas.Concurrency:
-			auto = l.Max >= autoSlots
+			auto = autoIf(l.Max >= autoSlots)
+		case quotas.GCRA:
+			if !r.Fair {
+				auto = autoGCRA(l)
+			}
 		}
-		if pr := b.Rule(idx[k]); auto && r.Prefetch == 0 && pr.Prefetch == 0 && pr.Cost == "" {
-			rules[k].Prefetch = autoLease
+		if pr := b.Rule(idx[k]); auto > 0 && r.Prefetch == 0 && pr.Prefetch == 0 && pr.Cost == "" {
+			rules[k].Prefetch = auto
 		}
 	}
 	return rules
+}
+
+// autoIf is autoLease if ok, else 0.
+func autoIf(ok bool) time.Duration {
+	if ok {
+		return autoLease
+	}
+	return 0
 }
 
 // atShare returns r with its limit divided among share processes, each at

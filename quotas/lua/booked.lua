@@ -60,6 +60,13 @@
 -- no finish: they take over any booking but a critical one, and theirs are
 -- never taken.
 --
+-- A batch (Limiter prefetch: an allow whose units its process hands out up
+-- to ahead = HORIZON later) is placed at x >= a + ahead, and must still end
+-- by a + burst*em: each of its units, handed out at some h in [a, a +
+-- ahead], then has h <= x and x + n*em <= h + burst*em, the invariant
+-- above with h for a, so units handed out late never pass the limit, and
+-- every other request decides with the whole burst.
+--
 -- TATs and the latest booking ends are read at most once per script call
 -- and written back by gc_flush at its end; bookings and finishes are
 -- written at once.
@@ -201,13 +208,14 @@ local function place(r, g1, g2, t0, n)
 end
 
 -- gc_gap returns the earliest real time a >= t0 at which a request of cost
--- n fits in free virtual time, its start x, and whether it extends the
--- TAT; or, when too many bookings lie in the way to walk in one call,
--- only the time before which nothing fits (beyond t0, as the bookings
--- walked are disjoint): the caller asks again from there.
-local function gc_gap(r, t0, n, now)
-  local g1 = now
-  if r.stored and r.stored > now then g1 = r.stored end
+-- n fits in free virtual time at or after now + ahead (a batch: see
+-- above; else 0), its start x, and whether it extends the TAT; or, when
+-- too many bookings lie in the way to walk in one call, only the time
+-- before which nothing fits (beyond t0, as the bookings walked are
+-- disjoint): the caller asks again from there.
+local function gc_gap(r, t0, n, now, ahead)
+  local g1 = now + ahead
+  if r.stored and r.stored > g1 then g1 = r.stored end
   local from = max(t0, g1)
   if lasts[r.key] < from then
     -- No booking ahead: gcra_decide's arithmetic.
@@ -233,13 +241,13 @@ local function gc_gap(r, t0, n, now)
 end
 
 -- gc_fit returns the earliest real time a >= t0 at which a request of cost
--- n fits, or -1 if it never does (n > burst), and keeps its placement in r
--- when a is t0: r.at = t0, r.x, r.front (it extends the TAT); r.victim is
--- false (see gc_takeable). Otherwise r.at is false: the charge places the
--- request afresh.
-local function gc_fit(r, t0, n, now)
+-- n fits (placed at or after now + ahead, gc_gap), or -1 if it never does
+-- (n > burst), and keeps its placement in r when a is t0: r.at = t0, r.x,
+-- r.front (it extends the TAT); r.victim is false (see gc_takeable).
+-- Otherwise r.at is false: the charge places the request afresh.
+local function gc_fit(r, t0, n, now, ahead)
   if n > r.burst then return -1 end
-  local a, x, front = gc_gap(r, t0, n, now)
+  local a, x, front = gc_gap(r, t0, n, now, ahead)
   r.at, r.victim = false, false
   if a == t0 and x then r.at, r.x, r.front = a, x, front end
   return a
@@ -264,7 +272,7 @@ end
 -- and returns the undo values: the TAT after and before, or for a booking
 -- of its own -x and its tag.
 local function gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
-  if r.at ~= t then gc_fit(r, t, n, now) end
+  if r.at ~= t then gc_fit(r, t, n, now, 0) end
   local e = r.x + n * r.em
   if r.front and not r.fair then
     local before = r.stored or 0

@@ -42,7 +42,8 @@
 --          joined by commas ("3,1,2"), when they differ (concurrency rules
 --          ignore theirs); refund, held, settle: what the charge charged
 --   HORIZON reserve horizon, microseconds; refund, held, settle: when the
---          charge was decided (0: unknown)
+--          charge was decided (0: unknown); allow: how far ahead of now a
+--          batch's GCRA charge is placed (booked.lua; 0 for a request)
 --   HOLDER holder id (concurrency)
 --   CRITICAL 1 if the request may use a concurrency rule's critical reserve
 --   NONCE  nonce naming this request's GCRA bookings and sliding-window
@@ -110,10 +111,11 @@
 -- and OP.RESERVE_AT read as OP.RESERVE with dry or exact set, and
 -- OP.ALLOW_AFTER as OP.ALLOW with skip set unless the previous request was
 -- admitted at its now; its arguments (now, ttl_floor, horizon, holder,
--- critical, nonce, at: ARG.AT); its rules, nrules of them (the previous
+-- critical, nonce, at: ARG.AT; ahead: an allow's horizon, how far ahead
+-- a batch's GCRA charge is placed); its rules, nrules of them (the previous
 -- request's table, when it sends 0); the index of its first fair rule, 0
 -- if none, and the digest g; a settle's actual costs.
-local op, dry, exact, skip, now, ttl_floor, horizon, holder, critical, nonce, at
+local op, dry, exact, skip, now, ttl_floor, horizon, holder, critical, nonce, at, ahead
 local rules, nrules, fair, g, acts
 
 local function flush()
@@ -147,7 +149,7 @@ end
 local function earliest(r, t)
   local kind = r.kind
   if kind == KIND.GCRA then
-    return gc_fit(r, t, r.n, now)
+    return gc_fit(r, t, r.n, now, ahead)
   end
   if t < r.till then t = r.till end
   if kind == KIND.FIXED or kind == KIND.CALENDAR then
@@ -342,6 +344,8 @@ local function request(k0, a0, prev)
     now = gcra_now(ARGV[a0 + ARG.NOW])
   end
   ttl_floor, horizon = tonumber(ARGV[a0 + ARG.FLOOR]), tonumber(ARGV[a0 + ARG.HORIZON])
+  ahead = 0
+  if op == OP.ALLOW then ahead = horizon end
   holder, critical = ARGV[a0 + ARG.HOLDER], ARGV[a0 + ARG.CRITICAL] == '1'
   nonce, at = ARGV[a0 + ARG.NONCE], tonumber(ARGV[a0 + ARG.AT])
 
