@@ -28,9 +28,18 @@ import (
 type Config struct {
 	// Policy says which rules apply to which tasks. Required.
 	Policy *policy.Policy
-	// Client is the Redis that holds the limits and the asynq queues the
-	// middleware reschedules tasks into. Required.
+	// Client is the Redis that holds the asynq queues the middleware
+	// reschedules tasks into, and the limits unless LimitsClient is set.
+	// Required.
 	Client redis.UniversalClient
+	// LimitsClient, if set, is the Redis that holds the limits instead:
+	// every rule's state (decisions, bookings, leases, learned rates), the
+	// markers of a throttle and the fleet's busy counts, so that the queues
+	// and the limits can live on different servers (a single server,
+	// Sentinel or Cluster for either). Every worker and every tool reading
+	// the limits (worker status, worker limits) must use the same one.
+	// Default nil: Client.
+	LimitsClient redis.UniversalClient
 	// Prefix starts every limiter key. Default "taskrl:".
 	Prefix string
 	// MaxHold is the longest a task waits for its turn inside the worker;
@@ -135,7 +144,10 @@ func New(cfg Config) (*Middleware, error) {
 	if err := checkShed(&cfg, cfg.Policy); err != nil {
 		return nil, err
 	}
-	l, err := quotas.New(quotas.Config{Client: cfg.Client, Prefix: cfg.Prefix})
+	if cfg.LimitsClient == nil {
+		cfg.LimitsClient = cfg.Client
+	}
+	l, err := quotas.New(quotas.Config{Client: cfg.LimitsClient, Prefix: cfg.Prefix})
 	if err != nil {
 		return nil, fmt.Errorf("taskrl: %w", err)
 	}

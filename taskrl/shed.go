@@ -150,7 +150,7 @@ func (s *shedder) read(sh *policy.Shed, now time.Time) (float64, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	v, err := busyScript.Run(ctx, s.m.cfg.Client, []string{keys.Busy(s.m.prefix)}, s.id, s.inflight.Load(), s.capacity.Load(), shedFresh.Milliseconds()).Int64Slice()
+	v, err := busyScript.Run(ctx, s.m.cfg.LimitsClient, []string{keys.Busy(s.m.prefix)}, s.id, s.inflight.Load(), s.capacity.Load(), shedFresh.Milliseconds()).Int64Slice()
 	if err != nil {
 		return 0, err
 	}

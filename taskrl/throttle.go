@@ -121,7 +121,7 @@ func (j *job) block(until time.Time) error {
 		return err
 	}
 	ttl := max(until.Sub(j.m.cfg.Clock.Now()), 0) + time.Second // the server's clock may lag
-	_, err := j.m.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := j.m.cfg.LimitsClient.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range j.sp.throttle.Rules() {
 			p.Set(ctx, keys.Block(j.m.prefix, r.Name, ks[i]), until.UnixMicro(), ttl)
 		}
@@ -135,7 +135,7 @@ func (j *job) block(until time.Time) error {
 func (j *job) blockedUntil() (until time.Time, rule string, err error) {
 	rules := j.sp.rates.Rules()
 	cmds := make([]*redis.StringCmd, len(rules))
-	_, err = j.m.cfg.Client.Pipelined(j.ctx, func(p redis.Pipeliner) error {
+	_, err = j.m.cfg.LimitsClient.Pipelined(j.ctx, func(p redis.Pipeliner) error {
 		for i, r := range rules {
 			cmds[i] = p.Get(j.ctx, keys.Block(j.m.prefix, r.Name, j.rates.Keys[i]))
 		}

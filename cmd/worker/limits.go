@@ -37,6 +37,10 @@ Flags (before or after the arguments):
   --redis-tls-ca FILE
                  the workers' Redis, as for the worker (defaults $REDIS_URL,
                  $REDIS_CLUSTER_ADDRS, $REDIS_SENTINEL)
+  --limits-redis URL, --limits-redis-cluster NODES, --limits-redis-sentinel M@NODES,
+  --limits-redis-password P, --limits-redis-tls, --limits-redis-tls-ca FILE
+                 the workers' --limits-redis, if they keep the limits on a Redis
+                 of their own: the overrides live there (no --redis needed)
   --prefix S     the workers' --prefix. Default "taskrl:".
   --policy FILE  set: also check RULE, KEY and LIMIT against this policy file
                  (the rule exists, has a key, has the same kind of limit).
@@ -50,7 +54,7 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 	fs := flag.NewFlagSet("worker limits", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	rf := addRedisFlags(fs, getenv)
+	rf, lf := addRedisFlags(fs, getenv), addLimitsRedisFlags(fs)
 	prefix := fs.String("prefix", "taskrl:", "")
 	policyPath := fs.String("policy", "", "")
 	usage := func(format string, a ...any) int {
@@ -97,7 +101,7 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 			return usage("LIMIT %q: %v", pos[3], strings.TrimPrefix(err.Error(), "policy: "))
 		}
 	}
-	target, err := rf.target(fs)
+	_, target, err := limitsTarget(fs, rf, lf, false)
 	if err != nil {
 		return usage("%v", err)
 	}

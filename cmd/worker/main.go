@@ -67,7 +67,7 @@ The policy file's http section is the worker's own, for http:call:
       - {rule: vendor-points, header: X-Actual-Cost}    under a rule with a cost)
 
 Flags (--name and -name are the same; values as --name=V or --name V):
-  --redis URL              Redis to use for queues and limits: redis://[[user]:password@]host[:port][/db],
+  --redis URL              Redis to use for queues and limits (see --limits-redis): redis://[[user]:password@]host[:port][/db],
                            rediss://... (TLS), unix:///path.sock, or a bare host[:port].
                            Default: $REDIS_URL. This, --redis-cluster or --redis-sentinel is required.
   --redis-cluster NODES    a Redis Cluster instead, for queues and limits alike: its seed nodes as
@@ -86,6 +86,16 @@ Flags (--name and -name are the same; values as --name=V or --name V):
   --redis-tls-ca FILE      verify Redis's certificate (every node's, the sentinels') against the CA
                            certificates in this PEM file instead of the system's roots, for a private
                            CA. Needs TLS (rediss:// or --redis-tls). Certificates are always verified.
+  --limits-redis URL       keep the limits (every rule's state, throttle markers, live overrides) on
+                           this Redis instead of the queues' one. Every worker of the fleet, and
+                           worker status and worker limits, must be given the same. Default: the
+                           queues' Redis. The flags below are the --redis ones for the limits' Redis
+                           (no environment defaults; -password and -tls need one of the forms).
+  --limits-redis-cluster NODES     as --redis-cluster
+  --limits-redis-sentinel M@NODES  as --redis-sentinel
+  --limits-redis-password P        as --redis-password
+  --limits-redis-tls               as --redis-tls
+  --limits-redis-tls-ca FILE       as --redis-tls-ca
   --policy FILE            policy file (YAML; see docs/policy.md). Required.
                            A file that is wrong in any way is refused before anything connects,
                            naming line, rule and field. While running, the worker reloads it on
@@ -154,6 +164,8 @@ failed (Redis unreachable, metrics address in use, ...).
 // config is the parsed and validated command line.
 type config struct {
 	redis           redisurl.Target
+	limits          redisurl.Target // --limits-redis..., if ownLimits
+	ownLimits       bool
 	pool            int // connections per Redis node
 	policyPath      string
 	concurrency     int
@@ -322,7 +334,10 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		return cfg, nil
 	}
 	var err error
-	if cfg.redis, err = f.redis.target(fs); err != nil {
+	if cfg.redis, _, err = f.redis.target(fs); err != nil {
+		return nil, err
+	}
+	if cfg.limits, cfg.ownLimits, err = f.limits.target(fs); err != nil {
 		return nil, err
 	}
 	if cfg.policyPath == "" {
@@ -385,72 +400,118 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 	return cfg, nil
 }
 
-// redisFlags are the Redis flags every command of the worker takes.
+// redisFlags are the Redis flags every command of the worker takes: those
+// of the queues' Redis (name "redis": --redis, --redis-cluster, ...) and
+// those of a separate Redis for the limits (name "limits-redis").
 type redisFlags struct {
+	name                                    string
 	url, cluster, sentinel, password, tlsCA *string
 	tls                                     *bool
 }
 
-// addRedisFlags defines the Redis flags on fs; getenv supplies their
-// environment defaults.
+// addRedisFlags defines the queues' Redis flags on fs; getenv supplies
+// their environment defaults.
 func addRedisFlags(fs *flag.FlagSet, getenv func(string) string) redisFlags {
+	return addNamedRedisFlags(fs, "redis", getenv("REDIS_URL"), getenv("REDIS_CLUSTER_ADDRS"), getenv("REDIS_SENTINEL"))
+}
+
+// addLimitsRedisFlags defines the limits' Redis flags on fs: optional,
+// with no environment defaults.
+func addLimitsRedisFlags(fs *flag.FlagSet) redisFlags {
+	return addNamedRedisFlags(fs, "limits-redis", "", "", "")
+}
+
+// addNamedRedisFlags defines the flags of one Redis, named after name,
+// with the given defaults for its three forms.
+func addNamedRedisFlags(fs *flag.FlagSet, name, url, cluster, sentinel string) redisFlags {
 	return redisFlags{
-		url:      fs.String("redis", getenv("REDIS_URL"), ""),
-		cluster:  fs.String("redis-cluster", getenv("REDIS_CLUSTER_ADDRS"), ""),
-		sentinel: fs.String("redis-sentinel", getenv("REDIS_SENTINEL"), ""),
-		password: fs.String("redis-password", "", ""),
-		tls:      fs.Bool("redis-tls", false, ""),
-		tlsCA:    fs.String("redis-tls-ca", "", ""),
+		name:     name,
+		url:      fs.String(name, url, ""),
+		cluster:  fs.String(name+"-cluster", cluster, ""),
+		sentinel: fs.String(name+"-sentinel", sentinel, ""),
+		password: fs.String(name+"-password", "", ""),
+		tls:      fs.Bool(name+"-tls", false, ""),
+		tlsCA:    fs.String(name+"-tls-ca", "", ""),
 	}
 }
 
 // target resolves the flags as fs parsed them: a flag given beats the
-// other forms' environment variables; more than one form, or none, is a
-// usage error.
-func (f redisFlags) target(fs *flag.FlagSet) (redisurl.Target, error) {
+// other forms' environment variables; more than one form is a usage
+// error, as is none for the queues' Redis. ok is false when none of the
+// limits' Redis flags was given: the limits live with the queues.
+func (f redisFlags) target(fs *flag.FlagSet) (t redisurl.Target, ok bool, err error) {
 	url, cluster, sentinel := *f.url, *f.cluster, *f.sentinel
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	forms := []struct {
 		flag string
 		val  *string
-	}{{"redis", &url}, {"redis-cluster", &cluster}, {"redis-sentinel", &sentinel}}
-	given := set["redis"] || set["redis-cluster"] || set["redis-sentinel"]
+	}{{f.name, &url}, {f.name + "-cluster", &cluster}, {f.name + "-sentinel", &sentinel}}
+	given := set[f.name] || set[f.name+"-cluster"] || set[f.name+"-sentinel"]
 	for _, form := range forms {
 		if given && !set[form.flag] {
 			*form.val = ""
 		}
 	}
 	if url == "" && cluster == "" && sentinel == "" {
-		return redisurl.Target{}, usagef("--redis (or REDIS_URL), --redis-cluster (or REDIS_CLUSTER_ADDRS) or --redis-sentinel (or REDIS_SENTINEL) is required, e.g. --redis redis://localhost:6379/0")
+		if f.name != "redis" {
+			for _, o := range []string{"-password", "-tls", "-tls-ca"} {
+				if set[f.name+o] {
+					return redisurl.Target{}, false, usagef("--%s%s needs --%s, --%s-cluster or --%s-sentinel", f.name, o, f.name, f.name, f.name)
+				}
+			}
+			return redisurl.Target{}, false, nil
+		}
+		return redisurl.Target{}, false, usagef("--redis (or REDIS_URL), --redis-cluster (or REDIS_CLUSTER_ADDRS) or --redis-sentinel (or REDIS_SENTINEL) is required, e.g. --redis redis://localhost:6379/0")
 	}
-	t, err := redisurl.ParseTarget(url, cluster, sentinel, *f.password)
+	t, err = redisurl.ParseTarget(url, cluster, sentinel, *f.password)
 	if errors.Is(err, redisurl.ErrBoth) {
-		return redisurl.Target{}, usagef("%v", err)
+		if f.name != "redis" {
+			return redisurl.Target{}, false, usagef("--%s, --%s-cluster and --%s-sentinel are exclusive: give one", f.name, f.name, f.name)
+		}
+		return redisurl.Target{}, false, usagef("%v", err)
 	}
 	if err != nil {
-		flagName := "--redis"
+		flagName := "--" + f.name
 		for _, form := range forms {
 			if *form.val != "" {
 				flagName = "--" + form.flag
 			}
 		}
-		return redisurl.Target{}, usagef("%s: %v", flagName, err)
+		return redisurl.Target{}, false, usagef("%s: %v", flagName, err)
 	}
 	if *f.tls {
 		t = t.WithTLS()
 	}
 	if *f.tlsCA != "" {
 		if t, err = t.WithCA(*f.tlsCA); err != nil {
-			return redisurl.Target{}, usagef("--redis-tls-ca: %v", err)
+			return redisurl.Target{}, false, usagef("--%s-tls-ca: %v", f.name, err)
 		}
 	}
-	return t, nil
+	return t, true, nil
+}
+
+// limitsTarget resolves a subcommand's Redis flags: the limits' Redis
+// (--limits-redis..., else the queues' --redis...) and, when queues is
+// set, the queues' too. A subcommand that reads only the limits needs no
+// --redis when --limits-redis is given.
+func limitsTarget(fs *flag.FlagSet, rf, lf redisFlags, queues bool) (q, l redisurl.Target, err error) {
+	l, own, err := lf.target(fs)
+	if err != nil {
+		return q, l, err
+	}
+	if own && !queues {
+		return l, l, nil
+	}
+	if q, _, err = rf.target(fs); err != nil || own {
+		return q, l, err
+	}
+	return q, q, nil
 }
 
 // flagValues holds the flags' values as parsed.
 type flagValues struct {
-	redis                                                    redisFlags
+	redis, limits                                            redisFlags
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
 	maxPayload, allowHosts                                   *string
 	concurrency, localShare                                  *int
@@ -466,6 +527,7 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 	fs.Usage = func() {}
 	return fs, &flagValues{
 		redis:       addRedisFlags(fs, getenv),
+		limits:      addLimitsRedisFlags(fs),
 		policy:      fs.String("policy", "", ""),
 		concurrency: fs.Int("concurrency", 10, ""),
 		queues:      fs.String("queues", "default=1", ""),

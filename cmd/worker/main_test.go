@@ -168,6 +168,24 @@ func TestParseFlags(t *testing.T) {
 			t.Errorf("%q --redis-tls-ca: %v, %v", args, cfg, err)
 		}
 	}
+	// A Redis of their own for the limits, in each form; none: the queues'.
+	if cfg, err = parseFlags([]string{"--policy", "p", "--redis", "q:6379"}, noEnv); err != nil || cfg.ownLimits {
+		t.Errorf("no --limits-redis: %v, %v; want the limits on the queues' Redis", cfg, err)
+	}
+	for args, want := range map[[4]string]string{
+		{"--limits-redis", "redis://:pw@l:6380/2"}:                          "l:6380 db 2",
+		{"--limits-redis-cluster", "n1:7000,n2:7000"}:                       "cluster n1:7000,n2:7000",
+		{"--limits-redis-sentinel", "m@s1:26379", "--limits-redis-tls", ""}: "sentinel m@s1:26379 db 0",
+	} {
+		a := []string{"--policy", "p", "--redis", "q:6379", args[0], args[1]}
+		if args[2] != "" {
+			a = append(a, args[2])
+		}
+		cfg, err := parseFlags(a, func(k string) string { return map[string]string{"REDIS_CLUSTER_ADDRS": "x:1,y:1"}[k] })
+		if err != nil || !cfg.ownLimits || cfg.limits.String() != want || cfg.redis.String() != "q:6379 db 0" || cfg.limits.TLS() != (args[2] != "") {
+			t.Errorf("%q: %v, %v; want limits on %s", a, cfg, err, want)
+		}
+	}
 	for in, want := range map[string]string{"localhost": "localhost:6379", "::1": "[::1]:6379", "[::1]:7001": "[::1]:7001", ":6390": "localhost:6390"} {
 		cfg, err := parseFlags([]string{"--policy", "p", "--redis", in}, noEnv)
 		if err != nil || cfg.redis.String() != want+" db 0" {
@@ -232,6 +250,11 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--policy", policy, "--redis", "rediss://:hunter2@host", "--redis-tls-ca", missing}, "", "--redis-tls-ca: open " + missing + ": no such file"},
 		{[]string{"--policy", policy, "--redis", "host", "--redis-tls", "--redis-tls-ca", policy}, "", "--redis-tls-ca: " + policy + " holds no PEM certificate"},
 		{[]string{"--policy", policy, "--redis-cluster", "a:1,b:1", "--redis-tls-ca", ca}, "", "--redis-tls-ca: a CA file is for TLS, which is not on"},
+		{append(base, "--limits-redis", "a:1", "--limits-redis-cluster", "b:1,c:1"), "", "--limits-redis, --limits-redis-cluster and --limits-redis-sentinel are exclusive: give one"},
+		{append(base, "--limits-redis", "redis://:hunter2@host:port/0"), "", "--limits-redis: not a valid Redis URL"},
+		{append(base, "--limits-redis-sentinel", "a:1"), "", "--limits-redis-sentinel: no primary name before @"},
+		{append(base, "--limits-redis-password", "hunter2"), "", "--limits-redis-password needs --limits-redis, --limits-redis-cluster or --limits-redis-sentinel"},
+		{append(base, "--limits-redis", "l:1", "--limits-redis-tls-ca", ca), "", "--limits-redis-tls-ca: a CA file is for TLS, which is not on"},
 	}
 	for _, tc := range cases {
 		var stdout, stderr bytes.Buffer

@@ -40,11 +40,21 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 	client := cfg.redis.Client(cfg.pool)
 	defer client.Close()
 	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
-	err := client.Ping(pctx).Err()
-	cancel()
-	if err != nil {
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
 		return fmt.Errorf("cannot reach Redis at %s: %w", cfg.redis, err)
 	}
+	// The limits' Redis: --limits-redis..., else the queues'.
+	limits := client
+	if cfg.ownLimits {
+		limits = cfg.limits.Client(cfg.pool)
+		defer limits.Close()
+		if err := limits.Ping(pctx).Err(); err != nil {
+			return fmt.Errorf("cannot reach the limits' Redis at %s: %w", cfg.limits, err)
+		}
+		logger.Info("limits on their own Redis", "limits_redis", cfg.limits.String())
+	}
+	cancel()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -53,10 +63,14 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 		return err
 	}
 	client.AddHook(m.RedisHook())
+	if limits != client {
+		limits.AddHook(m.RedisHook())
+	}
 
 	mw, err := taskrl.New(taskrl.Config{
 		Policy:         policy,
 		Client:         client,
+		LimitsClient:   limits,
 		Prefix:         cfg.prefix,
 		MaxHold:        cfg.maxHold,
 		ThrottleBudget: cfg.throttleBudget,
@@ -103,7 +117,7 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.Handle("/limits", &limitsHandler{client: client, prefix: cfg.prefix, policy: mw.Policy})
+		mux.Handle("/limits", &limitsHandler{client: limits, prefix: cfg.prefix, policy: mw.Policy})
 		mux.HandleFunc("/", servePage)
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 			if e := redisErr.Load(); e != nil {
@@ -128,7 +142,7 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 
 	// The live overrides apply from the first task on.
 	rl := &reloader{path: cfg.policyPath, apply: apply, logger: logger, result: m.PolicyReload, counts: m.Overrides,
-		store: overrides.New(client, cfg.prefix), base: policy, conf: hc, seen: cfg.policyData, version: -1}
+		store: overrides.New(limits, cfg.prefix), base: policy, conf: hc, seen: cfg.policyData, version: -1}
 	rl.pollLive(ctx)
 	rctx, stopReload := context.WithCancel(ctx)
 	defer stopReload()

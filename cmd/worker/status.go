@@ -51,6 +51,10 @@ Flags (before or after the arguments):
   --redis-tls-ca FILE
                  the workers' Redis, as for the worker (defaults $REDIS_URL,
                  $REDIS_CLUSTER_ADDRS, $REDIS_SENTINEL)
+  --limits-redis URL, --limits-redis-cluster NODES, --limits-redis-sentinel M@NODES,
+  --limits-redis-password P, --limits-redis-tls, --limits-redis-tls-ca FILE
+                 the workers' --limits-redis, if they keep the limits on a Redis
+                 of their own (then --redis is needed only with --waiting)
   --prefix S     the workers' --prefix. Default "taskrl:".
   -h, --help     print this help and exit.
 
@@ -62,7 +66,7 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 	fs := flag.NewFlagSet("worker status", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	rf := addRedisFlags(fs, getenv)
+	rf, lf := addRedisFlags(fs, getenv), addLimitsRedisFlags(fs)
 	prefix := fs.String("prefix", "taskrl:", "")
 	policyPath := fs.String("policy", "", "")
 	key := fs.String("key", "", "")
@@ -109,16 +113,21 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 	if *rule != "" && !slices.ContainsFunc(pol.Rules(), func(r policy.Rule) bool { return r.Name == *rule }) {
 		return usage("--rule: the policy has no rule %q", *rule)
 	}
-	target, err := rf.target(fs)
+	qt, lt, err := limitsTarget(fs, rf, lf, *waitingOnly)
 	if err != nil {
 		return usage("%v", err)
 	}
-	client := target.Client(4)
+	client := qt.Client(4) // the queues': waiting tasks
 	defer client.Close()
+	limits := client
+	if lt != qt {
+		limits = lt.Client(4)
+		defer limits.Close()
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// The live overrides, as the workers apply them.
-	if live, err := overrides.New(client, *prefix).List(ctx); err == nil {
+	if live, err := overrides.New(limits, *prefix).List(ctx); err == nil {
 		for _, e := range live {
 			if e.Err == nil {
 				if q, err := pol.WithOverrides(e.Override()); err == nil {
@@ -156,7 +165,7 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 			return status.WaitingText(ws, now), err
 		})
 	}
-	rep, err := status.Collect(ctx, client, *prefix, pol, *key)
+	rep, err := status.Collect(ctx, limits, *prefix, pol, *key)
 	if err != nil {
 		fmt.Fprintf(stderr, "worker status: %v\n", err)
 		return exitRuntime
