@@ -47,6 +47,10 @@ const (
 	// RedisError: a call to Redis failed (Event.Err); reported once per
 	// failed call, beside the task's final outcome.
 	RedisError Outcome = "redis_error"
+	// Held: an operator paused Event.Rule, or the task's key of it
+	// (PauseRule): the task was rescheduled to decide again after
+	// Event.Wait, nothing charged.
+	Held Outcome = "held"
 	// Settled: the handler reported the task's actual cost (Settle) and
 	// the difference was given back or charged to its rules with a Cost;
 	// reported after the task ran, beside its Admitted.

@@ -109,6 +109,7 @@ type Middleware struct {
 	shed    *shedder
 	renew   *renewer
 	parked  parkedSet // tasks parked in the last minute (asynqlog.go)
+	pauses  pauses    // operators' pauses of rules (PauseRule)
 }
 
 // New validates cfg and returns a Middleware.
@@ -152,6 +153,7 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, fmt.Errorf("taskrl: %w", err)
 	}
 	m := &Middleware{cfg: cfg, local: quotas.NewModelOn(cfg.Clock.Now), limits: admission.Limits{MaxHold: cfg.MaxHold, Budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l}
+	m.pauses.m = m
 	m.policy.Store(cfg.Policy)
 	m.pace = newPacer(pacerDeps{client: cfg.Client, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
 	if !cfg.KeepOrder {
@@ -609,6 +611,18 @@ func (j *job) process(b *policy.Binding, next asynq.Handler) error {
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
 	j.keys = rq.Keys
+	// A task booked for after the pause's end keeps its slot: a refund of
+	// a GCRA charge that others follow gives little back, so the task
+	// would decide anew behind them.
+	if p, ok := j.m.pauses.held(j.ctx, b, rq.Keys); ok && (p.Until.IsZero() || j.w.booked.Before(p.Until)) {
+		if j.sp.rates != nil && !j.w.booked.IsZero() {
+			// The booking's charge goes back: the task decides anew.
+			j.rates = quotas.Request{Keys: pick(j.keys, j.sp.rateIdx), Costs: pick(rq.Costs, j.sp.rateIdx)}
+			d, _ := quotas.ParseReceipt(j.w.charge)
+			j.refund(d)
+		}
+		return j.hold(p)
+	}
 	if j.sp.shadow != nil {
 		// Decided when the task runs: once per run, at its moment.
 		inner := next
@@ -640,6 +654,14 @@ func (j *job) process(b *policy.Binding, next asynq.Handler) error {
 		if done, err := j.admitRates(&admit); done {
 			return err
 		}
+	}
+	if p, ok := j.m.pauses.held(j.ctx, b, rq.Keys); ok {
+		// Paused while the task waited for its turn in the worker.
+		if j.sp.rates != nil {
+			j.refund(j.charge)
+		}
+		j.releaseSlots()
+		return j.hold(p)
 	}
 	if j.sp.slots == nil {
 		if admit.Outcome != "" {

@@ -66,7 +66,7 @@ func TestLimitsCommand(t *testing.T) {
 		{[]string{"set", "per-business", "b7", "rate: 5"}, "rate: unknown field"},
 		{[]string{"set", "per-business", "b7"}, "set takes 3 arguments, got 2"},
 		{[]string{"move", "a", "b"}, `unknown command "move"`},
-		{[]string{}, "want list, set or rm"},
+		{[]string{}, "want list, set, rm, pause or resume"},
 		{[]string{"set", "peak", "b7", "gcra: {rate: 5, per: 1s}", "--policy", policy}, `overrides[1].rule: rule "peak" has no key`},
 		{[]string{"set", "per-business", "b7", "quota: {limit: 5, every: 1s}", "--policy", policy}, "an override keeps the kind of limit"},
 		{[]string{"list", "--bogus"}, "flag provided but not defined: --bogus"},

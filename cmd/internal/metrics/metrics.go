@@ -8,7 +8,8 @@
 //	    One per middleware event (admitted: once per run of a task a rule
 //	    governs; rescheduled: each time one is moved). outcome is a
 //	    taskrl.Outcome: admitted, rescheduled, refused, upstream_throttled,
-//	    paused, unlimited, local, deferred (by the shed section), settled
+//	    paused, held (an operator's pause, taskrl.PauseRule), unlimited,
+//	    local, deferred (by the shed section), settled
 //	    (a handler reported the task's actual cost, taskrl.Settle: once per
 //	    task, beside its admitted); and for
 //	    shadow rules (mode: shadow,

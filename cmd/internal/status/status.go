@@ -21,6 +21,7 @@ import (
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
+	"github.com/taskrl/taskrl/taskrl"
 )
 
 // Busiest is how many keys of a keyed rule a Report lists; MaxScan bounds
@@ -35,6 +36,8 @@ type Report struct {
 	// At is the Redis server's time of the report.
 	At    time.Time `json:"at"`
 	Rules []Rule    `json:"rules"`
+	// Pauses are the operators' pauses in force (worker limits pause).
+	Pauses []taskrl.RulePause `json:"pauses,omitempty"`
 }
 
 // Rule is one rule's state: of its one key (a rule without a key, or the
@@ -174,6 +177,9 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 		}
 		rep.At = t
 	}
+	if rep.Pauses, err = taskrl.RulePauses(ctx, c, prefix); err != nil {
+		return Report{}, err
+	}
 	return rep, nil
 }
 
@@ -300,6 +306,17 @@ func Text(rep Report) string {
 				line(r, ks)
 			}
 		}
+	}
+	for _, p := range rep.Pauses {
+		what := "rule " + p.Rule
+		if p.Key != "" {
+			what += " key " + p.Key
+		}
+		end := "until resumed"
+		if !p.Until.IsZero() {
+			end = "for " + until(rep.At, p.Until)
+		}
+		fmt.Fprintf(&b, "PAUSED: %s %s, since %s by %s: %s\n", what, end, p.At.UTC().Format(time.RFC3339), p.By, p.Reason)
 	}
 	return b.String()
 }
