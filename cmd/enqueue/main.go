@@ -47,6 +47,12 @@
 // started with the same arguments are the same campaign. --key-prefix
 // (default "taskrl:") starts the Redis keys of the campaign's claims.
 //
+// --max-waiting N --policy FILE refuses the campaign (exit 1, nothing
+// enqueued, the message naming the rule, key and count) when more than N
+// tasks already wait in --queue (parked by the workers' middleware) under
+// a rule of the policy for a key one of its tasks would take: backpressure
+// for a producer whose customer's backlog is already long.
+//
 // --dry-run --policy FILE enqueues nothing and needs no Redis: it prints how
 // long the campaign would take under the policy's limits, from idle limits
 // now (or at --start, RFC 3339; with --cron, at the next tick), each task
@@ -100,6 +106,7 @@ import (
 	"github.com/taskrl/taskrl/cmd/internal/estimate"
 	"github.com/taskrl/taskrl/cmd/internal/redisurl"
 	"github.com/taskrl/taskrl/cmd/internal/simulate"
+	"github.com/taskrl/taskrl/cmd/internal/status"
 	"github.com/taskrl/taskrl/cmd/internal/version"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/policy"
@@ -161,6 +168,7 @@ type options struct {
 	cron, tz, name, keyPrefix string
 	simulate                  bool
 	sim                       simulate.Spec
+	maxWaiting                int // -1: no --max-waiting
 }
 
 func run(ctx context.Context, args []string, env stdio) int {
@@ -228,6 +236,7 @@ func parse(args []string, env stdio) (*options, error) {
 	fs.Var(&maxRetry, "max-retry", "asynq MaxRetry `N` for each task, 0 legal (default asynq's, 25)")
 	fs.StringVar(&o.payloadFile, "payload-file", "", "JSON lines `FILE`, one payload object per line; replaces --count")
 	fs.IntVar(&o.parallel, "parallel", campaign.DefaultParallel, "enqueue calls in flight")
+	fs.IntVar(&o.maxWaiting, "max-waiting", -1, "refuse, enqueuing nothing, when more than `N` tasks already wait in --queue under a rule of --policy for a key a task would take")
 	fs.StringVar(&o.cron, "cron", "", "run a recurring campaign on this cron `SPEC` (5 fields, @daily, @every 10s, ...) until SIGINT/SIGTERM")
 	fs.StringVar(&o.tz, "tz", "", "IANA time `ZONE` of --cron (default UTC)")
 	fs.StringVar(&o.name, "campaign", "", "campaign `NAME` for --cron (default derived from the arguments)")
@@ -247,6 +256,7 @@ func parse(args []string, env stdio) (*options, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: enqueue --redis URL --type TYPE --url URL --count N [--businesses K] [--queue Q] [--max-retry N]\n"+
 			"       enqueue ... --payload-file FILE\n"+
+			"       enqueue ... --max-waiting N --policy FILE\n"+
 			"       enqueue ... --cron SPEC [--tz ZONE] [--campaign NAME]\n"+
 			"       enqueue ... --dry-run --policy FILE [--task-duration D] [--start TIME]\n"+
 			"       enqueue --simulate --policy FILE --vendor SPEC [--workers N] [--concurrency C] [--duration D] [--interval I]\n\nflags:\n")
@@ -370,9 +380,19 @@ func parse(args []string, env stdio) (*options, error) {
 		}
 	} else {
 		for _, f := range []string{"policy", "task-duration", "start"} {
-			if set[f] {
+			if set[f] && (f != "policy" || !set["max-waiting"]) {
 				return nil, usagef("--%s: only used with --dry-run", f)
 			}
+		}
+	}
+	if set["max-waiting"] {
+		switch {
+		case o.maxWaiting < 0:
+			return nil, usagef("--max-waiting: must be 0 or more, got %d", o.maxWaiting)
+		case o.dryRun || o.cron != "":
+			return nil, usagef("--max-waiting: only for tasks enqueued now, not with --dry-run or --cron")
+		case o.policy == "":
+			return nil, usagef("--max-waiting: needs --policy, the workers' policy file, to know the tasks' rules and keys")
 		}
 	}
 
@@ -549,6 +569,11 @@ func bulk(ctx context.Context, o *options, env stdio) error {
 	client := asynq.NewClientFromRedisClient(rdb)
 	spec := o.spec
 	n := spec.Len()
+	if o.maxWaiting >= 0 {
+		if err := checkWaiting(ctx, rdb, o); err != nil {
+			return err
+		}
+	}
 	opts := spec.Options()
 	src := func(i int) (*asynq.Task, []asynq.Option) {
 		return asynq.NewTask(spec.Type, spec.Payload(i)), opts
@@ -567,6 +592,50 @@ func bulk(ctx context.Context, o *options, env stdio) error {
 		return fmt.Errorf("%d of %d tasks enqueued to queue %q; stopped at: %v", c.Enqueued, n, spec.Queue, err)
 	}
 	fmt.Fprintf(env.stdout, "enqueued %d tasks to queue %q in %s (%.0f/s)\n", c.Enqueued, spec.Queue, roundTook(took), float64(c.Enqueued)/max(took.Seconds(), 1e-9))
+	return nil
+}
+
+// checkWaiting refuses the campaign, with a message, when more than
+// --max-waiting tasks already wait in its queue under a rule of --policy
+// for a key one of its tasks would take (a keyed rule's key, or a global
+// rule's one).
+func checkWaiting(ctx context.Context, rdb redis.UniversalClient, o *options) error {
+	pol, err := policy.LoadFile(o.policy)
+	if err != nil {
+		return usagef("--policy: %v", err)
+	}
+	spec := o.spec
+	ws, err := status.Waiting(ctx, rdb, pol, []string{spec.Queue}, "", "", status.MaxWaitingScan)
+	if err != nil {
+		return fmt.Errorf("--max-waiting: reading the waiting tasks: %w", err)
+	}
+	count := map[[2]string]int{}
+	for _, w := range ws {
+		for rule, key := range w.Keys {
+			count[[2]string{rule, key}]++
+		}
+	}
+	b := pol.Bind(spec.Type, spec.Queue)
+	if b == nil {
+		return nil // no rule governs the tasks: none waits for one
+	}
+	for i := range spec.Len() {
+		keys, err := b.Keys(spec.Payload(i))
+		if err != nil {
+			continue // the workers archive it: it never waits
+		}
+		for j, r := range b.Rules() {
+			if j < len(keys) {
+				if c := count[[2]string{r.Name, keys[j]}]; c > o.maxWaiting {
+					what := fmt.Sprintf("rule %q", r.Name)
+					if keys[j] != "" {
+						what += fmt.Sprintf(" for key %q", keys[j])
+					}
+					return fmt.Errorf("refused by --max-waiting %d: %d tasks already wait in queue %q under %s, which task %d would join; nothing enqueued", o.maxWaiting, c, spec.Queue, what, i+1)
+				}
+			}
+		}
+	}
 	return nil
 }
 

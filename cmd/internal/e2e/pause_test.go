@@ -27,7 +27,9 @@ rules:
 // over the pause), and b1 resumes when it ends at its rate, not at once
 // (at most 1 + 2/s in any span); then b2 is paused until resumed: none of
 // its calls for 2 s, and after worker limits resume it runs again within
-// 3 s. Every call is made once, nothing archived or failed; the workers
+// 3 s; meanwhile enqueue --max-waiting 5 refuses 4 more tasks (nothing
+// enqueued, exit 1, the rule and key named) and --max-waiting 1000 takes
+// them. Every call is made once, nothing archived or failed; the workers
 // log the pause with its reason; worker status shows it; bad commands are
 // refused naming the problem.
 func TestPause(t *testing.T) {
@@ -108,6 +110,20 @@ func TestPause(t *testing.T) {
 	if out := limitsCmd(0, "list"); !strings.Contains(out, "per-business") || !strings.Contains(out, "b2") || !strings.Contains(out, "resumed") {
 		t.Errorf("worker limits list does not show b2's pause:\n%s", out)
 	}
+	// Backpressure: b2's backlog waits, parked; --max-waiting refuses a
+	// campaign that would join it, and lets one through under a looser bar.
+	enq := func(most string) (string, int) {
+		cmd := exec.Command(filepath.Join(r.bin, "enqueue"), append(slices.Clone(r.redis), "--type", "http:call", "--queue", r.queue, "--max-retry", "0",
+			"--url", r.url+"/v1/charge", "--count", "4", "--businesses", "4", "--max-waiting", most, "--policy", r.policy)...)
+		out, _ := cmd.CombinedOutput()
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	if out, code := enq("5"); code != 1 || !strings.Contains(out, "refused by --max-waiting 5: ") || !strings.Contains(out, `under rule "per-business" for key "b`) || !strings.Contains(out, "nothing enqueued") {
+		t.Errorf("enqueue --max-waiting 5 with b2's backlog parked: exit %d, %s", code, out)
+	}
+	if out, code := enq("1000"); code != 0 {
+		t.Errorf("enqueue --max-waiting 1000: exit %d, %s", code, out)
+	}
 	limitsCmd(0, "resume", "per-business", "b2")
 	resumed := time.Now()
 	for deadline := resumed.Add(5 * time.Second); len(calls("b2", resumed, time.Now())) == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
@@ -115,10 +131,10 @@ func TestPause(t *testing.T) {
 	if got := calls("b2", resumed, time.Now()); len(got) == 0 || got[0].Sub(resumed) > 3*time.Second {
 		t.Errorf("b2 after its resume: calls %v, want one within 3 s", got)
 	}
-	st := r.waitKeys(120, 90*time.Second)
+	st := r.waitKeys(124, 90*time.Second)
 	checkCalls(t, st)
-	if st.DistinctKeys != 120 || st.Calls != 120 {
-		t.Errorf("want every one of 120 tasks called once: %d calls, %d distinct", st.Calls, st.DistinctKeys)
+	if st.DistinctKeys != 124 || st.Calls != 124 {
+		t.Errorf("want every one of 124 tasks called once: %d calls, %d distinct", st.Calls, st.DistinctKeys)
 	}
 	info, err := r.insp.GetQueueInfo(r.queue)
 	if err != nil {
