@@ -40,6 +40,7 @@ type job struct {
 	w          parked       // what the task's headers said of its last wait
 	holderOnce string       // the holder of the task's slots (holder), once chosen
 	pause      atomic.Int64 // the longest Pause the handler asked for, ns
+	onHold     bool         // an operator's pause holds the task (hold)
 }
 
 // outcome is what admission.Plan reads of a decision.

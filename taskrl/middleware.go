@@ -615,8 +615,9 @@ func (j *job) process(b *policy.Binding, next asynq.Handler) error {
 	// a GCRA charge that others follow gives little back, so the task
 	// would decide anew behind them.
 	if p, ok := j.m.pauses.held(j.ctx, b, rq.Keys); ok && (p.Until.IsZero() || j.w.booked.Before(p.Until)) {
-		if j.sp.rates != nil && !j.w.booked.IsZero() {
-			// The booking's charge goes back: the task decides anew.
+		if j.sp.rates != nil && !j.w.booked.IsZero() && j.w.limits == j.sp.digest {
+			// The booking's charge goes back (if made under these
+			// limits: admitRates' Stale): the task decides anew.
 			j.rates = quotas.Request{Keys: pick(j.keys, j.sp.rateIdx), Costs: pick(rq.Costs, j.sp.rateIdx)}
 			d, _ := quotas.ParseReceipt(j.w.charge)
 			j.refund(d)

@@ -2,6 +2,7 @@ package taskrl
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/script"
 	"github.com/taskrl/taskrl/policy"
 )
 
@@ -20,23 +22,28 @@ import (
 // rule: every worker sharing the limits' Redis and prefix holds the tasks
 // it governs (they wait in their queue, under their own ID, no retry
 // spent) until Until, or until ResumeRule when Until is zero; then they
-// decide again and run at the rule's rate.
+// decide again and run at the rule's rate. Times are the Redis server's.
 type RulePause struct {
 	// Rule is the rule's name; Key the key paused, "" for the whole rule.
 	Rule, Key string
-	// Until is when the pause ends by itself; zero: when resumed.
+	// For, given to PauseRule, is how long the pause lasts from when Redis
+	// records it; 0: until ResumeRule.
+	For time.Duration
+	// Until is when the pause ends by itself (zero: when resumed), as
+	// RulePauses reports it.
 	Until time.Time
 	// Reason and By say why and who, for logs and worker status.
 	Reason, By string
-	// At is when the pause was set.
+	// At is when the pause was set, as RulePauses reports it.
 	At time.Time
 }
 
-// pauseValue is a pause as stored: its hash field is rule NUL key.
+// pauseValue is a pause as stored (pauses.lua): its hash field is rule
+// NUL key.
 type pauseValue struct {
-	Until  int64  `json:"until,omitempty"` // Unix ms; 0: until resumed
-	Reason string `json:"reason,omitempty"`
-	By     string `json:"by,omitempty"`
+	Until  int64  `json:"until"` // Unix ms; 0: until resumed
+	Reason string `json:"reason"`
+	By     string `json:"by"`
 	At     int64  `json:"at"` // Unix ms
 }
 
@@ -48,35 +55,29 @@ func pausesKey(prefix string) string {
 	return prefix + "pauses"
 }
 
-// PauseRule pauses rule (or key of it, if key is not "") for every worker
-// using client as its limits' Redis (Config.LimitsClient, else Client)
-// and prefix (Config.Prefix; "" is the default): they hold its tasks
-// within about a second. until zero pauses until ResumeRule; a pause of
-// the same rule and key replaces the one before. The pauses' hash expires
-// when every pause in it has ended. Safe for concurrent use.
+//go:embed pauses.lua
+var pausesLua string
+
+var pausesScript = script.New(pausesLua, "gcra")
+
+// PauseRule pauses p.Rule (or its key p.Key, if not "") for p.For (0:
+// until ResumeRule) for every worker using client as its limits' Redis
+// (Config.LimitsClient, else Client) and prefix (Config.Prefix; "" is the
+// default): they hold its tasks within about a second. A pause of the
+// same rule and key replaces the one before. The pauses' hash expires a
+// minute after every pause in it has ended. Safe for concurrent use.
 func PauseRule(ctx context.Context, client redis.UniversalClient, prefix string, p RulePause) error {
 	if p.Rule == "" || strings.ContainsRune(p.Rule, 0) || strings.ContainsRune(p.Key, 0) {
 		return errors.New("taskrl: a pause needs a rule name, and neither it nor the key may hold a NUL byte")
 	}
-	if p.At.IsZero() {
-		p.At = time.Now()
+	if p.For < 0 {
+		return fmt.Errorf("taskrl: a pause lasts a positive time (or 0: until resumed), got %v", p.For)
 	}
-	v := pauseValue{Reason: p.Reason, By: p.By, At: p.At.UnixMilli()}
-	if !p.Until.IsZero() {
-		if !p.Until.After(p.At) {
-			return fmt.Errorf("taskrl: a pause must end after it starts, got %s", p.Until.Format(time.RFC3339))
-		}
-		v.Until = p.Until.UnixMilli()
+	ms := p.For.Milliseconds()
+	if p.For > 0 {
+		ms = max(ms, 1)
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	k := pausesKey(prefix)
-	if err := client.HSet(ctx, k, p.Rule+"\x00"+p.Key, b).Err(); err != nil {
-		return err
-	}
-	return tidyPauses(ctx, client, k)
+	return pausesScript.Run(ctx, client, []string{pausesKey(prefix)}, p.Rule+"\x00"+p.Key, "set", ms, p.Reason, p.By).Err()
 }
 
 // ResumeRule ends the pause of rule (or key of it) that PauseRule set;
@@ -84,22 +85,22 @@ func PauseRule(ctx context.Context, client redis.UniversalClient, prefix string,
 // a few seconds (a paused task looks again every pauseRecheck) and run at
 // the rule's rate. Safe for concurrent use.
 func ResumeRule(ctx context.Context, client redis.UniversalClient, prefix, rule, key string) (ok bool, err error) {
-	k := pausesKey(prefix)
-	n, err := client.HDel(ctx, k, rule+"\x00"+key).Result()
-	if err != nil {
-		return false, err
-	}
-	return n > 0, tidyPauses(ctx, client, k)
+	n, err := pausesScript.Run(ctx, client, []string{pausesKey(prefix)}, rule+"\x00"+key, "del", 0, "", "").Int()
+	return n == 1, err
 }
 
-// RulePauses lists the pauses in force, by rule and key. Safe for
-// concurrent use.
+// RulePauses lists the pauses in force, by rule and key, at the Redis
+// server's time. Safe for concurrent use.
 func RulePauses(ctx context.Context, client redis.UniversalClient, prefix string) ([]RulePause, error) {
 	m, err := client.HGetAll(ctx, pausesKey(prefix)).Result()
 	if err != nil {
 		return nil, err
 	}
-	return decodePauses(m, time.Now()), nil
+	now, err := client.Time(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	return decodePauses(m, now), nil
 }
 
 // decodePauses returns the pauses of hash m in force at now, in order.
@@ -124,40 +125,6 @@ func decodePauses(m map[string]string, now time.Time) []RulePause {
 	return out
 }
 
-// tidyPauses drops the pauses of hash k that have ended and makes k
-// expire a minute after the last one ends, or never while one holds until
-// resumed.
-func tidyPauses(ctx context.Context, client redis.UniversalClient, k string) error {
-	m, err := client.HGetAll(ctx, k).Result()
-	if err != nil || len(m) == 0 {
-		return err
-	}
-	now := time.Now()
-	in := decodePauses(m, now)
-	var ended []string
-	for f := range m {
-		rule, key, _ := strings.Cut(f, "\x00")
-		if !slices.ContainsFunc(in, func(p RulePause) bool { return p.Rule == rule && p.Key == key }) {
-			ended = append(ended, f)
-		}
-	}
-	if len(ended) > 0 {
-		if err := client.HDel(ctx, k, ended...).Err(); err != nil {
-			return err
-		}
-	}
-	last := now
-	for _, p := range in {
-		if p.Until.IsZero() {
-			return client.Persist(ctx, k).Err()
-		}
-		if p.Until.After(last) {
-			last = p.Until
-		}
-	}
-	return client.PExpireAt(ctx, k, last.Add(time.Minute)).Err()
-}
-
 // pauseFresh is how long a worker trusts the pauses it read; a task that
 // finds them older reads them again first. Only a worker with tasks reads
 // them: an idle fleet makes no call for them.
@@ -180,13 +147,19 @@ type pauses struct {
 // held returns the pause that holds a task of binding b with keys, if one
 // does; a pause of the whole rule comes first.
 func (ps *pauses) held(ctx context.Context, b *policy.Binding, keys []string) (RulePause, bool) {
+	if ps.m.cfg.Shadow {
+		return RulePause{}, false // nothing is enforced
+	}
 	by := ps.current(ctx)
 	if len(by) == 0 {
 		return RulePause{}, false
 	}
-	now := time.Now()
+	now := ps.m.serverNow()
 	on := func(p RulePause, ok bool) bool { return ok && (p.Until.IsZero() || p.Until.After(now)) }
 	for i, r := range b.Rules() {
+		if b.Rule(i).Shadow {
+			continue // a shadow rule holds nothing back
+		}
 		if ks := by[r.Name]; ks != nil {
 			if p, ok := ks[""]; on(p, ok) {
 				return p, true
@@ -228,7 +201,7 @@ func (ps *pauses) current(ctx context.Context) map[string]map[string]RulePause {
 	}
 	by := map[string]map[string]RulePause{}
 	seen := map[string]bool{}
-	for _, p := range decodePauses(m, now) {
+	for _, p := range decodePauses(m, ps.m.serverNow()) {
 		if by[p.Rule] == nil {
 			by[p.Rule] = map[string]RulePause{}
 		}
@@ -260,13 +233,15 @@ func untilText(t time.Time) string {
 }
 
 // hold reschedules the job's task, held by pause p, to decide again when
-// p ends, or after pauseRecheck if it has no end: nothing is charged, no
-// retry spent, its ID kept.
+// p ends (on the server's clock), or after pauseRecheck if it has no end:
+// nothing is charged, no retry spent, its ID kept, and the time held does
+// not count toward Config.ThrottleBudget.
 func (j *job) hold(p RulePause) error {
 	wait := pauseRecheck
 	if !p.Until.IsZero() {
-		wait = max(time.Until(p.Until), 0)
+		wait = max(p.Until.Sub(j.m.serverNow()), 0)
 	}
 	j.observe(Event{Outcome: Held, Rule: p.Rule, Wait: wait})
+	j.onHold = true
 	return j.reschedule(p.Rule, wait, time.Time{}, "")
 }

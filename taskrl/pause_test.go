@@ -15,13 +15,12 @@ import (
 func TestRulePauses(t *testing.T) {
 	c, prefix := redistest.Client(t), redistest.Prefix(t)
 	ctx := context.Background()
-	now := time.Now()
-	for _, bad := range []RulePause{{}, {Rule: "a\x00b"}, {Rule: "r", Until: now.Add(-time.Second)}} {
+	for _, bad := range []RulePause{{}, {Rule: "a\x00b"}, {Rule: "r", For: -time.Second}} {
 		if err := PauseRule(ctx, c, prefix, bad); err == nil {
 			t.Errorf("PauseRule(%+v): no error", bad)
 		}
 	}
-	if err := PauseRule(ctx, c, prefix, RulePause{Rule: "per-business", Key: "b1", Until: now.Add(time.Hour), Reason: "incident", By: "ops"}); err != nil {
+	if err := PauseRule(ctx, c, prefix, RulePause{Rule: "per-business", Key: "b1", For: time.Hour, Reason: "incident", By: "ops"}); err != nil {
 		t.Fatal(err)
 	}
 	if ttl := c.PTTL(ctx, pausesKey(prefix)).Val(); ttl < time.Hour || ttl > time.Hour+2*time.Minute {
@@ -30,17 +29,32 @@ func TestRulePauses(t *testing.T) {
 	if err := PauseRule(ctx, c, prefix, RulePause{Rule: "peak"}); err != nil {
 		t.Fatal(err)
 	}
+	// A shadow rule's pause holds nothing; one that has ended is dropped
+	// by the next change.
+	for _, p := range []RulePause{{Rule: "trial"}, {Rule: "gone", For: time.Millisecond}} {
+		if err := PauseRule(ctx, c, prefix, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(5 * time.Millisecond)
+	if _, err := ResumeRule(ctx, c, prefix, "nothing", ""); err != nil {
+		t.Fatal(err)
+	}
+	if c.HExists(ctx, pausesKey(prefix), "gone\x00").Val() {
+		t.Error("a pause that ended is still in the hash after a change")
+	}
 	if ttl := c.PTTL(ctx, pausesKey(prefix)).Val(); ttl != -1 {
 		t.Errorf("with a pause until resumed, the hash expires in %v", ttl)
 	}
 	ps, err := RulePauses(ctx, c, prefix)
-	if err != nil || len(ps) != 2 || ps[0].Rule != "peak" || !ps[0].Until.IsZero() || ps[1].Key != "b1" || ps[1].Reason != "incident" || ps[1].By != "ops" {
+	if err != nil || len(ps) != 3 || ps[0].Rule != "peak" || !ps[0].Until.IsZero() || ps[1].Key != "b1" || ps[1].Reason != "incident" || ps[1].By != "ops" || ps[2].Rule != "trial" {
 		t.Fatalf("RulePauses: %+v, %v", ps, err)
 	}
 	p, err := policy.Parse([]byte(`
 rules:
   - {name: peak, match: {type: "a:*"}, gcra: {rate: 10, per: 1s}}
   - {name: per-business, match: {type: "b:*"}, key: "{{.b}}", gcra: {rate: 1, per: 1s}}
+  - {name: trial, mode: shadow, match: {type: "c:*"}, gcra: {rate: 1, per: 1s}}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +67,7 @@ rules:
 	for _, tc := range []struct {
 		typ, key string
 		held     string
-	}{{"a:x", "", "peak"}, {"b:x", "b1", "per-business"}, {"b:x", "b2", ""}} {
+	}{{"a:x", "", "peak"}, {"b:x", "b1", "per-business"}, {"b:x", "b2", ""}, {"c:x", "", ""}} {
 		got, ok := m.pauses.held(ctx, p.Bind(tc.typ, "q"), []string{tc.key})
 		if ok != (tc.held != "") || got.Rule != tc.held {
 			t.Errorf("%s key %q: held by %+v (%v), want %q", tc.typ, tc.key, got, ok, tc.held)
@@ -69,7 +83,10 @@ rules:
 	if got, ok := m.pauses.held(ctx, p.Bind("a:x", "q"), []string{""}); ok {
 		t.Errorf("peak held after its resume by %+v", got)
 	}
-	if ttl := c.PTTL(ctx, pausesKey(prefix)).Val(); ttl < time.Hour {
-		t.Errorf("after the resume, the hash lives %v, want until the last pause ends", ttl)
+	if ok, err := ResumeRule(ctx, c, prefix, "trial", ""); !ok || err != nil {
+		t.Errorf("ResumeRule trial: %v, %v", ok, err)
+	}
+	if ttl := c.PTTL(ctx, pausesKey(prefix)).Val(); ttl < time.Hour || ttl > time.Hour+2*time.Minute {
+		t.Errorf("after the resumes, the hash lives %v, want until the last pause ends and a minute", ttl)
 	}
 }

@@ -111,9 +111,13 @@ func micros(s string) int64 {
 func (j *job) reschedule(rule string, delay time.Duration, booked time.Time, receipt string) error {
 	m := j.m
 	delay = max(delay, 0)
+	waited := j.w.waited
+	if !j.onHold {
+		waited += delay // a pause's hold spends no throttle budget
+	}
 	h := map[string]string{
 		HeaderRound:  strconv.Itoa(j.w.round + 1),
-		HeaderWaited: strconv.FormatInt((j.w.waited + delay).Microseconds(), 10),
+		HeaderWaited: strconv.FormatInt(waited.Microseconds(), 10),
 	}
 	slot, paced := booked, true
 	if booked.IsZero() {

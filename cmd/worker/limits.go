@@ -166,14 +166,15 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		fmt.Fprintf(stdout, "set: rule %s key %s: %s\n", pos[1], pos[2], strings.TrimSpace(pos[3]))
 	case "pause":
-		p := taskrl.RulePause{Rule: pos[1], Key: pos[2], Reason: *reason, By: operator(getenv)}
-		if *pauseFor > 0 {
-			p.Until = time.Now().Add(*pauseFor)
-		}
+		p := taskrl.RulePause{Rule: pos[1], Key: pos[2], For: *pauseFor, Reason: *reason, By: operator(getenv)}
 		if err := taskrl.PauseRule(ctx, client, *prefix, p); err != nil {
 			return fail(err)
 		}
-		fmt.Fprintf(stdout, "paused: %s until %s\n", pauseName(p.Rule, p.Key), pauseEnd(p.Until))
+		end := "until resumed"
+		if p.For > 0 {
+			end = "for " + p.For.String()
+		}
+		fmt.Fprintf(stdout, "paused: %s %s\n", pauseName(p.Rule, p.Key), end)
 	case "resume":
 		had, err := taskrl.ResumeRule(ctx, client, *prefix, pos[1], pos[2])
 		if err != nil {

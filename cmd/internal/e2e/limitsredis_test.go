@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,11 +36,13 @@ func TestLimitsRedis(t *testing.T) {
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.Cluster(t)
 		limitsRun(t, []string{"--limits-redis-cluster", strings.Join(redistest.ClusterAddrs(t), ",")}, func(prefix string) []string {
+			var mu sync.Mutex // ForEachMaster calls in parallel
 			var ks []string
 			c.ForEachMaster(context.Background(), func(ctx context.Context, m *redis.Client) error {
-				for _, k := range m.Keys(ctx, prefix+"*").Val() {
-					ks = append(ks, k)
-				}
+				got := m.Keys(ctx, prefix+"*").Val()
+				mu.Lock()
+				defer mu.Unlock()
+				ks = append(ks, got...)
 				return nil
 			})
 			return ks
