@@ -2,18 +2,15 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/taskrl/taskrl/internal/testkit/fakeapi"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
@@ -53,23 +50,7 @@ func TestLimitsRedis(t *testing.T) {
 // limitsRun runs TestLimitsRedis on the limits' Redis that the flags
 // name, whose keys under a prefix limitsKeys lists.
 func limitsRun(t *testing.T, flags []string, limitsKeys func(prefix string) []string) {
-	const n, businesses = 60, 6
-	r := startOn(t, fakeapi.Limits{Global: apiGlobal, PerBusiness: apiBusiness, Quota: fakeapi.Quota{Limit: 150, Every: 10 * time.Second}}, vendorPolicy, 3, own, flags...)
-	begin := time.Now()
-	r.enqueue("--url", r.url+"/v1/charge", "--count", fmt.Sprint(n), "--businesses", fmt.Sprint(businesses))
-	st := r.waitKeys(n, 3*time.Minute)
-	begin = firstCall(t, begin, st)
-	best := bestTime(begin, n, businesses, policyRules)
-	took := st.LastOK.Sub(begin)
-	t.Logf("%d calls, %d distinct keys answered 2xx, %d 429, in %v (the limits allow %v: ratio %.3f)", st.Calls, st.DistinctKeys, st.Throttled,
-		took.Round(time.Millisecond), best.Round(time.Millisecond), float64(took)/float64(best))
-	if st.DistinctKeys != n || st.Calls != n {
-		t.Errorf("want every one of %d tasks called exactly once: %d calls, %d distinct keys", n, st.Calls, st.DistinctKeys)
-	}
-	checkCalls(t, st)
-	if float64(took) > 1.3*float64(best) {
-		t.Errorf("took %v, more than 1.3x the %v the limits allow", took, best)
-	}
+	r := sixtyCalls(t, own, 1.3, flags...)
 	rules := []string{"vendor-peak", "vendor-window", "per-business", "business-concurrency"}
 	named := func(ks []string) (in []string) {
 		for _, k := range ks {
