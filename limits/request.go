@@ -33,4 +33,15 @@ type Request struct {
 	// Other rules ignore it. Nil means every fair rule's flow is "". Any
 	// bytes are allowed.
 	Fair []string
+	// Weights holds, per rule of the set in order, the weight of the
+	// request's flow at a fair rule: of the flows with work waiting, each
+	// gets its weight over the sum of theirs (weights 3, 2 and 1 of a
+	// fair 12/s: 6, 4 and 2/s). 0 means 1; at most MaxWeight. Other rules
+	// ignore it. Nil means 1 for every rule.
+	Weights []int
 }
+
+// MaxWeight is the largest Request.Weights: a fair rule keeps a flow's
+// weight as that many entries of its finish, so a decision costs Redis
+// time in proportion to it.
+const MaxWeight = 100

@@ -73,7 +73,8 @@ func (b *Binding) Keys(payload []byte) ([]string, error) {
 // Request returns the limits.Request a task with payload makes of Set():
 // its Keys (see Keys), its Fair flows, rendered from the fair rules'
 // templates like keys (a flow that cannot be rendered, for want of a field
-// or an object, is ""), Critical (see Critical) and, when a rule has a
+// or an object, is ""), when a fair rule has a FairWeight its Weights (see
+// Rule.FairWeight), Critical (see Critical) and, when a rule has a
 // Cost, its Costs (1 for rules without one); a cost that is not a whole
 // number of at least 1, or missing without a DefaultCost, is a *CostError.
 // Costs are not checked against the limits here: see CheckCosts. A nil
@@ -111,6 +112,12 @@ func (b *Binding) Request(payload []byte) (limits.Request, error) {
 				req.Fair[i], _ = t.render(o)
 			}
 		}
+		if r.wtmpl != nil {
+			if req.Weights == nil {
+				req.Weights = make([]int, len(b.rules))
+			}
+			req.Weights[i] = r.renderWeight(object)
+		}
 		switch {
 		case r.tmpl == nil:
 		case !r.tmpl.fields:
@@ -135,6 +142,27 @@ func (b *Binding) Request(payload []byte) (limits.Request, error) {
 		}
 	}
 	return req, nil
+}
+
+// renderWeight returns the rule's fair weight for the payload object
+// returns: its literal or its template's value, 1 when that is missing or
+// not a whole number of at least 1, at most limits.MaxWeight.
+func (r *crule) renderWeight(object func() (map[string]json.RawMessage, error)) int {
+	v := r.FairWeight
+	if r.wtmpl.fields {
+		o, err := object()
+		if err != nil {
+			return 1
+		}
+		if v, err = r.wtmpl.render(o); err != nil {
+			return 1
+		}
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 1
+	}
+	return min(n, limits.MaxWeight)
 }
 
 // renderCost returns the rule's cost for the payload object returns: 1

@@ -40,6 +40,15 @@ type Rule struct {
 	// "" (the default) means first come, first served. Only a GCRA rule
 	// can be fair.
 	Fair string
+	// FairWeight, with Fair, weights the values' shares: of the values
+	// with work waiting, each gets its weight over the sum of theirs
+	// (weights 3, 2 and 1 of a fair 12/s: 6, 4 and 2/s). A template over
+	// the task's payload like Key (e.g. "{{.weight}}") or a literal whole
+	// number; a weight that is missing or not a whole number is 1, one
+	// above limits.MaxWeight (100) is 100. "" (the default): every value
+	// weighs 1. Policy file: fair: {key: "{{.business_id}}", weight:
+	// "{{.weight}}"}.
+	FairWeight string
 	// Shadow makes the rule decide without enforcing, to try a new limit
 	// on live traffic: every task it governs is decided against the rule's
 	// own state and reported (WouldAdmit or WouldWait, with the wait it
@@ -228,6 +237,7 @@ type crule struct {
 	Rule
 	tmpl  *keyTemplate // nil when Key == ""
 	ftmpl *keyTemplate // nil when Fair == ""
+	wtmpl *keyTemplate // nil when FairWeight == ""
 	ctmpl *keyTemplate // nil when Cost == "" or a literal
 	cost  int          // a literal Cost; 0 when Cost is a template or ""
 }

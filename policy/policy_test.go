@@ -61,6 +61,12 @@ func TestParseErrors(t *testing.T) {
 		{"fair window", doc("quota: {limit: 5, every: 1s}\n    fair: \"{{.b}}\""), `policy: line 5: rule "a": fair: only a gcra rate can be shared fairly; this rule's limit is 5 per 1s (fixed window)`},
 		{"fair bad template", doc("gcra: {rate: 1, per: 1s}\n    fair: \"{{.b | x}}\""), `policy: line 5: rule "a": fair: bad template "{{.b | x}}": only field references such as {{.business_id}}`},
 		{"fair not a string", doc("gcra: {rate: 1, per: 1s}\n    fair: [b]"), `policy: line 5: rule "a": fair: must be a string, got a list`},
+		{"fair weight without key", doc("gcra: {rate: 1, per: 1s}\n    fair: {weight: 2}"), `policy: line 5: rule "a": fair.key: is required: the template of the values the rule is shared among, such as "{{.business_id}}"`},
+		{"fair weight zero", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weight: 0}"), `policy: line 5: rule "a": fair.weight: must be a whole number from 1 to 100 or a template such as "{{.weight}}", got "0"`},
+		{"fair weight too big", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weight: 101}"), `policy: line 5: rule "a": fair.weight: must be a whole number from 1 to 100 or a template such as "{{.weight}}", got "101"`},
+		{"fair weight bad template", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weight: \"{{.w | x}}\"}"), `policy: line 5: rule "a": fair.weight: bad template "{{.w | x}}": only field references such as {{.business_id}}`},
+		{"fair unknown field", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weights: 2}"), `policy: line 5: rule "a": fair.weights: unknown field; expected key or weight`},
+		{"fair weight on a window", doc("quota: {limit: 5, every: 1s}\n    fair: {key: \"{{.b}}\", weight: 2}"), `policy: line 5: rule "a": fair: only a gcra rate can be shared fairly; this rule's limit is 5 per 1s (fixed window)`},
 		{"unknown limit field", doc("gcra: {rate: 1, per: 1s, brust: 2}"), `policy: line 4: rule "a": gcra.brust: unknown field; expected rate, per or burst`},
 		{"unknown match field", "rules:\n  - name: a\n    match: {tpye: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match.tpye: unknown field; expected type or queue`},
 		{"two limits", doc("gcra: {rate: 1, per: 1s}\n    quota: {limit: 5, every: 1s}"), `policy: line 5: rule "a": has both gcra and quota; a rule has exactly one limit`},
@@ -738,6 +744,55 @@ rules:
 	}
 	if req, _ := p.Bind("http:call", "vip").Request([]byte(`{"business_id": "b1"}`)); !req.Critical {
 		t.Error("a critical task's request is not critical")
+	}
+	if req, _ := b.Request([]byte(`{"business_id": "b1"}`)); req.Weights != nil {
+		t.Errorf("without a weight: Weights %v, want nil", req.Weights)
+	}
+}
+
+// TestFairWeight: fair: {key, weight} weighs a flow by its payload's
+// weight, or a literal; a weight missing or not a whole number is 1, one
+// above limits.MaxWeight is MaxWeight; rules without one weigh 1.
+func TestFairWeight(t *testing.T) {
+	p, err := Parse([]byte(`
+rules:
+  - name: peak
+    match: {type: "http:call"}
+    fair: {key: "{{.business_id}}", weight: "{{.weight}}"}
+    gcra: {rate: 12, per: 1s}
+  - name: fixed
+    match: {type: "http:call"}
+    fair: {key: "{{.business_id}}", weight: 3}
+    gcra: {rate: 12, per: 1s}
+  - name: plain
+    match: {type: "http:call"}
+    fair: {key: "{{.business_id}}"}
+    gcra: {rate: 12, per: 1s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.Bind("http:call", "default")
+	if rs := b.Rules(); !rs[0].Fair || !rs[1].Fair || !rs[2].Fair {
+		t.Fatalf("fair flags: %+v", rs)
+	}
+	for payload, want := range map[string]int{
+		`{"business_id": "b1", "weight": 3}`:     3,
+		`{"business_id": "b1", "weight": "2"}`:   2,
+		`{"business_id": "b1"}`:                  1,
+		`{"business_id": "b1", "weight": 0}`:     1,
+		`{"business_id": "b1", "weight": 2.5}`:   1,
+		`{"business_id": "b1", "weight": "abc"}`: 1,
+		`{"business_id": "b1", "weight": 1000}`:  limits.MaxWeight,
+		`not json`:                               1,
+	} {
+		req, err := b.Request([]byte(payload))
+		if err != nil || len(req.Weights) != 3 || req.Weights[0] != want || req.Weights[1] != 3 || req.Weights[2] != 0 {
+			t.Errorf("Request(%s) = %+v, %v; want weights [%d 3 0]", payload, req, err, want)
+		}
+		if payload != `not json` && req.Fair[0] != "b1" {
+			t.Errorf("Request(%s): flow %q", payload, req.Fair[0])
+		}
 	}
 }
 

@@ -26,7 +26,8 @@ import (
 //	rules:
 //	  - name: vendor-peak                # required, unique
 //	    match: {type: "http:*"}          # type (path.Match glob) and/or queue (exact)
-//	    fair: "{{.business_id}}"         # optional, gcra only; see Rule.Fair
+//	    fair: "{{.business_id}}"         # optional, gcra only; see Rule.Fair; or
+//	    fair: {key: "{{.business_id}}", weight: "{{.weight}}"}  # weighted: see Rule.FairWeight
 //	    mode: enforce                    # optional: enforce (default) | shadow; see Rule.Shadow
 //	    soft: 10%                        # optional: see Rule.Soft (also 0.1)
 //	    prefetch: 5ms                    # optional: gcra, quota, sliding, concurrency (off: no automatic one); see Rule.Prefetch
@@ -152,7 +153,7 @@ type ruleDoc struct {
 	Match       yamldoc.Block[matchDoc]          `yaml:"match"`
 	Key         yamldoc.Val[string]              `yaml:"key"`
 	DefaultKey  yamldoc.Val[string]              `yaml:"default_key"`
-	Fair        yamldoc.Val[string]              `yaml:"fair"`
+	Fair        yamldoc.OrBlock[string, fairDoc] `yaml:"fair"`
 	Mode        yamldoc.Val[string]              `yaml:"mode"`
 	Soft        yamldoc.Val[yamldoc.Share]       `yaml:"soft"`
 	Borrow      yamldoc.Val[yamldoc.Factor]      `yaml:"borrow"`
@@ -160,6 +161,12 @@ type ruleDoc struct {
 	Cost        yamldoc.Val[yamldoc.IntText]     `yaml:"cost"`
 	DefaultCost yamldoc.Val[int]                 `yaml:"default_cost"`
 	Limits      limitsDoc                        `yaml:",inline"`
+}
+
+// fairDoc is a rule's fair field written as a mapping.
+type fairDoc struct {
+	Key    yamldoc.Val[string]          `yaml:"key"`
+	Weight yamldoc.Val[yamldoc.IntText] `yaml:"weight"`
 }
 
 // matchDoc is a matcher: a rule's match, a critical entry, a shed class.
@@ -416,7 +423,16 @@ func readRule(b *yamldoc.Block[ruleDoc], line int) (Rule, yamldoc.Lines, *yamldo
 	rule.Match = readMatch(r, "match", &rd.Match)
 	rule.Key, _ = yamldoc.Get(r, "key", rd.Key)
 	rule.DefaultKey, _ = yamldoc.Get(r, "default_key", rd.DefaultKey)
-	rule.Fair, _ = yamldoc.Get(r, "fair", rd.Fair)
+	rule.Fair, _ = yamldoc.Get(r, "fair", rd.Fair.Val)
+	if fd := yamldoc.Open(r, "fair", &rd.Fair.Block); fd != nil {
+		r.At("fair", rd.Fair.Block.Keys)
+		rule.Fair, _ = yamldoc.Get(r, "fair.key", fd.Key)
+		weight, _ := yamldoc.Get(r, "fair.weight", fd.Weight)
+		rule.FairWeight = string(weight)
+		if !fd.Key.Set {
+			r.Fail("fair.key", rd.Fair.Block.Line, "is required: the template of the values the rule is shared among, such as \"{{.business_id}}\"")
+		}
+	}
 	if mode, ok := yamldoc.Get(r, "mode", rd.Mode); ok {
 		switch mode {
 		case "shadow":

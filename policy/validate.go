@@ -197,6 +197,19 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		}
 		c.ftmpl = t
 	}
+	if r.FairWeight != "" {
+		if r.Fair == "" {
+			return nil, "fair.weight", "weighs the values of fair: give fair: {key: ..., weight: ...}"
+		}
+		t, err := parseKeyTemplate(r.FairWeight)
+		if err != nil {
+			return nil, "fair.weight", "bad template " + err.Error()
+		}
+		if n, err := strconv.Atoi(r.FairWeight); !t.fields && (err != nil || n < 1 || n > limits.MaxWeight) {
+			return nil, "fair.weight", fmt.Sprintf("must be a whole number from 1 to %d or a template such as \"{{.weight}}\", got %q", limits.MaxWeight, r.FairWeight)
+		}
+		c.wtmpl = t
+	}
 	if r.Cost != "" || r.DefaultCost != 0 {
 		if field, msg := c.compileCost(lim); msg != "" {
 			return nil, field, msg

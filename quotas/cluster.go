@@ -3,6 +3,7 @@ package quotas
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -113,7 +114,7 @@ func (l *Limiter) reserveAcross(ctx context.Context, s *Set, gs [][]call, p para
 			break
 		}
 		if s.named {
-			p.nonce = newNonce()
+			p.nonce = requestNonce(s, slices.Concat(gs...))
 		}
 		booked, bs, refused, err := l.bookAt(ctx, gs, lastToBook(rs), p)
 		if err != nil {

@@ -263,7 +263,7 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 	}
 	rp := params{op: opReserve, req: req, n: max(req.Cost, 1), horizon: max(horizon, 0)}
 	if s.named {
-		rp.nonce = newNonce()
+		rp.nonce = requestNonce(s, rcalls)
 	}
 	start, held := l.local(), slots
 	if slotSet.keep != 0 {
@@ -380,7 +380,7 @@ func (l *Limiter) decideNow(ctx context.Context, s *Set, req Request, op int, ho
 		return l.reserveAcross(ctx, s, gs, p)
 	}
 	if s.named {
-		p.nonce = newNonce()
+		p.nonce = requestNonce(s, calls)
 	}
 	rs, err := l.run(ctx, gs, p)
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -176,7 +178,7 @@ func (m *Model) decide(now time.Time, s *Set, req Request, op int, horizon time.
 		p.n = 0
 	}
 	if s.named && op != opStatus {
-		p.nonce = newNonce()
+		p.nonce = requestNonce(s, calls)
 	}
 	m.mu.Lock()
 	r := m.m.decide(calls, op, us, int64(p.n), horizon.Microseconds(), 0, req.Holder, req.Critical, p.nonce)
@@ -345,12 +347,17 @@ type booking struct {
 	g, owner     string
 }
 
-// fairTag is what a request brings to a fair rule: its tag, the number of
-// flows waiting, and whether it is critical.
+// fairTag is what a request brings to a fair rule: its tag, the waiting
+// flows' weights (booked.lua's W), its flow's weight, and whether it is
+// critical.
 type fairTag struct {
-	tag, nact int64
-	critical  bool
+	tag, nact, weight int64
+	critical          bool
 }
+
+// round mirrors booked.lua's gc_round: how far a charge of n moves the
+// flow's finish.
+func (ft fairTag) round(n, em int64) int64 { return n * em * ft.nact / ft.weight }
 
 type logEntry struct {
 	at int64
@@ -705,8 +712,23 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			var x int64
 			var front bool
 			if j == fair && victim >= 0 {
-				x = m.books[k][victim].x
+				v := m.books[k][victim]
+				x = v.x
 				m.books[k] = append(m.books[k][:victim:victim], m.books[k][victim+1:]...)
+				// The owner's flow gets its round back (booked.lua).
+				if fs, parts := m.flows[c.keys[2]], strings.Split(v.owner, ":"); fs != nil && len(parts) >= 3 {
+					vw, _ := strconv.ParseInt(parts[len(parts)-2], 10, 64)
+					vf := parts[len(parts)-1]
+					for i := int64(1); i <= vw; i++ {
+						m := vf
+						if i > 1 {
+							m += "#" + strconv.FormatInt(i, 10)
+						}
+						if f, ok := fs[m]; ok && f > v.tag {
+							fs[m] = v.tag
+						}
+					}
+				}
 			} else {
 				_, x, front = m.fit(c, t, n, now, ahead)
 			}
@@ -742,7 +764,11 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 					fs = map[string]int64{}
 					m.flows[c.keys[2]] = fs
 				}
-				fs[c.flow] = ft.tag + n*c.em*ft.nact
+				f := ft.tag + ft.round(n, c.em)
+				fs[c.flow] = f
+				for i := int64(2); i <= ft.weight; i++ {
+					fs[c.flow+"#"+strconv.FormatInt(i, 10)] = f
+				}
 				for f, v := range fs {
 					if v <= now {
 						delete(fs, f)
@@ -793,7 +819,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 }
 
 // load mirrors booked.lua's gc_load for fair rules: the request's tag and
-// the number of flows waiting.
+// the waiting flows' weights.
 func (m *model) load(calls []call, now int64, critical bool) {
 	clear(m.tags)
 	for _, c := range calls {
@@ -801,7 +827,7 @@ func (m *model) load(calls []call, now int64, critical bool) {
 			continue
 		}
 		if critical {
-			m.tags[c.keys[0]] = fairTag{tag: 0, nact: 1, critical: true}
+			m.tags[c.keys[0]] = fairTag{tag: 0, nact: 1, weight: 1, critical: true}
 			continue
 		}
 		fs := m.flows[c.keys[2]]
@@ -813,9 +839,9 @@ func (m *model) load(calls []call, now int64, critical bool) {
 		}
 		f := fs[c.flow]
 		if f <= now {
-			f, n = now, n+1
+			f, n = now, n+c.weight
 		}
-		m.tags[c.keys[0]] = fairTag{tag: f, nact: n}
+		m.tags[c.keys[0]] = fairTag{tag: f, nact: n, weight: c.weight}
 	}
 }
 
@@ -829,7 +855,7 @@ const freeze, keep = 250000, 10000000
 func (m *model) takeable(c call, t0, n, now int64, visit func(t, x int64, i int) bool) {
 	k := c.keys[0]
 	need, ft := n*c.em, m.tags[k]
-	low, over := max(t0, now+freeze), ft.tag+need*ft.nact
+	low, over := max(t0, now+freeze), ft.tag+ft.round(n, c.em)
 	seen, skip := 0, len(m.books[k])-len(m.booked(k, low+need))
 	for i, b := range m.booked(k, low+need) {
 		i += skip

@@ -14,6 +14,7 @@ import (
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/limits"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -213,9 +214,21 @@ func (d *differ) step(t testing.TB) {
 	}
 	if d.booking {
 		req.Fair = make([]string, len(s.rules))
-		f := flows[d.rng.IntN(len(flows))]
+		fi := d.rng.IntN(len(flows))
 		for i := range req.Fair {
-			req.Fair[i] = f
+			req.Fair[i] = flows[fi]
+		}
+		if d.rng.IntN(2) == 0 {
+			// Weighted: mostly the flow's own (1, 2 or 3), now and then
+			// another, up to the most.
+			w := 1 + fi%3
+			if d.rng.IntN(8) == 0 {
+				w = d.rng.IntN(limits.MaxWeight + 1)
+			}
+			req.Weights = make([]int, len(s.rules))
+			for i := range req.Weights {
+				req.Weights[i] = w
+			}
 		}
 	}
 	calls, err := d.l.bind(s, req, true)

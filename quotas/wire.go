@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/limits"
 )
 
 // explicitTTLFloor: see gcra; keys written on an explicit clock live at least
@@ -35,6 +36,8 @@ type call struct {
 	keys []string
 	tag  string
 	flow string // a fair rule's flow, encoded
+	// weight is a fair rule's flow's weight (Request.Weights), at least 1.
+	weight int64
 	// em is a GCRA rule's emission interval: the rule's, or for an
 	// Adaptive rule the learned one, set by a Model when it loads it.
 	em int64
@@ -59,6 +62,14 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 	}
 	if r.Fair != nil && len(r.Fair) != len(s.rules) {
 		return nil, fmt.Errorf("quotas: Request.Fair has %d flows for %d rules", len(r.Fair), len(s.rules))
+	}
+	if r.Weights != nil && len(r.Weights) != len(s.rules) {
+		return nil, fmt.Errorf("quotas: Request.Weights has %d weights for %d rules", len(r.Weights), len(s.rules))
+	}
+	for _, w := range r.Weights {
+		if w < 0 || w > limits.MaxWeight {
+			return nil, fmt.Errorf("quotas: Request.Weights must be between 0 and %d, got %d", limits.MaxWeight, w)
+		}
 	}
 	if r.Costs != nil && len(r.Costs) != len(s.rules) {
 		return nil, fmt.Errorf("quotas: Request.Costs has %d costs for %d rules", len(r.Costs), len(s.rules))
@@ -91,6 +102,10 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 		}
 		if c.c.fair && r.Fair != nil {
 			c.flow = keys.Encode(r.Fair[i])
+		}
+		c.weight = 1
+		if r.Weights != nil && r.Weights[i] > 0 {
+			c.weight = int64(r.Weights[i])
 		}
 		if c.c.kind == kindConcurrency && r.Holder == "" && needHolder {
 			return nil, fmt.Errorf("quotas: rule %q is a concurrency rule: Request.Holder is required", s.rules[i].Name)
@@ -236,7 +251,7 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 	fair := false
 	for _, c := range g {
 		if c.c.fair {
-			argv = append(argv, c.flow)
+			argv = append(argv, c.flow, c.weight)
 			fair = true
 		}
 	}
@@ -434,6 +449,22 @@ var (
 // newNonce names one request's GCRA bookings and sliding-window entries.
 func newNonce() string {
 	return nonceBase + strconv.FormatUint(nonceSeq.Add(1), 36) + ":"
+}
+
+// requestNonce is a request's nonce: newNonce, followed, for a set with a
+// fair rule, by the request's flow at the first (an encoded flow has no
+// ':'), so that a booking taken over names its owner's flow (booked.lua,
+// gc_charge).
+func requestNonce(s *Set, calls []call) string {
+	n := newNonce()
+	if s.fair {
+		for _, c := range calls {
+			if c.c.fair {
+				return n + strconv.FormatInt(c.weight, 10) + ":" + c.flow
+			}
+		}
+	}
+	return n
 }
 
 // assemble merges the groups' replies into one Decision. Now is the time of

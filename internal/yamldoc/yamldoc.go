@@ -750,3 +750,24 @@ type Skip struct{}
 
 // UnmarshalYAML accepts the value.
 func (*Skip) UnmarshalYAML(func(any) error) error { return nil }
+
+// OrBlock is a field written either as a scalar (Val) or as a mapping
+// (Block), such as a rule's fair: "{{.id}}" or fair: {key: ..., weight:
+// ...}. The zero OrBlock is absent.
+type OrBlock[T ValType, B any] struct {
+	Val   Val[T]
+	Block Block[B]
+}
+
+// UnmarshalYAML decodes a mapping into o.Block and anything else into
+// o.Val.
+func (o *OrBlock[T, B]) UnmarshalYAML(decode func(any) error) error {
+	n, err := ValueOf(decode)
+	if err != nil {
+		return err
+	}
+	if _, ok := n.(*ast.MappingNode); ok {
+		return o.Block.UnmarshalYAML(decode)
+	}
+	return o.Val.UnmarshalYAML(decode)
+}

@@ -63,7 +63,8 @@
 --                              whose em is learned: learn.lua)
 --          and, for a refund, held or settle only, per rule the two undo
 --          values u1, u2 the charge replied; then, per fair GCRA rule, the
---          request's flow, and, if there is one, the digest g of the
+--          request's flow and its weight (1-100), and, if there is one,
+--          the digest g of the
 --          request's global rules and a string of one '1' per rule the
 --          request is charged on its own (keyed, not fair), else '0'
 --          (booked.lua); for a settle only, last, the actual cost per rule
@@ -302,7 +303,7 @@ local function read_rule(a)
   -- later makes Lua grow and rehash the table.
   local r = {kind = tonumber(ARGV[a]), n = 0, key = false, em = 0, burst = 0, limit = 0, p = false,
     max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, fair = false,
-    flow = false, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
+    flow = false, weight = 1, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
     stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
     blk = false, till = 0, seq = 0, live = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
     lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0}
@@ -385,8 +386,8 @@ local function request(k0, a0, prev)
   for i = 1, nrules do
     local r = rules[i]
     if r.fair then
-      r.flow = ARGV[a]
-      a = a + 1
+      r.flow, r.weight = ARGV[a], tonumber(ARGV[a + 1])
+      a = a + 2
       if fair == 0 then fair = i end
     end
   end

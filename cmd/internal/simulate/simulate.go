@@ -318,6 +318,9 @@ func (s *sim) bind() error {
 		for _, i := range idx {
 			r.Keys = append(r.Keys, req.Keys[i])
 			r.Fair = append(r.Fair, req.Fair[i])
+			if req.Weights != nil {
+				r.Weights = append(r.Weights, req.Weights[i])
+			}
 			if req.Costs != nil {
 				r.Costs = append(r.Costs, req.Costs[i])
 			}
