@@ -29,7 +29,8 @@ type Binding struct {
 	over      []map[string]limits.Limit // per rule: overridden keys; nil: none
 	variants  sync.Map                  // ForKeys' cache: signature -> *Binding
 	nvariants atomic.Int64
-	transient bool // a variant ForKeys did not cache (Transient)
+	transient bool   // a variant ForKeys did not cache (Transient)
+	exempt    []bool // per rule: exempt for the keys (Exempt); nil: none
 }
 
 // Critical reports whether the policy's critical list selects the bound

@@ -24,11 +24,19 @@ type Override struct {
 	// Limit replaces the rule's limit for Key; it must be of the same kind
 	// as the rule's (a GCRA for a gcra rule, a window of the same type for
 	// a quota rule, and so on): the key's state in Redis carries over.
+	// Nil with Unlimited.
 	Limit limits.Limit
+	// Unlimited exempts Key from the rule: the rule does not apply to the
+	// key's tasks (they neither wait for it nor are counted by it; the
+	// other rules still apply). Limit must be nil. Refused for the fair
+	// rule a borrowing rule borrows from (Rule.Borrow), whose fair sharing
+	// is what gives the borrowed capacity back.
+	Unlimited bool
 }
 
 // WithOverrides returns a copy of p with overrides added: each replaces
-// the limit of one key of a keyed rule, and replaces an override p already
+// the limit of one key of a keyed rule (or exempts the key from the rule:
+// Override.Unlimited), and replaces an override p already
 // has for the same rule and key. The policy file's overrides list is read
 // into the same. Errors name the entry (overrides[1].rule,
 // overrides[1].gcra.rate) and what is wrong: a rule that p lacks or that
@@ -84,13 +92,26 @@ func (p *Policy) checkOverrides(overrides []Override, at []yamldoc.Lines) ([]Ove
 			bad("key", "missing; an override is for one key of the rule, e.g. key: b7")
 			continue
 		}
-		lim, f, msg := checkLimit(o.Rule, o.Limit)
-		if msg == "" && reflect.TypeOf(lim) != reflect.TypeOf(r.Limit) {
-			f, msg = blockOf(lim), fmt.Sprintf("is %s; rule %q is %s, and an override keeps the kind of limit (the key's state carries over)", lim, o.Rule, r.Limit)
-		}
-		if msg != "" {
-			bad(f, "%s", msg)
+		var lim limits.Limit
+		switch {
+		case o.Unlimited && o.Limit != nil:
+			bad("unlimited", "an override either exempts the key (unlimited) or gives it a limit (%s), not both", o.Limit)
 			continue
+		case o.Unlimited:
+			if b := p.borrower(r); b != nil {
+				bad("unlimited", "rule %q is the shared limit rule %q borrows from: its fair sharing gives the borrowed capacity back, so it cannot exempt a key", o.Rule, b.Name)
+				continue
+			}
+		default:
+			var f, msg string
+			lim, f, msg = checkLimit(o.Rule, o.Limit)
+			if msg == "" && reflect.TypeOf(lim) != reflect.TypeOf(r.Limit) {
+				f, msg = blockOf(lim), fmt.Sprintf("is %s; rule %q is %s, and an override keeps the kind of limit (the key's state carries over)", lim, o.Rule, r.Limit)
+			}
+			if msg != "" {
+				bad(f, "%s", msg)
+				continue
+			}
 		}
 		k := [2]string{o.Rule, o.Key}
 		if j, dup := seen[k]; dup {
@@ -98,9 +119,20 @@ func (p *Policy) checkOverrides(overrides []Override, at []yamldoc.Lines) ([]Ove
 			continue
 		}
 		seen[k] = i + 1
-		out = append(out, Override{Rule: o.Rule, Key: o.Key, Limit: lim})
+		out = append(out, Override{Rule: o.Rule, Key: o.Key, Limit: lim, Unlimited: o.Unlimited})
 	}
 	return out, errs
+}
+
+// borrower returns a rule of p that borrows from r (r is its shared rule),
+// or nil.
+func (p *Policy) borrower(r *crule) *crule {
+	for _, c := range p.rules {
+		if c != nil && c.Borrow != 0 && sharedRule(p.rules, c) == r {
+			return c
+		}
+	}
+	return nil
 }
 
 // mergeOverrides returns base with each of more added, replacing an entry
@@ -181,9 +213,10 @@ func ParseLimit(yaml []byte) (limits.Limit, error) {
 
 // overrideEntry is an entry of a policy file's overrides list.
 type overrideEntry struct {
-	Rule   yamldoc.Val[string]             `yaml:"rule"`
-	Key    yamldoc.Val[yamldoc.ScalarText] `yaml:"key"`
-	Limits limitsDoc                       `yaml:",inline"`
+	Rule      yamldoc.Val[string]             `yaml:"rule"`
+	Key       yamldoc.Val[yamldoc.ScalarText] `yaml:"key"`
+	Unlimited yamldoc.Val[bool]               `yaml:"unlimited"`
+	Limits    limitsDoc                       `yaml:",inline"`
 }
 
 // readOverrides reads the policy file's overrides list: entries
@@ -224,12 +257,30 @@ func readOverride(r *yamldoc.Reader, b *yamldoc.Block[overrideEntry], line int) 
 	o.Rule, _ = yamldoc.Get(r, "rule", od.Rule)
 	key, _ := yamldoc.Get(r, "key", od.Key)
 	o.Key = string(key)
-	o.Limit = od.Limits.read(r, b.Keys, "an override has exactly one limit")
-	if o.Limit == nil {
-		r.Fail("", b.Line, "no limit; add the key's own gcra, adaptive, quota, sliding or concurrency")
+	o.Unlimited, _ = yamldoc.Get(r, "unlimited", od.Unlimited)
+	if od.Unlimited.Set && !o.Unlimited {
+		r.Fail("unlimited", r.Lines.Of("unlimited"), "false means nothing: leave it out, or give true to exempt the key from the rule")
+		return o
+	}
+	given := len(od.Limits.given(b.Keys)) > 0
+	switch {
+	case o.Unlimited && given:
+		r.Fail("unlimited", r.Lines.Of("unlimited"), "an override either exempts the key (unlimited: true) or gives it a limit, not both")
+	case o.Unlimited:
+	default:
+		o.Limit = od.Limits.read(r, b.Keys, "an override has exactly one limit")
+		if o.Limit == nil {
+			r.Fail("", b.Line, "no limit; add the key's own gcra, adaptive, quota, sliding or concurrency, or unlimited: true to exempt the key from the rule")
+		}
 	}
 	return o
 }
+
+// Exempt reports whether rule i of b does not apply to the keys ForKeys
+// was given: an Override with Unlimited exempts its key. Callers skip
+// exempt rules (they are kept in Rules and Set so that positions match the
+// Request's).
+func (b *Binding) Exempt(i int) bool { return b.exempt != nil && b.exempt[i] }
 
 // Transient reports whether b is a variant ForKeys built for one call and
 // did not cache: what a caller derives from it is not worth caching either.
@@ -267,6 +318,15 @@ func (b *Binding) ForKeys(keys []string) *Binding {
 	qs := slices.Clone(b.set)
 	for j, m := range b.over {
 		if l, ok := m[keys[j]]; ok {
+			if l == nil {
+				// Unlimited: the rule stays in the set (positions are
+				// kept) and is marked exempt.
+				if v.exempt == nil {
+					v.exempt = make([]bool, len(b.rules))
+				}
+				v.exempt[j] = true
+				continue
+			}
 			r := *b.rules[j]
 			r.Limit = l
 			// An override's limit may have too small a burst to prefetch.

@@ -154,3 +154,80 @@ overrides:
 		}
 	}
 }
+
+// TestUnlimitedOverride: unlimited: true exempts one key from a rule (the
+// binding's variant for that key marks the rule Exempt; the other keys
+// and rules are untouched), from the file and from WithOverrides; the
+// forms that make no sense are refused with line and field.
+func TestUnlimitedOverride(t *testing.T) {
+	p, err := Parse([]byte(overrideDoc("  - {rule: per-business, key: b7, unlimited: true}\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Overrides(); len(got) != 1 || got[0] != (Override{Rule: "per-business", Key: "b7", Unlimited: true}) {
+		t.Fatalf("overrides %+v", got)
+	}
+	b := p.Bind("job", "q")
+	for payload, exempt := range map[string]bool{`{"business_id": "b7"}`: true, `{"business_id": "b8"}`: false} {
+		rq, err := b.Request([]byte(payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := b.ForKeys(rq.Keys)
+		if v.Exempt(0) || v.Exempt(1) != exempt {
+			t.Errorf("%s: Exempt(peak) %v, Exempt(per-business) %v, want false, %v", payload, v.Exempt(0), v.Exempt(1), exempt)
+		}
+		if len(v.Rules()) != 2 || v.Rules()[1].Limit != (limits.GCRA{Rate: 1, Period: time.Second, Burst: 1}) {
+			t.Errorf("%s: rules %+v: an exempt rule keeps its place and limit", payload, v.Rules())
+		}
+	}
+	// Live: a limit for b7 replaces the exemption, and back.
+	q, err := p.WithOverrides(Override{Rule: "per-business", Key: "b7", Limit: limits.GCRA{Rate: 5, Period: time.Second, Burst: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := q.Bind("job", "q").ForKeys([]string{"", "b7"}); v.Exempt(1) || v.Rules()[1].Limit.(limits.GCRA).Rate != 5 {
+		t.Errorf("a limit did not replace the exemption: %+v", v.Rules())
+	}
+	if q, err = q.WithOverrides(Override{Rule: "per-business", Key: "b7", Unlimited: true}); err != nil || !q.Bind("job", "q").ForKeys([]string{"", "b7"}).Exempt(1) {
+		t.Fatalf("exempt again: %v", err)
+	}
+
+	for _, tc := range []struct{ name, overrides, want string }{
+		{"and a limit", "  - {rule: per-business, key: b7, unlimited: true, gcra: {rate: 5, per: 1s}}\n", `line 10: overrides[1].unlimited: an override either exempts the key (unlimited: true) or gives it a limit, not both`},
+		{"false", "  - {rule: per-business, key: b7, unlimited: false}\n", `line 10: overrides[1].unlimited: false means nothing`},
+		{"not a bool", "  - {rule: per-business, key: b7, unlimited: yes please}\n", `overrides[1].unlimited: must be true or false`},
+		{"global rule", "  - {rule: peak, key: b7, unlimited: true}\n", `line 10: overrides[1].rule: rule "peak" has no key`},
+	} {
+		_, err := Parse([]byte(overrideDoc(tc.overrides)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := p.WithOverrides(Override{Rule: "per-business", Key: "b7", Unlimited: true, Limit: limits.GCRA{Rate: 5, Period: time.Second}}); err == nil || !strings.Contains(err.Error(), "overrides[1].unlimited: an override either exempts the key") {
+		t.Errorf("unlimited and a limit: got %v", err)
+	}
+
+	// The fair rule a borrowing rule borrows from cannot exempt a key.
+	borrow, err := Parse([]byte(`rules:
+  - name: shared
+    match: {type: job}
+    key: "{{.region}}"
+    fair: "{{.business_id}}"
+    gcra: {rate: 10, per: 1s}
+  - name: own
+    match: {type: job}
+    key: "{{.business_id}}"
+    borrow: 2x
+    gcra: {rate: 2, per: 1s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := borrow.WithOverrides(Override{Rule: "shared", Key: "eu", Unlimited: true}); err == nil || !strings.Contains(err.Error(), `overrides[1].unlimited: rule "shared" is the shared limit rule "own" borrows from`) {
+		t.Errorf("exempting the shared rule: got %v", err)
+	}
+	if _, err := borrow.WithOverrides(Override{Rule: "own", Key: "b7", Unlimited: true}); err != nil {
+		t.Errorf("exempting the borrowing rule: %v", err)
+	}
+}

@@ -467,7 +467,11 @@ func newBinding(all []*crule, idx []int, throttle []string, overrides []Override
 				if b.over[j] == nil {
 					b.over[j] = map[string]limits.Limit{}
 				}
-				b.over[j][o.Key] = r.Raised(o.Limit)
+				if o.Unlimited {
+					b.over[j][o.Key] = nil // ForKeys: exempt
+				} else {
+					b.over[j][o.Key] = r.Raised(o.Limit)
+				}
 			}
 		}
 		qs[j] = limits.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil, Prefetch: max(r.Prefetch, 0)}

@@ -245,6 +245,9 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 	var adaptiveIdx []int
 	var shadow []quotas.Rule
 	for i, r := range b.Rules() {
+		if b.Exempt(i) {
+			continue // an unlimited override: the rule does not apply
+		}
 		if m.cfg.Shadow || b.Rule(i).Shadow {
 			shadow, sp.shadowIdx = append(shadow, r), append(sp.shadowIdx, i)
 			continue

@@ -18,7 +18,7 @@ import (
 // under 1/s burst 1 per business, business b7, overridden to burst 4, runs
 // 4 of its 6 tasks at once while b8 runs 1 of its 6; the others wait
 // (rescheduled), and with b7's override set live (SetPolicy) b9 does the
-// same.
+// same; b10, exempted live (unlimited), runs all 6 and is charged nothing.
 func TestOverrideLimits(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client(t)
@@ -80,4 +80,27 @@ func TestOverrideLimits(t *testing.T) {
 	}
 	enqueue("b9")
 	check(map[string]int{"b7": 4, "b8": 1, "b9": 4})
+	// Exempt (unlimited): b10 runs all 6 at once, and the rule keeps no
+	// state for it.
+	if live, err = live.WithOverrides(policy.Override{Rule: "per-business", Key: "b10", Unlimited: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetPolicy(live); err != nil {
+		t.Fatal(err)
+	}
+	enqueue("b10", "b11")
+	check(map[string]int{"b7": 4, "b8": 1, "b9": 4, "b10": 6, "b11": 1})
+	set, err := quotas.NewSet(quotas.Rule{Name: "per-business", Limit: perBusiness.Limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := quotas.New(quotas.Config{Client: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for b, want := range map[string]int{"b10": 0, "b11": 1} {
+		if d, err := l.Status(context.Background(), set, quotas.Request{Keys: []string{b}}); err != nil || d.Rules[0].Used != want {
+			t.Errorf("per-business %s: used %v (%v), want %d", b, d.Rules, err, want)
+		}
+	}
 }

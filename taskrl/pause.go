@@ -157,8 +157,8 @@ func (ps *pauses) held(ctx context.Context, b *policy.Binding, keys []string) (R
 	now := ps.m.serverNow()
 	on := func(p RulePause, ok bool) bool { return ok && (p.Until.IsZero() || p.Until.After(now)) }
 	for i, r := range b.Rules() {
-		if b.Rule(i).Shadow {
-			continue // a shadow rule holds nothing back
+		if b.Rule(i).Shadow || b.Exempt(i) {
+			continue // a shadow rule holds nothing back, nor one the key is exempt from
 		}
 		if ks := by[r.Name]; ks != nil {
 			if p, ok := ks[""]; on(p, ok) {

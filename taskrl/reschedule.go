@@ -177,6 +177,7 @@ func (j *job) reschedule(rule string, delay time.Duration, booked time.Time, rec
 		}
 	}
 	m.parked.add(j.id)
+	m.indexWaiting(j, slot)
 	if paced {
 		m.pace.add(j.queue, j.id, p.PaceAt, j.ctx.Done())
 	}

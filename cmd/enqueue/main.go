@@ -49,14 +49,20 @@
 //
 // --max-waiting N --policy FILE refuses the campaign (exit 1, nothing
 // enqueued, the message naming the rule, key and count) when more than N
-// tasks already wait in --queue (parked by the workers' middleware) under
-// a rule of the policy for a key one of its tasks would take: backpressure
-// for a producer whose customer's backlog is already long.
+// tasks already wait (rescheduled by the workers' middleware, in any
+// queue) under a rule of the policy for a key one of its tasks would take
+// (taskrl.CheckBacklog; --prefix: the workers' key prefix, default
+// "taskrl:"): backpressure for a producer whose customer's backlog is
+// already long.
 //
-// --dry-run --policy FILE enqueues nothing and needs no Redis: it prints how
-// long the campaign would take under the policy's limits, from idle limits
-// now (or at --start, RFC 3339; with --cron, at the next tick), each task
-// running --task-duration (default 1s, used by concurrency rules).
+// --dry-run --policy FILE enqueues nothing: it prints how long the
+// campaign would take under the policy's limits now (or at --start, RFC
+// 3339; with --cron, at the next tick), each task running --task-duration
+// (default 1s, used by concurrency rules). With a Redis given (--redis,
+// --redis-cluster, --redis-sentinel or their variables) it starts from
+// what the workers (--prefix) already spent and have waiting for the
+// campaign's keys; with none, or one that does not answer (a warning
+// says so), from idle limits.
 //
 // --simulate --policy FILE --vendor SPEC enqueues nothing and needs no
 // Redis: it runs --duration (default 24h) of a fleet's traffic on a virtual
@@ -110,6 +116,7 @@ import (
 	"github.com/taskrl/taskrl/cmd/internal/version"
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/policy"
+	"github.com/taskrl/taskrl/taskrl"
 )
 
 // defaultRedis is --redis when neither the flag nor REDIS_URL is set.
@@ -168,7 +175,9 @@ type options struct {
 	cron, tz, name, keyPrefix string
 	simulate                  bool
 	sim                       simulate.Spec
-	maxWaiting                int // -1: no --max-waiting
+	maxWaiting                int    // -1: no --max-waiting
+	prefix                    string // the workers' --prefix, for --max-waiting and --dry-run
+	redisGiven                bool   // a Redis flag or variable was given, not the default
 }
 
 func run(ctx context.Context, args []string, env stdio) int {
@@ -191,7 +200,7 @@ func run(ctx context.Context, args []string, env stdio) int {
 	case o.simulate:
 		err = simulateRun(o, env)
 	case o.dryRun:
-		err = dryRun(o, env)
+		err = dryRun(ctx, o, env)
 	case o.spec.Cron != "":
 		err = schedule(ctx, o, env)
 	default:
@@ -236,7 +245,8 @@ func parse(args []string, env stdio) (*options, error) {
 	fs.Var(&maxRetry, "max-retry", "asynq MaxRetry `N` for each task, 0 legal (default asynq's, 25)")
 	fs.StringVar(&o.payloadFile, "payload-file", "", "JSON lines `FILE`, one payload object per line; replaces --count")
 	fs.IntVar(&o.parallel, "parallel", campaign.DefaultParallel, "enqueue calls in flight")
-	fs.IntVar(&o.maxWaiting, "max-waiting", -1, "refuse, enqueuing nothing, when more than `N` tasks already wait in --queue under a rule of --policy for a key a task would take")
+	fs.IntVar(&o.maxWaiting, "max-waiting", -1, "refuse, enqueuing nothing, when more than `N` tasks already wait under a rule of --policy for a key a task would take")
+	fs.StringVar(&o.prefix, "prefix", "taskrl:", "--max-waiting, --dry-run: the workers' key `prefix` (their --prefix)")
 	fs.StringVar(&o.cron, "cron", "", "run a recurring campaign on this cron `SPEC` (5 fields, @daily, @every 10s, ...) until SIGINT/SIGTERM")
 	fs.StringVar(&o.tz, "tz", "", "IANA time `ZONE` of --cron (default UTC)")
 	fs.StringVar(&o.name, "campaign", "", "campaign `NAME` for --cron (default derived from the arguments)")
@@ -385,6 +395,9 @@ func parse(args []string, env stdio) (*options, error) {
 			}
 		}
 	}
+	if set["prefix"] && !set["max-waiting"] && !o.dryRun {
+		return nil, usagef("--prefix: only used with --max-waiting or --dry-run")
+	}
 	if set["max-waiting"] {
 		switch {
 		case o.maxWaiting < 0:
@@ -412,6 +425,7 @@ func parse(args []string, env stdio) (*options, error) {
 			envs++
 		}
 	}
+	o.redisGiven = flags+envs > 0
 	switch {
 	case flags > 1 || flags == 0 && envs > 1:
 		return nil, usagef("%v", redisurl.ErrBoth)
@@ -605,35 +619,33 @@ func checkWaiting(ctx context.Context, rdb redis.UniversalClient, o *options) er
 		return usagef("--policy: %v", err)
 	}
 	spec := o.spec
-	ws, err := status.Waiting(ctx, rdb, pol, []string{spec.Queue}, "", "", status.MaxWaitingScan)
-	if err != nil {
-		return fmt.Errorf("--max-waiting: reading the waiting tasks: %w", err)
-	}
-	count := map[[2]string]int{}
-	for _, w := range ws {
-		for rule, key := range w.Keys {
-			count[[2]string{rule, key}]++
-		}
-	}
 	b := pol.Bind(spec.Type, spec.Queue)
 	if b == nil {
 		return nil // no rule governs the tasks: none waits for one
 	}
+	seen := map[string]bool{}
 	for i := range spec.Len() {
-		keys, err := b.Keys(spec.Payload(i))
+		payload := spec.Payload(i)
+		keys, err := b.Keys(payload)
 		if err != nil {
 			continue // the workers archive it: it never waits
 		}
-		for j, r := range b.Rules() {
-			if j < len(keys) {
-				if c := count[[2]string{r.Name, keys[j]}]; c > o.maxWaiting {
-					what := fmt.Sprintf("rule %q", r.Name)
-					if keys[j] != "" {
-						what += fmt.Sprintf(" for key %q", keys[j])
-					}
-					return fmt.Errorf("refused by --max-waiting %d: %d tasks already wait in queue %q under %s, which task %d would join; nothing enqueued", o.maxWaiting, c, spec.Queue, what, i+1)
-				}
+		if k := strings.Join(keys, "\x00"); seen[k] {
+			continue
+		} else {
+			seen[k] = true
+		}
+		err = taskrl.CheckBacklog(ctx, rdb, o.prefix, pol, spec.Type, spec.Queue, payload, o.maxWaiting)
+		var be *taskrl.BacklogError
+		switch {
+		case errors.As(err, &be):
+			what := fmt.Sprintf("rule %q", be.Rule)
+			if be.Key != "" {
+				what += fmt.Sprintf(" for key %q", be.Key)
 			}
+			return fmt.Errorf("refused by --max-waiting %d: %d tasks already wait under %s, which task %d would join; nothing enqueued", o.maxWaiting, be.Waiting, what, i+1)
+		case err != nil:
+			return fmt.Errorf("--max-waiting: %w", err)
 		}
 	}
 	return nil
@@ -681,8 +693,10 @@ func schedule(ctx context.Context, o *options, env stdio) error {
 	return campaign.RunScheduler(ctx, rdb, o.spec, logger)
 }
 
-// dryRun prints the campaign's estimate under --policy.
-func dryRun(o *options, env stdio) error {
+// dryRun prints the campaign's estimate under --policy: from what Redis
+// holds now (units used, tasks waiting, status.Ahead) when a Redis was
+// given (a flag or the environment) and answers, else from idle limits.
+func dryRun(ctx context.Context, o *options, env stdio) error {
 	p, err := policy.LoadFile(o.policy)
 	if err != nil {
 		return usageError{err.Error()}
@@ -699,8 +713,23 @@ func dryRun(o *options, env stdio) error {
 		}
 	}
 	spec := o.spec
-	rep, err := estimate.Run(p, estimate.Campaign{Type: spec.Type, Queue: spec.Queue, N: spec.Len(), Payload: spec.Payload},
-		estimate.Options{Start: start, TaskDuration: o.taskDuration})
+	opt := estimate.Options{Start: start, TaskDuration: o.taskDuration}
+	if o.redisGiven {
+		rdb, err := connect(ctx, o, 4)
+		var u usageError
+		switch {
+		case errors.As(err, &u):
+			return err
+		case err != nil:
+			fmt.Fprintf(env.stderr, "enqueue: %v: estimating from idle limits\n", err)
+		default:
+			defer rdb.Close()
+			opt.Ahead = func(rule, key string) (int, int, error) {
+				return status.Ahead(ctx, rdb, o.prefix, p, rule, key)
+			}
+		}
+	}
+	rep, err := estimate.Run(p, estimate.Campaign{Type: spec.Type, Queue: spec.Queue, N: spec.Len(), Payload: spec.Payload}, opt)
 	if err != nil {
 		return err
 	}

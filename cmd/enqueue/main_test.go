@@ -16,8 +16,12 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/quotas"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -191,6 +195,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--url", "http://x", "--count", "5", "--dry-run"}, "--policy: required with --dry-run"},
 		{[]string{"--url", "http://x", "--count", "5", "--policy", policy}, "--policy: only used with --dry-run"},
 		{[]string{"--url", "http://x", "--count", "5", "--max-waiting", "5"}, "--max-waiting: needs --policy"},
+		{[]string{"--url", "http://x", "--count", "5", "--prefix", "app:"}, "--prefix: only used with --max-waiting or --dry-run"},
 		{[]string{"--url", "http://x", "--count", "5", "--max-waiting", "-1", "--policy", policy}, "--max-waiting: must be 0 or more, got -1"},
 		{[]string{"--url", "http://x", "--count", "5", "--max-waiting", "5", "--policy", policy, "--cron", "@daily"}, "--max-waiting: only for tasks enqueued now"},
 		{[]string{"--url", "http://x", "--count", "5", "--max-waiting", "5", "--dry-run", "--policy", policy}, "--max-waiting: only for tasks enqueued now"},
@@ -373,6 +378,52 @@ func TestDryRun(t *testing.T) {
 				t.Errorf("%q: output lacks %q:\n%s", c.args, w, out)
 			}
 		}
+	}
+}
+
+// TestDryRunLive: with a Redis given, the estimate starts from what the
+// workers hold there: business b1 has 2 units of its 1/s used (two
+// bookings) and 3 tasks waiting (the index), so of a campaign of 2 tasks
+// each for b1 and b2, b1's start 5 and 6 s out, where idle limits say 1 s;
+// a Redis that does not answer gives the idle estimate with a warning.
+func TestDryRunLive(t *testing.T) {
+	rdb := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	ctx := context.Background()
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte(dryPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l, err := quotas.New(quotas.Config{Client: rdb, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := quotas.NewSet(quotas.Rule{Name: "per-business", Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Second, Burst: 1})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if d, err := l.Reserve(ctx, set, quotas.Request{Keys: []string{"b1"}}, time.Minute); err != nil || !d.Allowed {
+			t.Fatal(d, err)
+		}
+	}
+	due := float64(time.Now().Add(time.Hour).UnixMicro())
+	wk := keys.Waiting(prefix, "per-business", "b1")
+	rdb.ZAdd(ctx, wk, redis.Z{Score: due, Member: "t1"}, redis.Z{Score: due, Member: "t2"}, redis.Z{Score: due, Member: "t3"})
+	rdb.Expire(ctx, wk, 2*time.Hour)
+	args := []string{"--dry-run", "--policy", policy, "--url", "http://x", "--count", "4", "--businesses", "2", "--prefix", prefix}
+	code, out, errOut := enqueue(ctx, nil, append(args, "--redis", redistest.Addr(t))...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, w := range []string{"limits as Redis has them at", "already ahead: rule per-business key b1: 2 used, 3 tasks waiting", "binding rule:                    per-business", "estimated duration:              6.00s"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+	code, out, errOut = enqueue(ctx, nil, append(args, "--redis", "127.0.0.1:1")...)
+	if code != 0 || !strings.Contains(errOut, "cannot reach Redis at 127.0.0.1:1") || !strings.Contains(errOut, "estimating from idle limits") || !strings.Contains(out, "limits idle") || !strings.Contains(out, "estimated duration:              1.00s") {
+		t.Errorf("Redis unreachable: exit %d, stderr %q, output:\n%s", code, errOut, out)
 	}
 }
 

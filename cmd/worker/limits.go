@@ -26,9 +26,11 @@ const limitsUsage = `Usage: worker limits list [flags]
 Live per-key overrides, kept in Redis: every worker that shares the Redis
 and the --prefix applies them over its policy file within about a second,
 without a reload, and they stay until removed. LIMIT is one limit block in
-the policy file's syntax, of the same kind as the rule's, e.g.
+the policy file's syntax, of the same kind as the rule's, or "unlimited":
+the key is exempt from the rule (its other rules still apply), e.g.
 
   worker limits set per-business b7 'gcra: {rate: 5, per: 1s, burst: 2}'
+  worker limits set per-business b9 unlimited
   worker limits rm per-business b7
   worker limits list
 
@@ -137,7 +139,7 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	if pos[0] == "set" {
 		// The limit is checked before anything connects.
-		if _, err := policy.ParseLimit([]byte(pos[3])); err != nil {
+		if _, _, err := overrides.ParseSpec(pos[3]); err != nil {
 			return usage("LIMIT %q: %v", pos[3], strings.TrimPrefix(err.Error(), "policy: "))
 		}
 	}

@@ -166,6 +166,10 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 		})
 	}
 	rep, err := status.Collect(ctx, limits, *prefix, pol, *key)
+	if err == nil {
+		// The waiting index is on the queues' Redis.
+		err = status.AddWaiting(ctx, client, *prefix, &rep)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "worker status: %v\n", err)
 		return exitRuntime

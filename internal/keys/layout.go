@@ -62,6 +62,13 @@ func Ran(prefix, queue, id, wait string) string {
 	return prefix + "ran:{" + Encode(queue) + "}:" + Encode(id+"~"+wait)
 }
 
+// Waiting returns the sorted set of the tasks waiting under rule for
+// entity (asynq task ID -> when it is due, µs on the server's clock), in
+// the slot of the rule's keys for entity: the index taskrl.Waiting reads.
+func Waiting(prefix, rule, entity string) string {
+	return prefix + "waiting:{" + Tag(entity) + "}:" + rule
+}
+
 // Busy returns the hash of the fleet's busy and total worker slots, one
 // field per process, for the shed signal fleet_busy.
 func Busy(prefix string) string { return prefix + "busy:{b}" }

@@ -308,7 +308,7 @@ type (
 
 // ValType is the types a Val holds.
 type ValType interface {
-	string | float64 | int | time.Duration | Share | Factor | IntText | ScalarText | DurationOff
+	string | float64 | int | bool | time.Duration | Share | Factor | IntText | ScalarText | DurationOff
 }
 
 // Val is a scalar field: a field of type Val[int] decodes a whole number.
@@ -341,6 +341,8 @@ func (s *Val[T]) UnmarshalYAML(decode func(any) error) error {
 		*p, s.Bad = number(n)
 	case *int:
 		*p, s.Bad = integer(n)
+	case *bool:
+		*p, s.Bad = boolean(n)
 	case *time.Duration:
 		*p, s.Bad = duration(n)
 	case *Share:
@@ -355,6 +357,13 @@ func (s *Val[T]) UnmarshalYAML(decode func(any) error) error {
 		*p, s.Bad = durationOff(n)
 	}
 	return nil
+}
+
+func boolean(n ast.Node) (bool, string) {
+	if v, ok := n.(*ast.BoolNode); ok {
+		return v.Value, ""
+	}
+	return false, "must be true or false, got " + kindOf(n)
 }
 
 func str(n ast.Node) (string, string) {

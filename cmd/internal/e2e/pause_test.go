@@ -114,7 +114,7 @@ func TestPause(t *testing.T) {
 	// campaign that would join it, and lets one through under a looser bar.
 	enq := func(most string) (string, int) {
 		cmd := exec.Command(filepath.Join(r.bin, "enqueue"), append(slices.Clone(r.redis), "--type", "http:call", "--queue", r.queue, "--max-retry", "0",
-			"--url", r.url+"/v1/charge", "--count", "4", "--businesses", "4", "--max-waiting", most, "--policy", r.policy)...)
+			"--url", r.url+"/v1/charge", "--count", "4", "--businesses", "4", "--max-waiting", most, "--policy", r.policy, "--prefix", r.prefix)...)
 		out, _ := cmd.CombinedOutput()
 		return string(out), cmd.ProcessState.ExitCode()
 	}

@@ -154,7 +154,10 @@ func TestReload(t *testing.T) {
 // per-business b7 'gcra: {rate: 5, per: 1s}'" raises b7 for every worker
 // without a reload: from 2 s after the command b7 runs at 5/s, never above
 // 5 + its burst in a second, while b8 stays at 1/s; "worker limits rm"
-// brings b7 back to 1/s as fast. Bookings made under the other limit
+// brings b7 back to 1/s as fast; "worker limits set per-business b8
+// unlimited" exempts b8 from per-business, whose calls then run as they
+// arrive (6/s, and its backlog, under the vendor-wide 15/s) while b7 stays
+// at 1/s. Bookings made under the other limit
 // decide again when their slot comes, so no second ever holds more than
 // the limit in force allows.
 func TestLiveOverride(t *testing.T) {
@@ -164,6 +167,9 @@ func TestLiveOverride(t *testing.T) {
     match: {type: "http:call"}
     key: "{{.business_id}}"
     gcra: {rate: 1, per: 1s, burst: 1}
+  - name: vendor-peak
+    match: {type: "http:call"}
+    gcra: {rate: 15, per: 1s, burst: 3}
 `, 3)
 	limits := func(args ...string) time.Time {
 		t.Helper()
@@ -185,7 +191,9 @@ func TestLiveOverride(t *testing.T) {
 	time.Sleep(6 * time.Second)
 	rm := limits("rm", "per-business", "b7")
 	time.Sleep(6 * time.Second)
-	end := time.Now()
+	end := limits("set", "per-business", "b8", "unlimited")
+	time.Sleep(5 * time.Second)
+	exempt := time.Now()
 
 	checkCalls(t, r.api.Stats())
 	phase := func(name, biz string, from, to time.Time, rate float64, burst int) {
@@ -207,6 +215,11 @@ func TestLiveOverride(t *testing.T) {
 	phase("b7 overridden", "b7", set.Add(2*time.Second), rm, 5, 1)
 	phase("b8 meanwhile", "b8", set.Add(2*time.Second), rm, 1, 1)
 	phase("b7 override removed", "b7", rm.Add(2*time.Second), end, 1, 1)
+	// Exempt, b8 runs at least as its calls arrive (6/s), its backlog
+	// too, as fast as the vendor-wide 15/s (which keeps the API, at 20/s
+	// burst 5, from answering 429) lets it beside b7.
+	phase("b8 exempt", "b8", end.Add(2*time.Second), exempt, 6, 12)
+	phase("b7 meanwhile", "b7", end.Add(2*time.Second), exempt, 1, 1)
 	for i, w := range r.workers {
 		if logs := w.logs.String(); strings.Count(logs, "live overrides loaded") < 3 {
 			t.Errorf("worker %d did not load the overrides on start, set and rm:\n%s", i, logs)

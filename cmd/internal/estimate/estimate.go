@@ -53,6 +53,23 @@ type Options struct {
 	// slots. Default DefaultTaskDuration (1s); at most 7 days, the longest
 	// concurrency lease. It matters only for concurrency rules.
 	TaskDuration time.Duration
+	// Ahead, if set, says what already stands before the campaign under
+	// rule for key (each key a campaign task takes, "" for a global rule):
+	// the units used now (a window's count, the units a GCRA rule's
+	// schedule holds, a concurrency rule's held slots) and the tasks
+	// already waiting (taskrl.Waiting). The simulation charges them at
+	// Start, before the campaign's first task: the used units and the
+	// waiting tasks of a rate rule, one unit each, in that order; the held
+	// slots of a concurrency rule, each for TaskDuration (its waiting tasks
+	// are not modelled). Nil: every limit idle.
+	Ahead func(rule, key string) (used, waiting int, err error)
+}
+
+// AheadState is what Options.Ahead reported for one rule and key, when
+// not nothing.
+type AheadState struct {
+	Rule, Key     string
+	Used, Waiting int
 }
 
 // Campaign is what to simulate: N tasks of one type on one queue.
@@ -86,6 +103,9 @@ type Report struct {
 	// plus Duration. The last task then runs for its own duration.
 	Duration time.Duration
 	End      time.Time
+	// Ahead lists what already stood before the campaign (Options.Ahead),
+	// by rule and key; empty with every limit idle.
+	Ahead []AheadState
 	// Unmatched counts the tasks no rule applies to: they run at once.
 	Unmatched int
 	// Refused counts the tasks the worker would archive because no key
@@ -187,6 +207,30 @@ func Run(p *policy.Policy, c Campaign, opt Options) (*Report, error) {
 	}
 
 	s := simulation{rules: rules, keys: keys, costs: costs, start: opt.Start, taskDur: opt.TaskDuration}
+	if opt.Ahead != nil {
+		s.ahead = make([]map[string][2]int, len(rules))
+		for j, r := range rules {
+			seen := map[string]bool{}
+			for _, k := range keys {
+				if k == nil || seen[k[j]] {
+					continue
+				}
+				seen[k[j]] = true
+				used, waiting, err := opt.Ahead(r.Name, k[j])
+				if err != nil {
+					return nil, fmt.Errorf("estimate: rule %q key %q: %w", r.Name, k[j], err)
+				}
+				if used+waiting <= 0 {
+					continue
+				}
+				if s.ahead[j] == nil {
+					s.ahead[j] = map[string][2]int{}
+				}
+				s.ahead[j][k[j]] = [2]int{max(used, 0), max(waiting, 0)}
+				rep.Ahead = append(rep.Ahead, AheadState{Rule: r.Name, Key: k[j], Used: used, Waiting: waiting})
+			}
+		}
+	}
 	all := make([]int, len(rules))
 	for j := range all {
 		all[j] = j
@@ -216,6 +260,7 @@ type simulation struct {
 	costs   [][]int    // per task, per rule; nil when no rule has a cost
 	start   time.Time
 	taskDur time.Duration
+	ahead   []map[string][2]int // per rule, per key: used, waiting (Options.Ahead); nil: idle
 }
 
 // forever is the horizon of the simulation's reservations: a task is booked
@@ -353,6 +398,9 @@ func (s simulation) run(use []int) (time.Duration, error) {
 		}
 		return nil
 	}
+	if err := s.charge(m, &h, rateRules, rateIdx, slotRules, slotIdx); err != nil {
+		return 0, err
+	}
 	for i, k := range s.keys {
 		if k != nil {
 			if err := book(i, s.start); err != nil {
@@ -402,6 +450,52 @@ func (s simulation) run(use []int) (time.Duration, error) {
 		}
 	}
 	return last.Sub(s.start), nil
+}
+
+// charge charges on m at s.start what stands before the campaign
+// (s.ahead) under each rule of the run, alone: a rate rule's used units
+// and waiting tasks, one unit each; a concurrency rule's held slots, each
+// released after s.taskDur (a release event on h, task -1).
+func (s simulation) charge(m *quotas.Model, h *events, rateRules []quotas.Rule, rateIdx []int, slotRules []quotas.Rule, slotIdx []int) error {
+	if s.ahead == nil {
+		return nil
+	}
+	for _, g := range []struct {
+		rules []quotas.Rule
+		idx   []int
+		slots bool
+	}{{rateRules, rateIdx, false}, {slotRules, slotIdx, true}} {
+		for u, j := range g.idx {
+			if len(s.ahead[j]) == 0 {
+				continue
+			}
+			one, err := newSet(g.rules[u : u+1])
+			if err != nil {
+				return err
+			}
+			for key, a := range s.ahead[j] {
+				if !g.slots {
+					for range a[0] + a[1] {
+						if _, err := m.ReserveAt(s.start, one, quotas.Request{Keys: []string{key}}, forever); err != nil {
+							return fmt.Errorf("estimate: rule %q: %w", g.rules[u].Name, err)
+						}
+					}
+					continue
+				}
+				for n := range a[0] {
+					d, err := m.AllowAt(s.start, one, quotas.Request{Keys: []string{key}, Holder: "ahead:" + strconv.Itoa(n)})
+					if err != nil {
+						return fmt.Errorf("estimate: rule %q: %w", g.rules[u].Name, err)
+					}
+					if !d.Allowed {
+						break // the rule's slots are all held
+					}
+					heap.Push(h, event{at: s.start.Add(s.taskDur), kind: release, task: -1, leases: d.Leases})
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // newSet returns the set of rules, nil for none.

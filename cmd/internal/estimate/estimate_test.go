@@ -69,16 +69,19 @@ rules:
 	}
 }
 
-func TestPerBusiness(t *testing.T) {
-	// 20 businesses × 20 tasks at 1/s per business: each business's last
-	// task starts after 19 s, whatever the order.
-	p := parse(t, `
+// perBusiness holds each business to 1/s burst 1.
+const perBusiness = `
 rules:
   - name: per-business
     match: {type: "http:call"}
     key: "{{.business_id}}"
     gcra: {rate: 1, per: 1s, burst: 1}
-`)
+`
+
+func TestPerBusiness(t *testing.T) {
+	// 20 businesses × 20 tasks at 1/s per business: each business's last
+	// task starts after 19 s, whatever the order.
+	p := parse(t, perBusiness)
 	r := run(t, p, 400, roundRobin(20), Options{})
 	check(t, r, 19*time.Second, "per-business")
 	if got := r.Rules[0]; got.Keys != 20 || got.Alone != r.Duration {
@@ -252,13 +255,7 @@ rules:
 }
 
 func TestMissingKeyField(t *testing.T) {
-	p := parse(t, `
-rules:
-  - name: per-business
-    match: {type: "http:call"}
-    key: "{{.business_id}}"
-    gcra: {rate: 1, per: 1s, burst: 1}
-`)
+	p := parse(t, perBusiness)
 	// Every third task lacks business_id: the worker would archive it; it
 	// takes no quota.
 	payload := func(i int) []byte {
@@ -408,5 +405,55 @@ rules:
 	check(t, r, want, "points")
 	if r.Refused != 1 || r.FirstRefused != 50 || !strings.Contains(r.RefusedReason, "cost 40 is above the rule's burst of 30") {
 		t.Errorf("refused %d, first %d: %q", r.Refused, r.FirstRefused, r.RefusedReason)
+	}
+}
+
+// TestAhead: what Redis already holds comes before the campaign
+// (Options.Ahead), computed from the limits alone: at 1/s burst 1 per
+// business, b1's 2 used units and 3 waiting tasks put its 4 tasks at 5..8 s
+// while b2's start at 0..3 s; a window of 10 per 10 s with 8 used takes 2
+// of 5 tasks now, the rest at the reset; a concurrency rule of 2 with both
+// slots held starts the first task when they are released, a task later.
+func TestAhead(t *testing.T) {
+	ahead := func(m map[[2]string][2]int) func(rule, key string) (int, int, error) {
+		return func(rule, key string) (int, int, error) {
+			a := m[[2]string{rule, key}]
+			return a[0], a[1], nil
+		}
+	}
+	p := parse(t, perBusiness)
+	idle := run(t, p, 8, roundRobin(2), Options{})
+	check(t, idle, 3*time.Second, "per-business")
+	r := run(t, p, 8, roundRobin(2), Options{Ahead: ahead(map[[2]string][2]int{{"per-business", "b1"}: {2, 3}})})
+	check(t, r, 8*time.Second, "per-business")
+	if len(r.Ahead) != 1 || r.Ahead[0] != (AheadState{Rule: "per-business", Key: "b1", Used: 2, Waiting: 3}) {
+		t.Errorf("ahead %+v", r.Ahead)
+	}
+	var b strings.Builder
+	if err := r.Write(&b); err != nil || !strings.Contains(b.String(), "limits as Redis has them") || !strings.Contains(b.String(), "already ahead: rule per-business key b1: 2 used, 3 tasks waiting") {
+		t.Errorf("report:\n%s", b.String())
+	}
+
+	window := parse(t, `
+rules:
+  - name: vendor-window
+    match: {type: "http:call"}
+    quota: {limit: 10, every: 10s}
+`)
+	r = run(t, window, 5, roundRobin(1), Options{Ahead: ahead(map[[2]string][2]int{{"vendor-window", ""}: {8, 0}})})
+	check(t, r, 10*time.Second, "vendor-window")
+
+	slots := parse(t, `
+rules:
+  - name: business-concurrency
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    concurrency: {max: 2, lease: 30s}
+`)
+	r = run(t, slots, 2, roundRobin(1), Options{Ahead: ahead(map[[2]string][2]int{{"business-concurrency", "b1"}: {2, 0}})})
+	check(t, r, time.Second, "business-concurrency")
+	if _, err := Run(p, Campaign{Type: "http:call", Queue: "default", N: 1, Payload: roundRobin(1)}, Options{Start: epoch10,
+		Ahead: func(string, string) (int, int, error) { return 0, 0, fmt.Errorf("boom") }}); err == nil || !strings.Contains(err.Error(), `rule "per-business" key "b1": boom`) {
+		t.Errorf("a failing Ahead: %v", err)
 	}
 }

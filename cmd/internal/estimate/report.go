@@ -24,7 +24,18 @@ func FormatDuration(d time.Duration) string {
 // Write prints the report as a small human-readable table.
 func (r *Report) Write(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "dry run: %d tasks of type %q on queue %q, limits idle at %s\n", r.Tasks, r.Type, r.Queue, r.Start.Format(timeLayout))
+	state := "limits idle"
+	if len(r.Ahead) > 0 {
+		state = "limits as Redis has them"
+	}
+	fmt.Fprintf(&b, "dry run: %d tasks of type %q on queue %q, %s at %s\n", r.Tasks, r.Type, r.Queue, state, r.Start.Format(timeLayout))
+	for _, a := range r.Ahead {
+		key := a.Key
+		if key == "" {
+			key = "(global)"
+		}
+		fmt.Fprintf(&b, "already ahead: rule %s key %s: %d used, %d tasks waiting\n", a.Rule, key, a.Used, a.Waiting)
+	}
 	if len(r.Rules) == 0 {
 		fmt.Fprintf(&b, "no rule of the policy applies to these tasks: all %d run without limits\n", r.Tasks)
 		_, err := io.WriteString(w, b.String())

@@ -45,8 +45,10 @@ type Entry struct {
 	Rule, Key string
 	// Spec is the limit as stored, in the policy file's syntax.
 	Spec string
-	// Limit is Spec parsed, nil when Err is set.
+	// Limit is Spec parsed, nil when Err is set or Unlimited.
 	Limit quotas.Limit
+	// Unlimited: Spec is "unlimited", the key is exempt from the rule.
+	Unlimited bool
 	// Err says why the entry cannot be used (a bad field name or limit),
 	// nil when it can.
 	Err error
@@ -54,15 +56,30 @@ type Entry struct {
 
 // Override returns the entry as a policy.Override.
 func (e Entry) Override() policy.Override {
-	return policy.Override{Rule: e.Rule, Key: e.Key, Limit: e.Limit}
+	return policy.Override{Rule: e.Rule, Key: e.Key, Limit: e.Limit, Unlimited: e.Unlimited}
+}
+
+// Unlimited is the spec that exempts a key from its rule
+// (policy.Override.Unlimited): "worker limits set per-business b7
+// unlimited".
+const Unlimited = "unlimited"
+
+// ParseSpec parses a spec as Set takes it: Unlimited, or a limit in the
+// policy file's syntax (policy.ParseLimit).
+func ParseSpec(spec string) (lim quotas.Limit, unlimited bool, err error) {
+	if strings.TrimSpace(spec) == Unlimited {
+		return nil, true, nil
+	}
+	lim, err = policy.ParseLimit([]byte(spec))
+	return lim, false, err
 }
 
 // Set stores the limit spec (policy file syntax, e.g. "gcra: {rate: 5,
-// per: 1s}") for key of rule, replacing any, after checking that spec
-// parses; policy, if not nil, must also accept it (the rule exists, has a
-// key and the same kind of limit).
+// per: 1s}", or Unlimited) for key of rule, replacing any, after checking
+// that spec parses; policy, if not nil, must also accept it (the rule
+// exists, has a key and the same kind of limit, or may exempt a key).
 func (s *Store) Set(ctx context.Context, rule, key, spec string, pol *policy.Policy) error {
-	lim, err := policy.ParseLimit([]byte(spec))
+	lim, unlimited, err := ParseSpec(spec)
 	if err != nil {
 		return err
 	}
@@ -70,7 +87,7 @@ func (s *Store) Set(ctx context.Context, rule, key, spec string, pol *policy.Pol
 		return fmt.Errorf("the rule and the key must not be empty")
 	}
 	if pol != nil {
-		if _, err := pol.WithOverrides(policy.Override{Rule: rule, Key: key, Limit: lim}); err != nil {
+		if _, err := pol.WithOverrides(policy.Override{Rule: rule, Key: key, Limit: lim, Unlimited: unlimited}); err != nil {
 			return err
 		}
 	}
@@ -124,7 +141,7 @@ func (s *Store) List(ctx context.Context) ([]Entry, error) {
 			e.Rule, e.Err = field, fmt.Errorf("not a [rule, key] field: %q", field)
 		} else {
 			e.Rule, e.Key = rk[0], rk[1]
-			e.Limit, e.Err = policy.ParseLimit([]byte(spec))
+			e.Limit, e.Unlimited, e.Err = ParseSpec(spec)
 		}
 		out = append(out, e)
 	}

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,6 +82,33 @@ type KeyState struct {
 	// Rate is the rate per second a GCRA rule decides at: its limit, or,
 	// adaptive, what the fleet learned.
 	Rate float64 `json:"rate,omitempty"`
+	// Waiting is the tasks waiting under the rule for this key
+	// (taskrl.Waiting), filled by AddWaiting.
+	Waiting int `json:"waiting"`
+}
+
+// AddWaiting fills each reported key's Waiting from the waiting index on
+// the queues' Redis (queues; with one Redis, the same client Collect
+// read), one call per key.
+func AddWaiting(ctx context.Context, queues redis.UniversalClient, prefix string, rep *Report) error {
+	for i := range rep.Rules {
+		r := &rep.Rules[i]
+		fill := func(ks *KeyState) (err error) {
+			ks.Waiting, err = taskrl.Waiting(ctx, queues, prefix, r.Name, ks.Key)
+			return err
+		}
+		if r.KeyState != nil {
+			if err := fill(r.KeyState); err != nil {
+				return err
+			}
+		}
+		for j := range r.Busiest {
+			if err := fill(&r.Busiest[j]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // limitText describes limit l of rule r, with what a soft or borrowing
@@ -126,6 +154,11 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 				lim = r.Limit
 			}
 			own = own && out.Keyed
+			if own && lim == nil {
+				// Exempt (an unlimited override): the rule keeps no
+				// state for the key.
+				return KeyState{Key: k, Override: "unlimited: the rule does not apply"}, nil
+			}
 			ks, at, err := keyState(ctx, c, l, prefix, r, r.Raised(lim), k, own)
 			if own {
 				ks.Override = limitText(r, lim, true)
@@ -181,6 +214,43 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 		return Report{}, err
 	}
 	return rep, nil
+}
+
+// Ahead returns, for Options.Ahead of an estimate (enqueue --dry-run),
+// what already stands under rule for key: the units used now (Collect's
+// KeyState.Used for that key, under the policy's overrides) and the tasks
+// waiting (taskrl.Waiting, on the same Redis). An exempt key has neither.
+func Ahead(ctx context.Context, c redis.UniversalClient, prefix string, p *policy.Policy, rule, key string) (used, waiting int, err error) {
+	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
+	if err != nil {
+		return 0, 0, err
+	}
+	i := slices.IndexFunc(p.Rules(), func(r policy.Rule) bool { return r.Name == rule })
+	if i < 0 {
+		return 0, 0, fmt.Errorf("no rule %q", rule)
+	}
+	r := p.Rules()[i]
+	lim, own := r.Limit, false
+	for _, o := range p.Overrides() {
+		if o.Rule == rule && o.Key == key && r.Key != "" {
+			if o.Unlimited {
+				return 0, 0, nil
+			}
+			lim, own = o.Limit, true
+		}
+	}
+	ks, at, err := keyState(ctx, c, l, prefix, r, r.Raised(lim), key, own)
+	if err != nil {
+		return 0, 0, err
+	}
+	used = ks.Used
+	if ks.Rate > 0 && ks.ResetsAt.After(at) {
+		// A GCRA rule's Used stops at its burst; its schedule may hold
+		// more (bookings ahead): the units until it is back at full burst.
+		used = int(math.Ceil(ks.ResetsAt.Sub(at).Seconds()*ks.Rate - 1e-9))
+	}
+	waiting, err = taskrl.Waiting(ctx, c, prefix, rule, key)
+	return used, waiting, err
 }
 
 // keyState reads one key of rule r under limit lim (own: the key's
@@ -276,7 +346,7 @@ func kind(l quotas.Limit) string {
 func Text(rep Report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "as of %s (Redis time)\n", rep.At.UTC().Format(time.RFC3339))
-	fmt.Fprintf(&b, "%-22s %-12s %-10s %6s %9s %-10s %-10s %8s  %s\n", "RULE", "KEY", "KIND", "USED", "REMAINING", "RESETS IN", "BLOCKED", "RATE/S", "LIMIT")
+	fmt.Fprintf(&b, "%-22s %-12s %-10s %6s %9s %-10s %-10s %8s %7s  %s\n", "RULE", "KEY", "KIND", "USED", "REMAINING", "RESETS IN", "BLOCKED", "RATE/S", "WAITING", "LIMIT")
 	line := func(r Rule, ks KeyState) {
 		key := ks.Key
 		if !r.Keyed {
@@ -293,14 +363,14 @@ func Text(rep Report) string {
 		if ks.Rate > 0 {
 			rate = strconv.FormatFloat(ks.Rate, 'f', 2, 64)
 		}
-		fmt.Fprintf(&b, "%-22s %-12s %-10s %6d %9d %-10s %-10s %8s  %s\n", r.Name, key, r.Kind, ks.Used, ks.Remaining, until(rep.At, ks.ResetsAt), until(rep.At, ks.BlockedUntil), rate, limit)
+		fmt.Fprintf(&b, "%-22s %-12s %-10s %6d %9d %-10s %-10s %8s %7d  %s\n", r.Name, key, r.Kind, ks.Used, ks.Remaining, until(rep.At, ks.ResetsAt), until(rep.At, ks.BlockedUntil), rate, ks.Waiting, limit)
 	}
 	for _, r := range rep.Rules {
 		switch {
 		case r.KeyState != nil:
 			line(r, *r.KeyState)
 		case len(r.Busiest) == 0:
-			fmt.Fprintf(&b, "%-22s %-12s %-10s %6s %9s %-10s %-10s %8s  %s\n", r.Name, "(no key in use)", r.Kind, "-", "-", "-", "-", "-", r.Limit)
+			fmt.Fprintf(&b, "%-22s %-12s %-10s %6s %9s %-10s %-10s %8s %7s  %s\n", r.Name, "(no key in use)", r.Kind, "-", "-", "-", "-", "-", "-", r.Limit)
 		default:
 			for _, ks := range r.Busiest {
 				line(r, ks)

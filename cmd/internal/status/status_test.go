@@ -3,9 +3,12 @@ package status
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
@@ -183,5 +186,39 @@ func TestCollectPrefetch(t *testing.T) {
 	r := rep.Rules[0]
 	if r.Used < 1 || r.Limit != "1000/1s burst 100 (GCRA), prefetch 10ms" {
 		t.Errorf("prefetching rule: %q with %d used, want at least 1 used", r.Limit, r.Used)
+	}
+}
+
+// TestWaitingColumn: AddWaiting fills each reported key's waiting tasks
+// from the index (tasks due after now count; one due before does not),
+// shown in Text's WAITING column; an exempt key reads as such.
+func TestWaitingColumn(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	p, err := policy.Parse([]byte("rules:\n  - name: per-business\n    match: {type: job}\n    key: \"{{.b}}\"\n    gcra: {rate: 1, per: 1s}\noverrides:\n  - {rule: per-business, key: b9, unlimited: true}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := keys.Waiting(prefix, "per-business", "b1")
+	now := time.Now()
+	c.ZAdd(ctx, k, redis.Z{Score: float64(now.Add(time.Hour).UnixMicro()), Member: "t1"}, redis.Z{Score: float64(now.Add(2 * time.Hour).UnixMicro()), Member: "t2"},
+		redis.Z{Score: float64(now.Add(-time.Minute).UnixMicro()), Member: "gone"})
+	c.Expire(ctx, k, 3*time.Hour)
+	rep, err := Collect(ctx, c, prefix, p, "b1")
+	if err == nil {
+		err = AddWaiting(ctx, c, prefix, &rep)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Rules[0].KeyState; got == nil || got.Waiting != 2 {
+		t.Fatalf("b1: %+v, want 2 waiting", got)
+	}
+	if text := Text(rep); !strings.Contains(text, "WAITING") || !regexp.MustCompile(`per-business\s+b1\s.*\s2  1/1s`).MatchString(text) {
+		t.Errorf("text:\n%s", text)
+	}
+	if rep, err = Collect(ctx, c, prefix, p, "b9"); err != nil || rep.Rules[0].KeyState.Override != "unlimited: the rule does not apply" {
+		t.Errorf("exempt b9: %+v %v", rep.Rules[0].KeyState, err)
 	}
 }

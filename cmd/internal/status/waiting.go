@@ -79,11 +79,17 @@ func waiting(policy *policy.Policy, queue string, m asynqstore.Msg, rule, key st
 		w.Until, w.Booked = time.UnixMicro(us), booked
 	}
 	b := policy.Bind(m.Type, queue)
-	keys, _ := b.Keys(m.Payload)
+	keys, err := b.Keys(m.Payload)
+	if err == nil {
+		b = b.ForKeys(keys)
+	}
 	found := rule == ""
 	if b != nil {
 		w.Keys = map[string]string{}
 		for i, r := range b.Rules() {
+			if b.Exempt(i) {
+				continue // an unlimited override: the task does not wait for it
+			}
 			if i < len(keys) {
 				w.Keys[r.Name] = keys[i]
 			}
