@@ -31,6 +31,7 @@ type Binding struct {
 	nvariants atomic.Int64
 	transient bool   // a variant ForKeys did not cache (Transient)
 	exempt    []bool // per rule: exempt for the keys (Exempt); nil: none
+	tiered    bool   // a rule reads a plan from the payload (Rule.Tier)
 }
 
 // Critical reports whether the policy's critical list selects the bound

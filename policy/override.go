@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strconv"
@@ -32,6 +33,10 @@ type Override struct {
 	// rule a borrowing rule borrows from (Rule.Borrow), whose fair sharing
 	// is what gives the borrowed capacity back.
 	Unlimited bool
+	// Tier puts Key on one of the rule's plans (Rule.Tiers): Key is
+	// decided at that plan's limit, whatever plan its payloads name.
+	// Limit must be nil and Unlimited false.
+	Tier string
 }
 
 // WithOverrides returns a copy of p with overrides added: each replaces
@@ -94,6 +99,14 @@ func (p *Policy) checkOverrides(overrides []Override, at []yamldoc.Lines) ([]Ove
 		}
 		var lim limits.Limit
 		switch {
+		case o.Tier != "" && (o.Limit != nil || o.Unlimited):
+			bad("tier", "an override puts the key on a plan (tier), exempts it (unlimited) or gives it a limit: one of them")
+			continue
+		case o.Tier != "":
+			if lim = r.Tiers[o.Tier]; lim == nil {
+				bad("tier", "rule %q has no plan %q%s", o.Rule, o.Tier, planList(r.Tiers))
+				continue
+			}
 		case o.Unlimited && o.Limit != nil:
 			bad("unlimited", "an override either exempts the key (unlimited) or gives it a limit (%s), not both", o.Limit)
 			continue
@@ -119,9 +132,17 @@ func (p *Policy) checkOverrides(overrides []Override, at []yamldoc.Lines) ([]Ove
 			continue
 		}
 		seen[k] = i + 1
-		out = append(out, Override{Rule: o.Rule, Key: o.Key, Limit: lim, Unlimited: o.Unlimited})
+		out = append(out, Override{Rule: o.Rule, Key: o.Key, Limit: lim, Unlimited: o.Unlimited, Tier: o.Tier})
 	}
 	return out, errs
+}
+
+// planList is ": its plans are a, b" for tiers, or ": it has none".
+func planList(tiers map[string]limits.Limit) string {
+	if len(tiers) == 0 {
+		return ": it has none"
+	}
+	return ": its plans are " + strings.Join(slices.Sorted(maps.Keys(tiers)), ", ")
 }
 
 // borrower returns a rule of p that borrows from r (r is its shared rule),
@@ -216,6 +237,7 @@ type overrideEntry struct {
 	Rule      yamldoc.Val[string]             `yaml:"rule"`
 	Key       yamldoc.Val[yamldoc.ScalarText] `yaml:"key"`
 	Unlimited yamldoc.Val[bool]               `yaml:"unlimited"`
+	Tier      yamldoc.Val[string]             `yaml:"tier"`
 	Limits    limitsDoc                       `yaml:",inline"`
 }
 
@@ -262,15 +284,19 @@ func readOverride(r *yamldoc.Reader, b *yamldoc.Block[overrideEntry], line int) 
 		r.Fail("unlimited", r.Lines.Of("unlimited"), "false means nothing: leave it out, or give true to exempt the key from the rule")
 		return o
 	}
+	o.Tier, _ = yamldoc.Get(r, "tier", od.Tier)
 	given := len(od.Limits.given(b.Keys)) > 0
 	switch {
+	case o.Tier != "" && (given || o.Unlimited):
+		r.Fail("tier", r.Lines.Of("tier"), "an override puts the key on a plan (tier), exempts it (unlimited) or gives it a limit: one of them")
+	case o.Tier != "":
 	case o.Unlimited && given:
 		r.Fail("unlimited", r.Lines.Of("unlimited"), "an override either exempts the key (unlimited: true) or gives it a limit, not both")
 	case o.Unlimited:
 	default:
 		o.Limit = od.Limits.read(r, b.Keys, "an override has exactly one limit")
 		if o.Limit == nil {
-			r.Fail("", b.Line, "no limit; add the key's own gcra, adaptive, quota, sliding or concurrency, or unlimited: true to exempt the key from the rule")
+			r.Fail("", b.Line, "no limit; add the key's own gcra, adaptive, quota, sliding or concurrency, tier: PLAN to put it on one of the rule's plans, or unlimited: true to exempt it from the rule")
 		}
 	}
 	return o
@@ -294,17 +320,56 @@ const maxVariants = 4096
 // keys (one per rule, as Request renders them) applied, or b itself when
 // none applies. Variants are cached per combination of overridden keys, up
 // to 4096 per binding; beyond that each call builds its own, which reports
-// Transient. A nil *Binding returns nil.
-func (b *Binding) ForKeys(keys []string) *Binding {
-	if b == nil || b.over == nil {
+// Transient. A nil *Binding returns nil. Plans a payload names (Rule.Tier)
+// need ForPayload.
+func (b *Binding) ForKeys(keys []string) *Binding { return b.variant(keys, nil) }
+
+// ForPayload is ForKeys for a task with payload (keys are Request's for
+// it): besides the overrides, a rule's key on a plan the payload names
+// (Rule.Tier, one of Rule.Tiers) is decided at that plan's limit; an
+// override of the key wins over its payload's plan. Without a rule that
+// reads a plan from the payload it is ForKeys, and does not read payload.
+func (b *Binding) ForPayload(keys []string, payload []byte) *Binding {
+	if b == nil || !b.tiered {
+		return b.ForKeys(keys)
+	}
+	plans := make([]string, len(b.rules))
+	obj, err := decodeObject(payload)
+	for j, r := range b.rules {
+		if r.ttmpl == nil || err != nil {
+			continue
+		}
+		if p, perr := r.ttmpl.render(obj); perr == nil && r.Tiers[p] != nil {
+			plans[j] = p
+		}
+	}
+	return b.variant(keys, plans)
+}
+
+// variant returns b with the overrides for keys and, where none applies,
+// the plans (a rule's Tiers entry, "" for none; nil: none) applied.
+func (b *Binding) variant(keys, plans []string) *Binding {
+	if b == nil || b.over == nil && plans == nil {
 		return b
 	}
+	over := func(j int) (limits.Limit, bool) {
+		if b.over == nil {
+			return nil, false
+		}
+		l, ok := b.over[j][keys[j]]
+		return l, ok
+	}
 	var sig strings.Builder
-	for j, m := range b.over {
-		if _, ok := m[keys[j]]; ok {
+	for j := range b.rules {
+		if _, ok := over(j); ok {
 			sig.WriteString(strconv.Itoa(j))
 			sig.WriteByte(0)
 			sig.WriteString(keys[j])
+			sig.WriteByte(0)
+		} else if plans != nil && plans[j] != "" {
+			sig.WriteString(strconv.Itoa(j))
+			sig.WriteByte(1)
+			sig.WriteString(plans[j])
 			sig.WriteByte(0)
 		}
 	}
@@ -316,22 +381,27 @@ func (b *Binding) ForKeys(keys []string) *Binding {
 	}
 	v := &Binding{rules: append([]*crule(nil), b.rules...), payload: b.payload, costs: b.costs, critical: b.critical, throttle: b.throttle}
 	qs := slices.Clone(b.set)
-	for j, m := range b.over {
-		if l, ok := m[keys[j]]; ok {
-			if l == nil {
-				// Unlimited: the rule stays in the set (positions are
-				// kept) and is marked exempt.
-				if v.exempt == nil {
-					v.exempt = make([]bool, len(b.rules))
-				}
-				v.exempt[j] = true
-				continue
+	for j := range b.rules {
+		l, ok := over(j)
+		switch {
+		case ok && l == nil:
+			// Unlimited: the rule stays in the set (positions are
+			// kept) and is marked exempt.
+			if v.exempt == nil {
+				v.exempt = make([]bool, len(b.rules))
 			}
-			r := *b.rules[j]
-			r.Limit = l
-			// An override's limit may have too small a burst to prefetch.
-			v.rules[j], qs[j].Limit, qs[j].Prefetch = &r, l, 0
+			v.exempt[j] = true
+			continue
+		case !ok && plans != nil && plans[j] != "":
+			l = b.rules[j].Raised(b.rules[j].Tiers[plans[j]])
+		case !ok:
+			continue
 		}
+		r := *b.rules[j]
+		r.Limit = l
+		// An override's or a plan's limit may have too small a burst to
+		// prefetch.
+		v.rules[j], qs[j].Limit, qs[j].Prefetch = &r, l, 0
 	}
 	v.set = qs
 	if b.nvariants.Add(1) <= maxVariants {

@@ -231,3 +231,85 @@ func TestUnlimitedOverride(t *testing.T) {
 		t.Errorf("exempting the borrowing rule: %v", err)
 	}
 }
+
+// tierDoc is a policy whose per-business rule has plans free (the rule's
+// own 1/s), pro and enterprise, the plan read from the payload's "plan"
+// (lines 2-10), with the given overrides from line 12.
+func tierDoc(overrides string) string {
+	return `rules:
+  - name: per-business
+    match: {type: job}
+    key: "{{.business_id}}"
+    tier: "{{.plan}}"
+    tiers:
+      pro: {gcra: {rate: 5, per: 1s, burst: 2}}
+      enterprise: {gcra: {rate: 20, per: 1s}}
+    soft: 10%
+    gcra: {rate: 1, per: 1s}
+overrides:
+` + overrides
+}
+
+// TestTiers: a key is decided at its payload's plan (raised by soft like
+// the rule), at the rule's limit with no plan or an unknown one; an
+// override's plan (file or WithOverrides) wins over the payload's; the
+// bad forms are refused with line and field.
+func TestTiers(t *testing.T) {
+	p, err := Parse([]byte(tierDoc("  - {rule: per-business, key: b9, tier: enterprise}\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.Bind("job", "q")
+	pro := limits.GCRA{Rate: 5.5, Period: time.Second, Burst: 2}
+	ent := limits.GCRA{Rate: 22, Period: time.Second, Burst: 1}
+	own := limits.GCRA{Rate: 1.1, Period: time.Second, Burst: 1}
+	for payload, want := range map[string]limits.Limit{
+		`{"business_id": "b1", "plan": "pro"}`:        pro,
+		`{"business_id": "b2", "plan": "enterprise"}`: ent,
+		`{"business_id": "b3", "plan": "gold"}`:       own,
+		`{"business_id": "b4"}`:                       own,
+		`{"business_id": "b9", "plan": "pro"}`:        ent, // the override wins
+	} {
+		rq, err := b.Request([]byte(payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := b.ForPayload(rq.Keys, []byte(payload))
+		if got := v.Rules()[0].Limit; got != want {
+			t.Errorf("%s: %v, want %v", payload, got, want)
+		}
+		if again := b.ForPayload(rq.Keys, []byte(payload)); again != v {
+			t.Errorf("%s: the variant is not cached", payload)
+		}
+	}
+	if got := p.Overrides(); len(got) != 1 || got[0].Tier != "enterprise" || got[0].Limit != (limits.GCRA{Rate: 20, Period: time.Second, Burst: 1}) {
+		t.Errorf("overrides %+v", got)
+	}
+	q, err := p.WithOverrides(Override{Rule: "per-business", Key: "b1", Tier: "enterprise"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := q.Bind("job", "q").ForPayload([]string{"b1"}, []byte(`{"business_id": "b1", "plan": "pro"}`)).Rules()[0].Limit; got != ent {
+		t.Errorf("live plan: %v, want %v", got, ent)
+	}
+	if _, err := p.WithOverrides(Override{Rule: "per-business", Key: "b1", Tier: "gold"}); err == nil || !strings.Contains(err.Error(), `overrides[1].tier: rule "per-business" has no plan "gold": its plans are enterprise, pro`) {
+		t.Errorf("unknown plan: %v", err)
+	}
+
+	for _, tc := range []struct{ name, doc, want string }{
+		{"override plan and limit", tierDoc("  - {rule: per-business, key: b1, tier: pro, gcra: {rate: 2, per: 1s}}\n"), `line 12: overrides[1].tier: an override puts the key on a plan (tier), exempts it (unlimited) or gives it a limit: one of them`},
+		{"override unknown plan", tierDoc("  - {rule: per-business, key: b1, tier: gold}\n"), `line 12: overrides[1].tier: rule "per-business" has no plan "gold"`},
+		{"other kind", strings.Replace(tierDoc(""), "enterprise: {gcra: {rate: 20, per: 1s}}", "enterprise: {quota: {limit: 20, every: 1s}}", 1), `line 8: rule "per-business": tiers.enterprise.quota: is 20 per 1s (fixed window); the rule is 1/1s burst 1 (GCRA), and a plan keeps the kind of limit`},
+		{"bad limit", strings.Replace(tierDoc(""), "rate: 5,", "rate: -5,", 1), `line 7: rule "per-business": tiers.pro.gcra.rate: must be a positive number`},
+		{"no limit", strings.Replace(tierDoc(""), "pro: {gcra: {rate: 5, per: 1s, burst: 2}}", "pro: {}", 1), `line 7: rule "per-business": tiers.pro: no limit`},
+		{"bad name", strings.Replace(tierDoc(""), "pro:", "pro plan:", 1), `rule "per-business": tiers.pro plan: plan name:`},
+		{"not a mapping", strings.Replace(tierDoc(""), "tiers:\n      pro: {gcra: {rate: 5, per: 1s, burst: 2}}\n      enterprise: {gcra: {rate: 20, per: 1s}}", "tiers: [pro]", 1), `tiers: must be a mapping of names`},
+		{"tier without tiers", strings.Replace(tierDoc(""), "    tiers:\n      pro: {gcra: {rate: 5, per: 1s, burst: 2}}\n      enterprise: {gcra: {rate: 20, per: 1s}}\n", "", 1), `line 5: rule "per-business": tier: set, but the rule has no tiers`},
+		{"global rule", strings.Replace(tierDoc(""), "    key: \"{{.business_id}}\"\n", "", 1), `rule "per-business": tiers: only a rule with a key from the payload has plans`},
+	} {
+		_, err := Parse([]byte(tc.doc))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}

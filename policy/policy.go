@@ -130,6 +130,21 @@ type Rule struct {
 	// *CostError. It requires a Cost that references a field. Policy
 	// file: default_cost: 1.
 	DefaultCost int
+	// Tiers name other limits of a keyed rule, its plans: a key on plan
+	// "pro" is decided at Tiers["pro"] instead of Limit (raised by Soft and
+	// Borrow alike), and, like an override, its state is kept apart (a
+	// GCRA key names its interval). Each is of the same kind as Limit;
+	// names are 1-64 characters of [A-Za-z0-9_.-]. A key's plan comes
+	// from an override (Override.Tier; live: worker limits tier RULE KEY
+	// PLAN), else from the payload (Tier); a plan Tiers lacks, or none,
+	// means Limit. Nil (the default): no plans. Policy file: tiers: {free:
+	// {gcra: {...}}, pro: {gcra: {...}}}.
+	Tiers map[string]limits.Limit
+	// Tier is a template over the task's payload like Key (e.g.
+	// "{{.plan}}") rendering the key's plan, one of Tiers; a payload
+	// without the field, or with a plan Tiers lacks, is decided at Limit.
+	// "" (the default): plans come from overrides only. It requires Tiers.
+	Tier string
 	// Limit is the rule's limit, exactly one of limits.GCRA,
 	// limits.Adaptive, limits.FixedWindow, limits.CalendarWindow,
 	// limits.SlidingWindow or limits.Concurrency (a pointer to one is
@@ -239,6 +254,7 @@ type crule struct {
 	ftmpl *keyTemplate // nil when Fair == ""
 	wtmpl *keyTemplate // nil when FairWeight == ""
 	ctmpl *keyTemplate // nil when Cost == "" or a literal
+	ttmpl *keyTemplate // nil when Tier == ""
 	cost  int          // a literal Cost; 0 when Cost is a template or ""
 }
 
@@ -477,6 +493,7 @@ func newBinding(all []*crule, idx []int, throttle []string, overrides []Override
 		qs[j] = limits.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil, Prefetch: max(r.Prefetch, 0)}
 		b.payload = b.payload || (r.tmpl != nil && r.tmpl.fields)
 		b.costs = b.costs || r.Cost != ""
+		b.tiered = b.tiered || r.ttmpl != nil
 	}
 	b.set = qs
 	return b

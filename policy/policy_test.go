@@ -46,7 +46,7 @@ func TestParseErrors(t *testing.T) {
 		{"rules not a list", "rules: {a: 1}\n", `policy: line 1: rules: must be a list of rules, got a mapping`},
 		{"bad redis_unavailable", "redis_unavailable: maybe\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: redis_unavailable: must be open, closed or local, got "maybe"`},
 		{"rule not a mapping", "rules: [5]\n", `policy: line 1: rule 1: must be a mapping, got the integer 5`},
-		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, fair, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
+		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, fair, tier, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
 		{"soft concurrency", doc("concurrency: {max: 2, lease: 30s}\n    soft: 10%"), `policy: line 5: rule "a": soft: only a gcra rate, a fixed quota window or a sliding window can be soft; this rule's limit is 2 at once, lease 30s (concurrency)`},
 		{"soft adaptive", doc("adaptive: {max: 40, per: 1s}\n    soft: 0.1"), `policy: line 5: rule "a": soft: only a gcra rate, a fixed quota window or a sliding window can be soft; this rule's limit is learned 0.4-40 per 1s (adaptive)`},
 		{"soft negative", doc("gcra: {rate: 1, per: 1s}\n    soft: -5%"), `policy: line 5: rule "a": soft: must be a share between 0 and 1000% (10), got -0.05`},
@@ -861,7 +861,7 @@ func TestCostPolicyErrors(t *testing.T) {
 		{"default_cost zero or less", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: -1"), `policy: line 6: rule "a": default_cost: must be a whole number of at least 1, got -1`},
 		{"default_cost above burst", doc("gcra: {rate: 30, per: 1s, burst: 3}\n    cost: \"{{.u}}\"\n    default_cost: 4"), `policy: line 6: rule "a": default_cost: 4 is above the rule's burst of 3: no task could ever pass`},
 		{"default_cost not whole", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: 1.5"), `policy: line 6: rule "a": default_cost: must be a whole number`},
-		{"settle_header is the worker's", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    settle_header: X-Cost"), `policy: line 6: rule "a": settle_header: unknown field; expected name, match, key, default_key, fair, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
+		{"settle_header is the worker's", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    settle_header: X-Cost"), `policy: line 6: rule "a": settle_header: unknown field; expected name, match, key, default_key, fair, tier, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.doc))

@@ -149,18 +149,20 @@ type policyDoc struct {
 
 // ruleDoc is a rule as written in a policy file.
 type ruleDoc struct {
-	Name        yamldoc.Val[string]              `yaml:"name"`
-	Match       yamldoc.Block[matchDoc]          `yaml:"match"`
-	Key         yamldoc.Val[string]              `yaml:"key"`
-	DefaultKey  yamldoc.Val[string]              `yaml:"default_key"`
-	Fair        yamldoc.OrBlock[string, fairDoc] `yaml:"fair"`
-	Mode        yamldoc.Val[string]              `yaml:"mode"`
-	Soft        yamldoc.Val[yamldoc.Share]       `yaml:"soft"`
-	Borrow      yamldoc.Val[yamldoc.Factor]      `yaml:"borrow"`
-	Prefetch    yamldoc.Val[yamldoc.DurationOff] `yaml:"prefetch"`
-	Cost        yamldoc.Val[yamldoc.IntText]     `yaml:"cost"`
-	DefaultCost yamldoc.Val[int]                 `yaml:"default_cost"`
-	Limits      limitsDoc                        `yaml:",inline"`
+	Name        yamldoc.Val[string]                   `yaml:"name"`
+	Match       yamldoc.Block[matchDoc]               `yaml:"match"`
+	Key         yamldoc.Val[string]                   `yaml:"key"`
+	DefaultKey  yamldoc.Val[string]                   `yaml:"default_key"`
+	Fair        yamldoc.OrBlock[string, fairDoc]      `yaml:"fair"`
+	Tier        yamldoc.Val[string]                   `yaml:"tier"`
+	Tiers       yamldoc.Map[yamldoc.Block[limitsDoc]] `yaml:"tiers"`
+	Mode        yamldoc.Val[string]                   `yaml:"mode"`
+	Soft        yamldoc.Val[yamldoc.Share]            `yaml:"soft"`
+	Borrow      yamldoc.Val[yamldoc.Factor]           `yaml:"borrow"`
+	Prefetch    yamldoc.Val[yamldoc.DurationOff]      `yaml:"prefetch"`
+	Cost        yamldoc.Val[yamldoc.IntText]          `yaml:"cost"`
+	DefaultCost yamldoc.Val[int]                      `yaml:"default_cost"`
+	Limits      limitsDoc                             `yaml:",inline"`
 }
 
 // fairDoc is a rule's fair field written as a mapping.
@@ -450,8 +452,43 @@ func readRule(b *yamldoc.Block[ruleDoc], line int) (Rule, yamldoc.Lines, *yamldo
 	cost, _ := yamldoc.Get(r, "cost", rd.Cost)
 	rule.Cost = string(cost)
 	rule.DefaultCost, _ = yamldoc.Get(r, "default_cost", rd.DefaultCost)
+	rule.Tier, _ = yamldoc.Get(r, "tier", rd.Tier)
+	rule.Tiers = readTiers(r, &rd.Tiers)
 	rule.Limit = rd.Limits.read(r, b.Keys, "a rule has exactly one limit")
 	return rule, r.Lines, r.First
+}
+
+// readTiers reads a rule's tiers: plan name -> one limit block.
+func readTiers(r *yamldoc.Reader, m *yamldoc.Map[yamldoc.Block[limitsDoc]]) map[string]limits.Limit {
+	if !m.Set {
+		return nil
+	}
+	r.At("tiers", m.At)
+	if m.Bad != nil {
+		r.Fail(yamldoc.Join("tiers", m.Bad.Field), m.Bad.Line, "%s", m.Bad.Msg)
+		return nil
+	}
+	out := map[string]limits.Limit{}
+	for _, name := range m.Names {
+		f := yamldoc.Join("tiers", name)
+		b := m.V[name]
+		tr := &yamldoc.Reader{Lines: yamldoc.Lines{"": m.At[name]}}
+		if ld := yamldoc.Must(tr, "", m.At[name], &b); ld != nil {
+			tr.At("", b.Keys)
+			out[name] = ld.read(tr, b.Keys, "a plan has exactly one limit")
+			if out[name] == nil && tr.First == nil {
+				tr.Fail("", b.Line, "no limit; give the plan's gcra, adaptive, quota, sliding or concurrency")
+			}
+		}
+		if tr.First != nil {
+			r.Fail(yamldoc.Join(f, tr.First.Field), tr.First.Line, "%s", tr.First.Msg)
+			return nil
+		}
+		for k, line := range tr.Lines {
+			r.Lines[yamldoc.Join(f, k)] = line
+		}
+	}
+	return out
 }
 
 // limitsDoc is the limit blocks of a rule or override, of which one is

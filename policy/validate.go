@@ -3,8 +3,11 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"path"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -158,6 +161,9 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		return nil, field, msg
 	}
 	c.Limit = lim
+	if field, msg := c.compileTiers(); msg != "" {
+		return nil, field, msg
+	}
 	if r.Soft != 0 {
 		switch lim.(type) {
 		case limits.GCRA, limits.FixedWindow, limits.SlidingWindow:
@@ -296,6 +302,48 @@ func checkMatch(m Match) (field, msg string) {
 }
 
 // checkName applies quotas' rule-name rules.
+// compileTiers checks the rule's Tiers (keyed rule, names, limits of the
+// rule's kind, valid once raised) and Tier, and keeps each tier's limit as
+// a value.
+func (c *crule) compileTiers() (field, msg string) {
+	if c.Tier != "" && len(c.Tiers) == 0 {
+		return "tier", "set, but the rule has no tiers to choose from"
+	}
+	if len(c.Tiers) == 0 {
+		return "", ""
+	}
+	if c.tmpl == nil || !c.tmpl.fields {
+		return "tiers", "only a rule with a key from the payload has plans: a global rule limits one thing"
+	}
+	tiers := make(map[string]limits.Limit, len(c.Tiers))
+	for _, name := range slices.Sorted(maps.Keys(c.Tiers)) {
+		f := "tiers." + name
+		if err := checkName(name); err != nil {
+			return f, "plan name: " + strings.Replace(err.Error(), "every rule needs a name", "a plan needs a name", 1)
+		}
+		lim, lf, msg := checkLimit(c.Name, c.Tiers[name])
+		if msg != "" {
+			return yamldoc.Join(f, lf), msg
+		}
+		if reflect.TypeOf(lim) != reflect.TypeOf(c.Limit) {
+			return yamldoc.Join(f, blockOf(lim)), fmt.Sprintf("is %s; the rule is %s, and a plan keeps the kind of limit", lim, c.Limit)
+		}
+		if err := (limits.Rule{Name: c.Name, Limit: c.Raised(lim)}).Validate(); err != nil {
+			return f, "raised by soft or borrow past its bounds: " + err.Error()
+		}
+		tiers[name] = lim
+	}
+	c.Tiers = tiers
+	if c.Tier != "" {
+		t, err := parseKeyTemplate(c.Tier)
+		if err != nil {
+			return "tier", "bad template " + err.Error()
+		}
+		c.ttmpl = t
+	}
+	return "", ""
+}
+
 func checkName(name string) error {
 	if name == "" {
 		return errors.New("missing; every rule needs a name")

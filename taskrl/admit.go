@@ -242,7 +242,7 @@ func (j *job) limitsChanged() bool {
 	if err != nil {
 		return true
 	}
-	sp, err := j.m.split(b.ForKeys(rq.Keys))
+	sp, err := j.m.split(b.ForPayload(rq.Keys, j.t.Payload()))
 	return err != nil || sp.digest != j.sp.digest
 }
 

@@ -603,7 +603,7 @@ func (j *job) process(b *policy.Binding, next asynq.Handler) error {
 		}
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
-	b = b.ForKeys(rq.Keys)
+	b = b.ForPayload(rq.Keys, j.t.Payload())
 	if j.sp, err = j.m.split(b); err != nil {
 		return err
 	}

@@ -104,3 +104,51 @@ func TestOverrideLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestTierLimits: under a per-business rule of 1/h burst 1 with a plan
+// "pro" of burst 4, the tasks of b1, whose payloads name plan pro, run 4
+// of 6 at once, b2's (no plan) 1 of 6, b3's (an unknown plan) 1 of 6.
+func TestTierLimits(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client(t)
+	p := mustPolicy(t, policy.Rule{Name: "per-business", Match: policy.Match{Type: "job"}, Key: "{{.business_id}}", Tier: "{{.plan}}",
+		Tiers: map[string]quotas.Limit{"pro": quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Hour, Burst: 4})},
+		Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Hour, Burst: 1})})
+	m, err := New(Config{Policy: p, Client: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	ran := map[string]int{}
+	runWorkers(t, c, m, 1, 8, "q", func(_ context.Context, task *asynq.Task) error {
+		mu.Lock()
+		ran[string(task.Payload())]++
+		mu.Unlock()
+		return nil
+	})
+	client := asynq.NewClientFromRedisClient(c)
+	insp := asynq.NewInspectorFromRedisClient(c)
+	payloads := map[string]string{"b1": `{"business_id": "b1", "plan": "pro"}`, "b2": `{"business_id": "b2"}`, "b3": `{"business_id": "b3", "plan": "gold"}`}
+	for _, pl := range payloads {
+		for range 6 {
+			if _, err := client.Enqueue(asynq.NewTask("job", []byte(pl)), asynq.Queue("q")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info, err := insp.GetQueueInfo("q"); err == nil && info.Pending == 0 && info.Active == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the tasks were not decided in 20 s")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for b, want := range map[string]int{"b1": 4, "b2": 1, "b3": 1} {
+		if got := ran[payloads[b]]; got != want {
+			t.Errorf("business %s ran %d tasks, want %d", b, got, want)
+		}
+	}
+}

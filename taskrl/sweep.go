@@ -256,7 +256,7 @@ func (s *sweeper) backlogOf(p *policy.Policy, queue, msg string) (sig string, de
 	if err != nil {
 		return "", 0, false
 	}
-	sp, err := s.m.split(b.ForKeys(rq.Keys))
+	sp, err := s.m.split(b.ForPayload(rq.Keys, t.Payload))
 	if err != nil || sp.spacing == 0 {
 		return "", 0, false
 	}

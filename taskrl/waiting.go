@@ -104,7 +104,7 @@ func CheckBacklog(ctx context.Context, client redis.UniversalClient, prefix stri
 	if err != nil {
 		return nil
 	}
-	b = b.ForKeys(ks)
+	b = b.ForPayload(ks, payload)
 	byKey := map[string][]string{}
 	var order []string
 	for i, r := range b.Rules() {

@@ -19,6 +19,7 @@ import (
 
 const limitsUsage = `Usage: worker limits list [flags]
        worker limits set RULE KEY LIMIT [flags]
+       worker limits tier RULE KEY PLAN [flags]
        worker limits rm RULE KEY [flags]
        worker limits pause RULE [KEY] [--for D] [--reason TEXT] [flags]
        worker limits resume RULE [KEY] [flags]
@@ -27,10 +28,13 @@ Live per-key overrides, kept in Redis: every worker that shares the Redis
 and the --prefix applies them over its policy file within about a second,
 without a reload, and they stay until removed. LIMIT is one limit block in
 the policy file's syntax, of the same kind as the rule's, or "unlimited":
-the key is exempt from the rule (its other rules still apply), e.g.
+the key is exempt from the rule (its other rules still apply). tier puts
+the key on one of the rule's plans (tiers: in the policy), whatever plan
+its payloads name; rm takes it off. E.g.
 
   worker limits set per-business b7 'gcra: {rate: 5, per: 1s, burst: 2}'
   worker limits set per-business b9 unlimited
+  worker limits tier per-business b7 enterprise
   worker limits rm per-business b7
   worker limits list
 
@@ -96,13 +100,20 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		pos, rest = append(pos, fs.Arg(0)), fs.Args()[1:]
 	}
-	want := map[string]int{"list": 0, "set": 3, "rm": 2, "pause": 1, "resume": 1}
+	want := map[string]int{"list": 0, "set": 3, "tier": 3, "rm": 2, "pause": 1, "resume": 1}
 	if len(pos) == 0 {
-		return usage("want list, set, rm, pause or resume")
+		return usage("want list, set, tier, rm, pause or resume")
 	}
 	n, ok := want[pos[0]]
 	if !ok {
-		return usage("unknown command %q: want list, set, rm, pause or resume", pos[0])
+		return usage("unknown command %q: want list, set, tier, rm, pause or resume", pos[0])
+	}
+	if pos[0] == "tier" && len(pos) == 4 {
+		// tier RULE KEY PLAN is set RULE KEY "tier: PLAN".
+		if pos[3] == "" {
+			return usage("tier: PLAN must not be empty")
+		}
+		pos = []string{"set", pos[1], pos[2], overrides.TierSpec(pos[3])}
 	}
 	pausing := pos[0] == "pause" || pos[0] == "resume"
 	switch {
@@ -139,7 +150,7 @@ func limitsCLI(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	if pos[0] == "set" {
 		// The limit is checked before anything connects.
-		if _, _, err := overrides.ParseSpec(pos[3]); err != nil {
+		if _, err := overrides.ParseSpec(pos[3]); err != nil {
 			return usage("LIMIT %q: %v", pos[3], strings.TrimPrefix(err.Error(), "policy: "))
 		}
 	}

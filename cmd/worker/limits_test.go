@@ -55,6 +55,25 @@ func TestLimitsCommand(t *testing.T) {
 	if len(list) != 1 || list[0].Key != "acme corp" || list[0].Err != nil {
 		t.Fatalf("stored %+v", list)
 	}
+	// tier and unlimited are stored as their specs and read back as such.
+	tiered := writePolicy(t, goodPolicy+`  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    tiers: {pro: {gcra: {rate: 3, per: 1s}}}
+    gcra: {rate: 1, per: 1s}
+`)
+	if code, out, errs := run(append([]string{"tier", "per-business", "b8", "pro", "--policy", tiered}, base...)...); code != exitOK || out != "set: rule per-business key b8: tier: pro\n" {
+		t.Fatalf("tier: exit %d, %q %q", code, out, errs)
+	}
+	if code, _, errs := run(append([]string{"set", "per-business", "b9", "unlimited", "--policy", tiered}, base...)...); code != exitOK {
+		t.Fatalf("unlimited: exit %d, %q", code, errs)
+	}
+	if list, _ = store.List(context.Background()); len(list) != 3 || list[1].Tier != "pro" || list[1].Err != nil || !list[2].Unlimited || list[2].Err != nil {
+		t.Fatalf("stored %+v", list)
+	}
+	if code, _, errs := run(append([]string{"tier", "per-business", "b8", "gold", "--policy", tiered}, base...)...); code != exitUsage || !strings.Contains(errs, `rule "per-business" has no plan "gold": its plans are pro`) {
+		t.Errorf("an unknown plan: exit %d, %q", code, errs)
+	}
 
 	addr, conns := countingListener(t)
 	unreached := []string{"--redis", "redis://" + addr}
@@ -66,7 +85,8 @@ func TestLimitsCommand(t *testing.T) {
 		{[]string{"set", "per-business", "b7", "rate: 5"}, "rate: unknown field"},
 		{[]string{"set", "per-business", "b7"}, "set takes 3 arguments, got 2"},
 		{[]string{"move", "a", "b"}, `unknown command "move"`},
-		{[]string{}, "want list, set, rm, pause or resume"},
+		{[]string{}, "want list, set, tier, rm, pause or resume"},
+		{[]string{"tier", "per-business", "b7"}, "tier takes 3 arguments, got 2"},
 		{[]string{"set", "peak", "b7", "gcra: {rate: 5, per: 1s}", "--policy", policy}, `overrides[1].rule: rule "peak" has no key`},
 		{[]string{"set", "per-business", "b7", "quota: {limit: 5, every: 1s}", "--policy", policy}, "an override keeps the kind of limit"},
 		{[]string{"list", "--bogus"}, "flag provided but not defined: --bogus"},

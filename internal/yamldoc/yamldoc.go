@@ -780,3 +780,51 @@ func (o *OrBlock[T, B]) UnmarshalYAML(decode func(any) error) error {
 	}
 	return o.Val.UnmarshalYAML(decode)
 }
+
+// Map is a mapping field whose keys are names of the document's own (a
+// rule's tiers: plan -> limit), each value decoded into T (a Val, a Block,
+// or a type of one's own). Null reads as absent. The zero Map is absent.
+type Map[T any] struct {
+	V     map[string]T   // the values by name
+	Names []string       // the names, in the order written
+	Set   bool           // given, and not null
+	Line  int            // of the mapping
+	At    map[string]int // the line of each name
+	Bad   *Problem       // what is wrong, Field relative to the map; nil when nothing is
+}
+
+// UnmarshalYAML checks that the value is a mapping of names and decodes
+// its values, keeping what is wrong in m.Bad.
+func (m *Map[T]) UnmarshalYAML(decode func(any) error) error {
+	n, err := ValueOf(decode)
+	if err != nil {
+		return err
+	}
+	m.Set, m.Line = true, lineOf(n)
+	if msg := refused(n); msg != "" {
+		m.Bad = &Problem{Line: m.Line, Msg: msg}
+		return nil
+	}
+	mn, ok := n.(*ast.MappingNode)
+	if !ok {
+		if _, null := n.(*ast.NullNode); null {
+			m.Set = false
+			return nil
+		}
+		m.Bad = &Problem{Line: m.Line, Msg: "must be a mapping of names, got " + kindOf(n)}
+		return nil
+	}
+	m.At = map[string]int{}
+	for _, mv := range mn.Values {
+		k, ok := mv.Key.(*ast.StringNode)
+		if !ok || mv.Key.IsMergeKey() {
+			m.Bad = &Problem{Line: lineOf(mv.Key), Msg: "keys must be names, got " + kindOf(mv.Key)}
+			return nil
+		}
+		m.Names, m.At[k.Value] = append(m.Names, k.Value), lineOf(k)
+	}
+	if err := decode(&m.V); err != nil {
+		m.Bad = yamlError(err)
+	}
+	return nil
+}

@@ -171,15 +171,7 @@ func TestLiveOverride(t *testing.T) {
     match: {type: "http:call"}
     gcra: {rate: 15, per: 1s, burst: 3}
 `, 3)
-	limits := func(args ...string) time.Time {
-		t.Helper()
-		args = append(append([]string{"limits"}, args...), append(slices.Clone(r.redis), "--prefix", r.prefix, "--policy", r.policy)...)
-		out, err := exec.Command(filepath.Join(r.bin, "worker"), args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("worker %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return time.Now()
-	}
+	limits := func(args ...string) time.Time { t.Helper(); return r.limits(t, args...) }
 	begin := time.Now()
 	stop := r.arrive(time.Second/12, func(i int) string {
 		return fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b%d", "n": %d}`, r.url+"/v1/charge", 7+i%2, i)
@@ -196,34 +188,85 @@ func TestLiveOverride(t *testing.T) {
 	exempt := time.Now()
 
 	checkCalls(t, r.api.Stats())
-	phase := func(name, biz string, from, to time.Time, rate float64, burst int) {
-		t.Helper()
-		in, busiest := r.answered(from, to, biz)
-		got := float64(len(in)) / to.Sub(from).Seconds()
-		t.Logf("%s: %d calls in %.1f s, %.2f/s, busiest second %d (limit %.0f/s burst %d)", name, len(in), to.Sub(from).Seconds(), got, busiest, rate, burst)
-		if busiest > int(rate)+burst {
-			t.Errorf("%s: %d calls in one second, over %v/s burst %d", name, busiest, rate, burst)
-		}
-		// At least 80 % of the rate, or all but one call: at 1/s a
-		// window of a few seconds holds a handful of calls, and one slot
-		// decided again across the change may fall just outside it.
-		if secs := to.Sub(from).Seconds(); float64(len(in)) < min(0.8*rate*secs, rate*secs-1) {
-			t.Errorf("%s: %.2f calls/s, under 80%% of %v/s and more than one call short", name, got, rate)
-		}
-	}
-	phase("b7 under the policy", "b7", begin.Add(time.Second), set, 1, 1)
-	phase("b7 overridden", "b7", set.Add(2*time.Second), rm, 5, 1)
-	phase("b8 meanwhile", "b8", set.Add(2*time.Second), rm, 1, 1)
-	phase("b7 override removed", "b7", rm.Add(2*time.Second), end, 1, 1)
+	r.ratePhase(t, "b7 under the policy", "b7", begin.Add(time.Second), set, 1, 1)
+	r.ratePhase(t, "b7 overridden", "b7", set.Add(2*time.Second), rm, 5, 1)
+	r.ratePhase(t, "b8 meanwhile", "b8", set.Add(2*time.Second), rm, 1, 1)
+	r.ratePhase(t, "b7 override removed", "b7", rm.Add(2*time.Second), end, 1, 1)
 	// Exempt, b8 runs at least as its calls arrive (6/s), its backlog
 	// too, as fast as the vendor-wide 15/s (which keeps the API, at 20/s
 	// burst 5, from answering 429) lets it beside b7.
-	phase("b8 exempt", "b8", end.Add(2*time.Second), exempt, 6, 12)
-	phase("b7 meanwhile", "b7", end.Add(2*time.Second), exempt, 1, 1)
+	r.ratePhase(t, "b8 exempt", "b8", end.Add(2*time.Second), exempt, 6, 12)
+	r.ratePhase(t, "b7 meanwhile", "b7", end.Add(2*time.Second), exempt, 1, 1)
 	for i, w := range r.workers {
 		if logs := w.logs.String(); strings.Count(logs, "live overrides loaded") < 3 {
 			t.Errorf("worker %d did not load the overrides on start, set and rm:\n%s", i, logs)
 		}
 	}
+	r.stop()
+}
+
+// ratePhase checks that biz's calls answered in [from, to) came at rate
+// (at least 80 % of it, or all but one call) and that no second held more
+// than rate + burst.
+func (r *run) ratePhase(t *testing.T, name, biz string, from, to time.Time, rate float64, burst int) {
+	t.Helper()
+	in, busiest := r.answered(from, to, biz)
+	got := float64(len(in)) / to.Sub(from).Seconds()
+	t.Logf("%s: %d calls in %.1f s, %.2f/s, busiest second %d (limit %.0f/s burst %d)", name, len(in), to.Sub(from).Seconds(), got, busiest, rate, burst)
+	if busiest > int(rate)+burst {
+		t.Errorf("%s: %d calls in one second, over %v/s burst %d", name, busiest, rate, burst)
+	}
+	// At least 80 % of the rate, or all but one call: at 1/s a window of
+	// a few seconds holds a handful of calls, and one slot decided again
+	// across the change may fall just outside it.
+	if secs := to.Sub(from).Seconds(); float64(len(in)) < min(0.8*rate*secs, rate*secs-1) {
+		t.Errorf("%s: %.2f calls/s, under 80%% of %v/s and more than one call short", name, got, rate)
+	}
+}
+
+// limits runs "worker limits ARGS" against the run's Redis, prefix and
+// policy, failing the test if it fails, and returns when it returned.
+func (r *run) limits(t *testing.T, args ...string) time.Time {
+	t.Helper()
+	args = append(append([]string{"limits"}, args...), append(slices.Clone(r.redis), "--prefix", r.prefix, "--policy", r.policy)...)
+	out, err := exec.Command(filepath.Join(r.bin, "worker"), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("worker %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return time.Now()
+}
+
+// TestTiers: three workers, a per-business 1/s with a plan "pro" of 3/s
+// read from the payload; b1's calls (plan "free", not a plan of the rule)
+// and b2's (plan "pro") arrive at 6/s each. b1 runs at 1/s and b2 at 3/s,
+// the ideals from the limits alone; from 2 s after "worker limits tier
+// per-business b1 pro" b1 runs at 3/s too, whatever its payloads say. The
+// API answers no 429; no call is made twice.
+func TestTiers(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
+	r := start(t, fakeapi.Limits{Global: apiGlobal}, `rules:
+  - name: per-business
+    match: {type: "http:call"}
+    key: "{{.business_id}}"
+    tier: "{{.plan}}"
+    tiers:
+      pro: {gcra: {rate: 3, per: 1s, burst: 1}}
+    gcra: {rate: 1, per: 1s, burst: 1}
+`, 3)
+	begin := time.Now()
+	stop := r.arrive(time.Second/12, func(i int) string {
+		plan := []string{"free", "pro"}[i%2]
+		return fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b%d", "plan": %q, "n": %d}`, r.url+"/v1/charge", 1+i%2, plan, i)
+	})
+	defer stop()
+	time.Sleep(5 * time.Second)
+	tier := r.limits(t, "tier", "per-business", "b1", "pro")
+	time.Sleep(6 * time.Second)
+	end := time.Now()
+	checkCalls(t, r.api.Stats())
+	r.ratePhase(t, "b1 on no plan", "b1", begin.Add(time.Second), tier, 1, 1)
+	r.ratePhase(t, "b2 on pro", "b2", begin.Add(time.Second), tier, 3, 1)
+	r.ratePhase(t, "b1 put on pro", "b1", tier.Add(2*time.Second), end, 3, 1)
+	r.ratePhase(t, "b2 meanwhile", "b2", tier.Add(2*time.Second), end, 3, 1)
 	r.stop()
 }

@@ -21,8 +21,9 @@
 // Not modelled: the worker's own concurrency, the tasks' failures, retries
 // and upstream 429s, the middleware's MaxReserve horizon and MaxHold, and
 // fair sharing (a fair rule is taken as a plain one: the campaign's tasks
-// are booked in enqueue order); the estimate is the time the limits alone
-// impose.
+// are booked in enqueue order), per-key overrides and plans (every key is
+// decided at its rule's own limit); the estimate is the time the limits
+// alone impose.
 //
 // Application code of the binaries, imported by cmd/enqueue.
 package estimate

@@ -45,10 +45,12 @@ type Entry struct {
 	Rule, Key string
 	// Spec is the limit as stored, in the policy file's syntax.
 	Spec string
-	// Limit is Spec parsed, nil when Err is set or Unlimited.
+	// Limit is Spec parsed, nil when Err is set, or with Unlimited or Tier.
 	Limit quotas.Limit
 	// Unlimited: Spec is "unlimited", the key is exempt from the rule.
 	Unlimited bool
+	// Tier: Spec is "tier: PLAN", the key is on the rule's plan PLAN.
+	Tier string
 	// Err says why the entry cannot be used (a bad field name or limit),
 	// nil when it can.
 	Err error
@@ -56,7 +58,7 @@ type Entry struct {
 
 // Override returns the entry as a policy.Override.
 func (e Entry) Override() policy.Override {
-	return policy.Override{Rule: e.Rule, Key: e.Key, Limit: e.Limit, Unlimited: e.Unlimited}
+	return policy.Override{Rule: e.Rule, Key: e.Key, Limit: e.Limit, Unlimited: e.Unlimited, Tier: e.Tier}
 }
 
 // Unlimited is the spec that exempts a key from its rule
@@ -64,22 +66,38 @@ func (e Entry) Override() policy.Override {
 // unlimited".
 const Unlimited = "unlimited"
 
-// ParseSpec parses a spec as Set takes it: Unlimited, or a limit in the
-// policy file's syntax (policy.ParseLimit).
-func ParseSpec(spec string) (lim quotas.Limit, unlimited bool, err error) {
-	if strings.TrimSpace(spec) == Unlimited {
-		return nil, true, nil
+// tierSpec starts the spec that puts a key on a plan of its rule
+// (policy.Override.Tier): "tier: pro" ("worker limits tier per-business b7
+// pro").
+const tierSpec = "tier:"
+
+// TierSpec is the spec of plan.
+func TierSpec(plan string) string { return tierSpec + " " + plan }
+
+// ParseSpec parses a spec as Set takes it: Unlimited, "tier: PLAN" or a
+// limit in the policy file's syntax (policy.ParseLimit), into the
+// override's Limit, Unlimited or Tier.
+func ParseSpec(spec string) (policy.Override, error) {
+	s := strings.TrimSpace(spec)
+	if s == Unlimited {
+		return policy.Override{Unlimited: true}, nil
 	}
-	lim, err = policy.ParseLimit([]byte(spec))
-	return lim, false, err
+	if plan, ok := strings.CutPrefix(s, tierSpec); ok {
+		if plan = strings.TrimSpace(plan); plan == "" {
+			return policy.Override{}, fmt.Errorf("tier: names no plan")
+		}
+		return policy.Override{Tier: plan}, nil
+	}
+	lim, err := policy.ParseLimit([]byte(spec))
+	return policy.Override{Limit: lim}, err
 }
 
 // Set stores the limit spec (policy file syntax, e.g. "gcra: {rate: 5,
-// per: 1s}", or Unlimited) for key of rule, replacing any, after checking
+// per: 1s}", Unlimited or TierSpec(plan)) for key of rule, replacing any, after checking
 // that spec parses; policy, if not nil, must also accept it (the rule
 // exists, has a key and the same kind of limit, or may exempt a key).
 func (s *Store) Set(ctx context.Context, rule, key, spec string, pol *policy.Policy) error {
-	lim, unlimited, err := ParseSpec(spec)
+	o, err := ParseSpec(spec)
 	if err != nil {
 		return err
 	}
@@ -87,7 +105,8 @@ func (s *Store) Set(ctx context.Context, rule, key, spec string, pol *policy.Pol
 		return fmt.Errorf("the rule and the key must not be empty")
 	}
 	if pol != nil {
-		if _, err := pol.WithOverrides(policy.Override{Rule: rule, Key: key, Limit: lim, Unlimited: unlimited}); err != nil {
+		o.Rule, o.Key = rule, key
+		if _, err := pol.WithOverrides(o); err != nil {
 			return err
 		}
 	}
@@ -141,7 +160,9 @@ func (s *Store) List(ctx context.Context) ([]Entry, error) {
 			e.Rule, e.Err = field, fmt.Errorf("not a [rule, key] field: %q", field)
 		} else {
 			e.Rule, e.Key = rk[0], rk[1]
-			e.Limit, e.Unlimited, e.Err = ParseSpec(spec)
+			var o policy.Override
+			o, e.Err = ParseSpec(spec)
+			e.Limit, e.Unlimited, e.Tier = o.Limit, o.Unlimited, o.Tier
 		}
 		out = append(out, e)
 	}

@@ -140,9 +140,11 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 		return Report{}, err
 	}
 	over := map[[2]string]quotas.Limit{}
+	plan := map[[2]string]string{}
 	count := map[string]int{}
 	for _, o := range p.Overrides() {
 		over[[2]string{o.Rule, o.Key}] = o.Limit
+		plan[[2]string{o.Rule, o.Key}] = o.Tier
 		count[o.Rule]++
 	}
 	var rep Report
@@ -162,6 +164,9 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 			ks, at, err := keyState(ctx, c, l, prefix, r, r.Raised(lim), k, own)
 			if own {
 				ks.Override = limitText(r, lim, true)
+				if t := plan[[2]string{r.Name, k}]; t != "" {
+					ks.Override = "plan " + t + ": " + ks.Override
+				}
 			}
 			if rep.At.IsZero() {
 				rep.At = at

@@ -81,7 +81,7 @@ func waiting(policy *policy.Policy, queue string, m asynqstore.Msg, rule, key st
 	b := policy.Bind(m.Type, queue)
 	keys, err := b.Keys(m.Payload)
 	if err == nil {
-		b = b.ForKeys(keys)
+		b = b.ForPayload(keys, m.Payload)
 	}
 	found := rule == ""
 	if b != nil {
