@@ -77,7 +77,8 @@ func (b *Binding) Keys(payload []byte) ([]string, error) {
 // templates like keys (a flow that cannot be rendered, for want of a field
 // or an object, is ""), when a fair rule has a FairWeight its Weights (see
 // Rule.FairWeight), Critical (see Critical) and, when a rule has a
-// Cost, its Costs (1 for rules without one); a cost that is not a whole
+// Cost, its Costs (1 for rules without one, and for a rule an unlimited
+// override exempts the task's key from); a cost that is not a whole
 // number of at least 1, or missing without a DefaultCost, is a *CostError.
 // Costs are not checked against the limits here: see CheckCosts. A nil
 // *Binding returns the zero Request.
@@ -100,13 +101,6 @@ func (b *Binding) Request(payload []byte) (limits.Request, error) {
 		req.Costs = make([]int, len(b.rules))
 	}
 	for i, r := range b.rules {
-		if b.costs {
-			n, err := r.renderCost(object)
-			if err != nil {
-				return limits.Request{}, err
-			}
-			req.Costs[i] = n
-		}
 		if t := r.ftmpl; t != nil {
 			if !t.fields {
 				req.Fair[i] = r.Fair
@@ -142,8 +136,27 @@ func (b *Binding) Request(payload []byte) (limits.Request, error) {
 			}
 			req.Keys[i] = k
 		}
+		if b.costs {
+			n := 1 // a key exempt from the rule (unlimited) pays nothing
+			if !b.exemptKey(i, req.Keys[i]) {
+				var err error
+				if n, err = r.renderCost(object); err != nil {
+					return limits.Request{}, err
+				}
+			}
+			req.Costs[i] = n
+		}
 	}
 	return req, nil
+}
+
+// exemptKey reports whether an unlimited override exempts key from rule i.
+func (b *Binding) exemptKey(i int, key string) bool {
+	if b.over == nil {
+		return false
+	}
+	l, ok := b.over[i][key]
+	return ok && l == nil
 }
 
 // renderWeight returns the rule's fair weight for the payload object
@@ -219,7 +232,7 @@ func (b *Binding) CheckCosts(costs []int) error {
 		return nil
 	}
 	for i, r := range b.set {
-		if b.rules[i].Shadow {
+		if b.rules[i].Shadow || b.Exempt(i) {
 			continue
 		}
 		if err := CheckCost(r, costs[i]); err != nil {

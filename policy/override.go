@@ -35,7 +35,8 @@ type Override struct {
 	Unlimited bool
 	// Tier puts Key on one of the rule's plans (Rule.Tiers): Key is
 	// decided at that plan's limit, whatever plan its payloads name.
-	// Limit must be nil and Unlimited false.
+	// Unlimited must be false, and Limit nil or the plan's (Overrides
+	// reports the plan's limit in it).
 	Tier string
 }
 
@@ -99,12 +100,19 @@ func (p *Policy) checkOverrides(overrides []Override, at []yamldoc.Lines) ([]Ove
 		}
 		var lim limits.Limit
 		switch {
-		case o.Tier != "" && (o.Limit != nil || o.Unlimited):
-			bad("tier", "an override puts the key on a plan (tier), exempts it (unlimited) or gives it a limit: one of them")
-			continue
 		case o.Tier != "":
 			if lim = r.Tiers[o.Tier]; lim == nil {
 				bad("tier", "rule %q has no plan %q%s", o.Rule, o.Tier, planList(r.Tiers))
+				continue
+			}
+			// A Limit beside it must be the plan's (Overrides reports it so).
+			same := o.Limit == nil
+			if !same {
+				given, _, msg := checkLimit(o.Rule, o.Limit)
+				same = msg == "" && given == lim
+			}
+			if o.Unlimited || !same {
+				bad("tier", "an override puts the key on a plan (tier), exempts it (unlimited) or gives it a limit: one of them")
 				continue
 			}
 		case o.Unlimited && o.Limit != nil:

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -306,10 +307,60 @@ func TestTiers(t *testing.T) {
 		{"not a mapping", strings.Replace(tierDoc(""), "tiers:\n      pro: {gcra: {rate: 5, per: 1s, burst: 2}}\n      enterprise: {gcra: {rate: 20, per: 1s}}", "tiers: [pro]", 1), `tiers: must be a mapping of names`},
 		{"tier without tiers", strings.Replace(tierDoc(""), "    tiers:\n      pro: {gcra: {rate: 5, per: 1s, burst: 2}}\n      enterprise: {gcra: {rate: 20, per: 1s}}\n", "", 1), `line 5: rule "per-business": tier: set, but the rule has no tiers`},
 		{"global rule", strings.Replace(tierDoc(""), "    key: \"{{.business_id}}\"\n", "", 1), `rule "per-business": tiers: only a rule with a key from the payload has plans`},
+		{"borrow true", strings.Replace(tierDoc(""), "    soft: 10%\n", "    borrow: true\n", 1), `rule "per-business": borrow: true borrows up to the shared rule's rate from the rule's own, which its plans do not share`},
 	} {
 		_, err := Parse([]byte(tc.doc))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestOverridesRoundTrip: a policy's overrides, as Overrides reports them
+// (a plan's with the plan's limit), are accepted again by WithOverrides.
+func TestOverridesRoundTrip(t *testing.T) {
+	p, err := Parse([]byte(tierDoc("  - {rule: per-business, key: b9, tier: enterprise}\n  - {rule: per-business, key: b8, unlimited: true}\n  - {rule: per-business, key: b7, gcra: {rate: 3, per: 1s}}\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := p.WithOverrides(p.Overrides()...)
+	if err != nil || !slices.Equal(q.Overrides(), p.Overrides()) {
+		t.Fatalf("%v: %+v, want %+v", err, q.Overrides(), p.Overrides())
+	}
+	wrong := Override{Rule: "per-business", Key: "b9", Tier: "enterprise", Limit: limits.GCRA{Rate: 3, Period: time.Second}}
+	if _, err := p.WithOverrides(wrong); err == nil || !strings.Contains(err.Error(), "overrides[1].tier: an override puts the key on a plan") {
+		t.Errorf("a plan with another limit: %v", err)
+	}
+}
+
+// TestUnlimitedCost: a key exempt from a rule with a cost pays none of it:
+// its payload may lack the cost's field, and a cost above the rule's burst
+// is not refused, while other keys' are.
+func TestUnlimitedCost(t *testing.T) {
+	p, err := Parse([]byte(`rules:
+  - name: points
+    match: {type: job}
+    key: "{{.business_id}}"
+    cost: "{{.units}}"
+    gcra: {rate: 10, per: 1s, burst: 5}
+overrides:
+  - {rule: points, key: b9, unlimited: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.Bind("job", "q")
+	rq, err := b.Request([]byte(`{"business_id": "b9"}`))
+	if err != nil {
+		t.Fatalf("exempt key without units: %v", err)
+	}
+	if err := b.ForKeys(rq.Keys).CheckCosts([]int{50}); err != nil {
+		t.Errorf("exempt key's cost checked: %v", err)
+	}
+	if _, err := b.Request([]byte(`{"business_id": "b1"}`)); err == nil {
+		t.Error("b1 without units: no error")
+	}
+	if err := b.ForKeys([]string{"b1"}).CheckCosts([]int{50}); err == nil {
+		t.Error("b1's cost of 50 over a burst of 5: no error")
 	}
 }

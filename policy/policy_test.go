@@ -65,6 +65,8 @@ func TestParseErrors(t *testing.T) {
 		{"fair weight zero", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weight: 0}"), `policy: line 5: rule "a": fair.weight: must be a whole number from 1 to 100 or a template such as "{{.weight}}", got "0"`},
 		{"fair weight too big", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weight: 101}"), `policy: line 5: rule "a": fair.weight: must be a whole number from 1 to 100 or a template such as "{{.weight}}", got "101"`},
 		{"fair weight bad template", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weight: \"{{.w | x}}\"}"), `policy: line 5: rule "a": fair.weight: bad template "{{.w | x}}": only field references such as {{.business_id}}`},
+		{"fair weight with text", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weight: \"x{{.w}}\"}"), `policy: line 5: rule "a": fair.weight: a template of the weight is one field such as "{{.weight}}", with no text around it, got "x{{.w}}"`},
+		{"fair weight not whole", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weight: 2.5}"), `policy: line 5: rule "a": fair.weight: must be a whole number or a template of one, got 2.5`},
 		{"fair unknown field", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weights: 2}"), `policy: line 5: rule "a": fair.weights: unknown field; expected key or weight`},
 		{"fair weight on a window", doc("quota: {limit: 5, every: 1s}\n    fair: {key: \"{{.b}}\", weight: 2}"), `policy: line 5: rule "a": fair: only a gcra rate can be shared fairly; this rule's limit is 5 per 1s (fixed window)`},
 		{"unknown limit field", doc("gcra: {rate: 1, per: 1s, brust: 2}"), `policy: line 4: rule "a": gcra.brust: unknown field; expected rate, per or burst`},

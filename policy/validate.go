@@ -211,6 +211,9 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		if err != nil {
 			return nil, "fair.weight", "bad template " + err.Error()
 		}
+		if t.fields && len(t.parts) != 1 {
+			return nil, "fair.weight", fmt.Sprintf("a template of the weight is one field such as \"{{.weight}}\", with no text around it, got %q", r.FairWeight)
+		}
 		if n, err := strconv.Atoi(r.FairWeight); !t.fields && (err != nil || n < 1 || n > limits.MaxWeight) {
 			return nil, "fair.weight", fmt.Sprintf("must be a whole number from 1 to %d or a template such as \"{{.weight}}\", got %q", limits.MaxWeight, r.FairWeight)
 		}
@@ -314,6 +317,9 @@ func (c *crule) compileTiers() (field, msg string) {
 	}
 	if c.tmpl == nil || !c.tmpl.fields {
 		return "tiers", "only a rule with a key from the payload has plans: a global rule limits one thing"
+	}
+	if math.IsInf(c.Borrow, 1) {
+		return "borrow", "true borrows up to the shared rule's rate from the rule's own, which its plans do not share: give a factor such as 2x"
 	}
 	tiers := make(map[string]limits.Limit, len(c.Tiers))
 	for _, name := range slices.Sorted(maps.Keys(c.Tiers)) {

@@ -244,7 +244,9 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 	var scoped []quotas.Rule
 	var adaptiveIdx []int
 	var shadow []quotas.Rule
+	listed := false // a rule of the policy's throttle list governs the task
 	for i, r := range b.Rules() {
+		listed = listed || b.Throttled(i) && !b.Rule(i).Shadow && !m.cfg.Shadow
 		if b.Exempt(i) {
 			continue // an unlimited override: the rule does not apply
 		}
@@ -273,7 +275,9 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 		sp.spacing = spacing(rates)
 	}
 	switch {
-	case len(scoped) > 0:
+	case len(scoped) > 0 || listed:
+		// A throttle blocks the listed rules, none if the task's key is
+		// exempt from them all: never the shared ones instead.
 	case len(adaptive) > 0:
 		// No rule of the task in the policy's throttle list: a throttle
 		// teaches its adaptive rules...

@@ -2,6 +2,7 @@ package taskrl
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -149,6 +150,43 @@ func TestTierLimits(t *testing.T) {
 	for b, want := range map[string]int{"b1": 4, "b2": 1, "b3": 1} {
 		if got := ran[payloads[b]]; got != want {
 			t.Errorf("business %s ran %d tasks, want %d", b, got, want)
+		}
+	}
+}
+
+// TestExemptThrottleScope: under a throttle scope of the per-business rule
+// alone, a 429 for a key exempt from that rule blocks nothing (not the
+// shared vendor rule instead, which would hold every business back); for
+// another key it blocks its per-business rule.
+func TestExemptThrottleScope(t *testing.T) {
+	p, err := mustPolicy(t,
+		policy.Rule{Name: "vendor", Match: policy.Match{Type: "job"}, Limit: quotas.GCRA(gcra.Limit{Rate: 100, Period: time.Second, Burst: 10})},
+		policy.Rule{Name: "per-business", Match: policy.Match{Type: "job"}, Key: "{{.b}}", Limit: quotas.GCRA(gcra.Limit{Rate: 20, Period: time.Second, Burst: 2})}).
+		WithThrottle("per-business")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = p.WithOverrides(policy.Override{Rule: "per-business", Key: "b9", Unlimited: true}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{Policy: p, Client: redistest.Client(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.Bind("job", "q")
+	for key, want := range map[string][]string{"b9": nil, "b1": {"per-business"}} {
+		sp, err := m.split(b.ForKeys([]string{"", key}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		if sp.throttle != nil {
+			for _, r := range sp.throttle.Rules() {
+				got = append(got, r.Name)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: a 429 blocks %v, want %v", key, got, want)
 		}
 	}
 }

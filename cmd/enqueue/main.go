@@ -398,6 +398,9 @@ func parse(args []string, env stdio) (*options, error) {
 	if set["prefix"] && !set["max-waiting"] && !o.dryRun {
 		return nil, usagef("--prefix: only used with --max-waiting or --dry-run")
 	}
+	if err := keys.ValidatePrefix(o.prefix); err != nil {
+		return nil, usagef("--prefix: %v", err)
+	}
 	if set["max-waiting"] {
 		switch {
 		case o.maxWaiting < 0:

@@ -486,9 +486,12 @@ func factor(n ast.Node) (Factor, string) {
 }
 
 func intText(n ast.Node) (IntText, string) {
-	if _, ok := n.(*ast.IntegerNode); ok {
+	switch n.(type) {
+	case *ast.IntegerNode:
 		i, bad := integer(n)
 		return IntText(strconv.Itoa(i)), bad
+	case *ast.FloatNode, *ast.InfinityNode, *ast.NanNode:
+		return "", "must be a whole number or a template of one, got " + tokText(n)
 	}
 	s, bad := str(n)
 	return IntText(s), bad

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -84,7 +83,7 @@ type KeyState struct {
 	Rate float64 `json:"rate,omitempty"`
 	// Waiting is the tasks waiting under the rule for this key
 	// (taskrl.Waiting), filled by AddWaiting.
-	Waiting int `json:"waiting"`
+	Waiting int `json:"waiting,omitempty"`
 }
 
 // AddWaiting fills each reported key's Waiting from the waiting index on
@@ -223,8 +222,11 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 
 // Ahead returns, for Options.Ahead of an estimate (enqueue --dry-run),
 // what already stands under rule for key: the units used now (Collect's
-// KeyState.Used for that key, under the policy's overrides) and the tasks
-// waiting (taskrl.Waiting, on the same Redis). An exempt key has neither.
+// KeyState.Used for that key, under the policy's file overrides: a
+// window's count, a GCRA rule's burst in use, a concurrency rule's held
+// slots) and the tasks waiting (taskrl.Waiting, on the same Redis). A
+// waiting task booked within the burst or the current window is in both,
+// so the estimate errs long by at most that. An exempt key has neither.
 func Ahead(ctx context.Context, c redis.UniversalClient, prefix string, p *policy.Policy, rule, key string) (used, waiting int, err error) {
 	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
 	if err != nil {
@@ -244,18 +246,14 @@ func Ahead(ctx context.Context, c redis.UniversalClient, prefix string, p *polic
 			lim, own = o.Limit, true
 		}
 	}
-	ks, at, err := keyState(ctx, c, l, prefix, r, r.Raised(lim), key, own)
+	ks, _, err := keyState(ctx, c, l, prefix, r, r.Raised(lim), key, own)
 	if err != nil {
 		return 0, 0, err
 	}
-	used = ks.Used
-	if ks.Rate > 0 && ks.ResetsAt.After(at) {
-		// A GCRA rule's Used stops at its burst; its schedule may hold
-		// more (bookings ahead): the units until it is back at full burst.
-		used = int(math.Ceil(ks.ResetsAt.Sub(at).Seconds()*ks.Rate - 1e-9))
-	}
+	// A GCRA rule's Used is at most its burst: the bookings beyond it are
+	// the waiting tasks'.
 	waiting, err = taskrl.Waiting(ctx, c, prefix, rule, key)
-	return used, waiting, err
+	return ks.Used, waiting, err
 }
 
 // keyState reads one key of rule r under limit lim (own: the key's
