@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
@@ -32,40 +33,18 @@ func TestOverrideLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	ran := map[string]int{}
-	runWorkers(t, c, m, 1, 8, "q", func(_ context.Context, task *asynq.Task) error {
-		mu.Lock()
-		ran[string(task.Payload())]++
-		mu.Unlock()
-		return nil
-	})
-	client := asynq.NewClientFromRedisClient(c)
-	insp := asynq.NewInspectorFromRedisClient(c)
+	w := countRuns(t, c, m)
 	enqueue := func(biz ...string) {
 		t.Helper()
 		for _, b := range biz {
-			for i := 0; i < 6; i++ {
-				if _, err := client.Enqueue(asynq.NewTask("job", []byte(`{"business_id": "`+b+`"}`)), asynq.Queue("q")); err != nil {
-					t.Fatal(err)
-				}
-			}
+			w.enqueue(t, `{"business_id": "`+b+`"}`, 6)
 		}
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			if info, err := insp.GetQueueInfo("q"); err == nil && info.Pending == 0 && info.Active == 0 {
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		t.Fatal("the tasks were not decided in 20 s")
+		w.decided(t)
 	}
 	check := func(want map[string]int) {
 		t.Helper()
-		mu.Lock()
-		defer mu.Unlock()
 		for b, n := range want {
-			if got := ran[`{"business_id": "`+b+`"}`]; got != n {
+			if got := w.ran(`{"business_id": "` + b + `"}`); got != n {
 				t.Errorf("business %s ran %d tasks, want %d", b, got, n)
 			}
 		}
@@ -119,39 +98,69 @@ func TestTierLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	ran := map[string]int{}
-	runWorkers(t, c, m, 1, 8, "q", func(_ context.Context, task *asynq.Task) error {
-		mu.Lock()
-		ran[string(task.Payload())]++
-		mu.Unlock()
-		return nil
-	})
-	client := asynq.NewClientFromRedisClient(c)
-	insp := asynq.NewInspectorFromRedisClient(c)
+	w := countRuns(t, c, m)
 	payloads := map[string]string{"b1": `{"business_id": "b1", "plan": "pro"}`, "b2": `{"business_id": "b2"}`, "b3": `{"business_id": "b3", "plan": "gold"}`}
 	for _, pl := range payloads {
-		for range 6 {
-			if _, err := client.Enqueue(asynq.NewTask("job", []byte(pl)), asynq.Queue("q")); err != nil {
-				t.Fatal(err)
-			}
+		w.enqueue(t, pl, 6)
+	}
+	w.decided(t)
+	for b, want := range map[string]int{"b1": 4, "b2": 1, "b3": 1} {
+		if got := w.ran(payloads[b]); got != want {
+			t.Errorf("business %s ran %d tasks, want %d", b, got, want)
 		}
 	}
+}
+
+// runCounter is one worker of 8 slots on queue "q" counting the runs of
+// each payload of task type "job" (countRuns).
+type runCounter struct {
+	mu     sync.Mutex
+	runs   map[string]int
+	client *asynq.Client
+	insp   *asynq.Inspector
+}
+
+// countRuns starts a runCounter on c with m.
+func countRuns(t *testing.T, c redis.UniversalClient, m *Middleware) *runCounter {
+	w := &runCounter{runs: map[string]int{}, client: asynq.NewClientFromRedisClient(c), insp: asynq.NewInspectorFromRedisClient(c)}
+	runWorkers(t, c, m, 1, 8, "q", func(_ context.Context, task *asynq.Task) error {
+		w.mu.Lock()
+		w.runs[string(task.Payload())]++
+		w.mu.Unlock()
+		return nil
+	})
+	return w
+}
+
+// enqueue enqueues n tasks of payload.
+func (w *runCounter) enqueue(t *testing.T, payload string, n int) {
+	t.Helper()
+	for range n {
+		if _, err := w.client.Enqueue(asynq.NewTask("job", []byte(payload)), asynq.Queue("q")); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// decided waits until no task is pending or active (each ran or waits),
+// at most 20 s.
+func (w *runCounter) decided(t *testing.T) {
+	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if info, err := insp.GetQueueInfo("q"); err == nil && info.Pending == 0 && info.Active == 0 {
-			break
+		if info, err := w.insp.GetQueueInfo("q"); err == nil && info.Pending == 0 && info.Active == 0 {
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the tasks were not decided in 20 s")
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for b, want := range map[string]int{"b1": 4, "b2": 1, "b3": 1} {
-		if got := ran[payloads[b]]; got != want {
-			t.Errorf("business %s ran %d tasks, want %d", b, got, want)
-		}
-	}
+}
+
+// ran returns how many times a task of payload ran.
+func (w *runCounter) ran(payload string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.runs[payload]
 }
 
 // TestExemptThrottleScope: under a throttle scope of the per-business rule

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/gcra"
@@ -39,24 +38,14 @@ func TestWaitingIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runWorkers(t, c, m, 1, 8, "q", func(context.Context, *asynq.Task) error { return nil })
-	client := asynq.NewClientFromRedisClient(c)
-	insp := asynq.NewInspectorFromRedisClient(c)
+	w := countRuns(t, c, m)
 	payload := func(b string) []byte { return []byte(`{"business_id": "` + b + `"}`) }
 	for b, n := range map[string]int{"b1": 6, "b2": 2, "b3": 3} {
-		for range n {
-			if _, err := client.Enqueue(asynq.NewTask("job", payload(b)), asynq.Queue("q")); err != nil {
-				t.Fatal(err)
-			}
-		}
+		w.enqueue(t, string(payload(b)), n)
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if info, err := insp.GetQueueInfo("q"); err == nil && info.Pending == 0 && info.Active == 0 && info.Scheduled == 6 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the tasks were not decided in 20 s")
-		}
+	w.decided(t)
+	if info, err := w.insp.GetQueueInfo("q"); err != nil || info.Scheduled != 6 {
+		t.Fatalf("%+v %v: want 6 tasks waiting", info, err)
 	}
 	for _, tc := range []struct {
 		rule, key string
@@ -101,11 +90,11 @@ func TestWaitingIndex(t *testing.T) {
 		t.Errorf("a task no rule governs: %v", err)
 	}
 	// Deleted through the Inspector while waiting: still counted.
-	tasks, err := insp.ListScheduledTasks("q")
+	tasks, err := w.insp.ListScheduledTasks("q")
 	if err != nil || len(tasks) == 0 {
 		t.Fatal(tasks, err)
 	}
-	if err := insp.DeleteTask("q", tasks[0].ID); err != nil {
+	if err := w.insp.DeleteTask("q", tasks[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := Waiting(ctx, c, "", "global", ""); n != 6 {
