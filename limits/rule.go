@@ -22,8 +22,22 @@ type Rule struct {
 	// flow has a virtual finish time in one sorted set per rule key, and
 	// every request is a booking of its own: about 10 µs more Redis time
 	// per decision than a plain rule (BENCHMARKS.md).
+	//
+	// Fair, for a Concurrency rule, hands its slots to the flows waiting
+	// for them in turn, by weight: a flow of weight w holding h slots
+	// comes before the flows holding more per weight ((h+1)/w lower). A
+	// request finding slots free takes one unless at least as many other
+	// waiting flows come before its flow; one the rule refuses makes its
+	// flow wait, for 1 s after its last refusal, so a slot kept for a flow
+	// whose requests stopped asking stays free at most that long. A
+	// refusal with no slot free says whether the request's flow is the
+	// next of several waiting (quotas.RuleStatus.Next): its requests had
+	// better ask again soon. Critical requests are not held back. One flow with
+	// many requests therefore cannot hold every slot while others ask:
+	// each flow asking converges on Max times its weight's share. A fair
+	// concurrency rule cannot prefetch (its slots are never kept).
 	Fair bool
-	// Prefetch, for a GCRA rule that is not fair or a FixedWindow,
+	// Prefetch, for a rule that is not fair: a GCRA rule, a FixedWindow,
 	// CalendarWindow or SlidingWindow, lets a quotas.Limiter take the
 	// rule's units ahead in batches (token leasing) and hand them out in
 	// its process, each within Prefetch of the moment the batch was
@@ -115,8 +129,8 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 	_, calendar := r.Limit.(CalendarWindow)
 	_, sliding := r.Limit.(SlidingWindow)
 	_, slots := r.Limit.(Concurrency)
-	if r.Fair && !plain {
-		msg := fmt.Sprintf("only a GCRA rule can be fair, not a %s", r.Limit)
+	if r.Fair && !plain && !slots {
+		msg := fmt.Sprintf("only a GCRA or Concurrency rule can be fair, not a %s", r.Limit)
 		return fail(&RuleError{Field: "Rule.Fair", Reason: msg, msg: msg})
 	}
 	if r.Prefetch != 0 {
@@ -125,8 +139,10 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 			return fail(&RuleError{Field: "Rule.Prefetch", Reason: msg, msg: "prefetch " + msg})
 		}
 		switch {
-		case !(plain || fixed || calendar || sliding || slots) || r.Fair:
-			return bad("is only for a GCRA rule that is not fair, a window or concurrency, not %s", r.Limit)
+		case !(plain || fixed || calendar || sliding || slots):
+			return bad("is only for a GCRA rule, a window or concurrency, not %s", r.Limit)
+		case r.Fair:
+			return bad("is not for a fair rule: each request of a fair rule is decided in turn with the other flows'")
 		case r.Prefetch < time.Microsecond || r.Prefetch > MaxPrefetch:
 			return bad("must be between 1µs and %v, got %v", MaxPrefetch, r.Prefetch)
 		}

@@ -37,8 +37,11 @@ type Rule struct {
 	// (limits.Rule.Fair): a value alone gets all of it, and of N values
 	// waiting each gets an equal share, however many tasks one of them
 	// enqueued first. A payload without the field counts as the value "".
-	// "" (the default) means first come, first served. Only a GCRA rule
-	// can be fair.
+	// "" (the default) means first come, first served. A concurrency rule
+	// can be fair too: its free slots go in turn to the values with tasks
+	// waiting for one, so one value's backlog cannot hold every slot while
+	// others wait (limits.Rule.Fair). Only a gcra or concurrency rule can
+	// be fair.
 	Fair string
 	// FairWeight, with Fair, weights the values' shares: of the values
 	// with work waiting, each gets its weight over the sum of theirs

@@ -26,7 +26,7 @@ import (
 //	rules:
 //	  - name: vendor-peak                # required, unique
 //	    match: {type: "http:*"}          # type (path.Match glob) and/or queue (exact)
-//	    fair: "{{.business_id}}"         # optional, gcra only; see Rule.Fair; or
+//	    fair: "{{.business_id}}"         # optional, gcra or concurrency; see Rule.Fair; or
 //	    fair: {key: "{{.business_id}}", weight: "{{.weight}}"}  # weighted: see Rule.FairWeight
 //	    mode: enforce                    # optional: enforce (default) | shadow; see Rule.Shadow
 //	    soft: 10%                        # optional: see Rule.Soft (also 0.1)

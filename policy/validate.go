@@ -198,8 +198,10 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		if err != nil {
 			return nil, "fair", "bad template " + err.Error()
 		}
-		if _, ok := lim.(limits.GCRA); !ok {
-			return nil, "fair", "only a gcra rate can be shared fairly; this rule's limit is " + lim.String()
+		switch lim.(type) {
+		case limits.GCRA, limits.Concurrency:
+		default:
+			return nil, "fair", "only a gcra rate or a concurrency cap can be shared fairly; this rule's limit is " + lim.String()
 		}
 		c.ftmpl = t
 	}

@@ -95,6 +95,11 @@ type RuleStatus struct {
 	// decision used: for an Adaptive rule, the learned one (the rate is
 	// one unit per Interval). Zero for other kinds.
 	Interval time.Duration
+	// Next, for a fair Concurrency rule that refused the request with no
+	// slot free, says that the request's flow is the next to get one of
+	// several flows waiting: a task of it had better wait in its worker
+	// and ask again soon. False otherwise, and for a Critical request.
+	Next bool
 }
 
 // Lease is a concurrency slot taken by an admitted request; Renew keeps it,
@@ -110,8 +115,17 @@ type Lease struct {
 	// Duration is the rule's lease length.
 	Duration   time.Duration
 	zkey, hkey string
+	wkey       string     // a fair rule's waiting set, else ""
 	kept       *slotGrant // a kept slot's grant (Rule.Prefetch), or nil
 	gen        uint64     // the grant's hand-out this lease is of
+}
+
+// keys are the lease script's keys for ls (lease.lua).
+func (ls Lease) keys() []string {
+	if ls.wkey != "" {
+		return []string{ls.zkey, ls.hkey, ls.wkey}
+	}
+	return []string{ls.zkey, ls.hkey}
 }
 
 // decided is when d was decided, µs (0: unknown).
@@ -599,7 +613,7 @@ func (l *Limiter) lease(ctx context.Context, ls Lease, op int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	v, err := leaseScript.Run(ctx, l.client, []string{ls.zkey, ls.hkey}, op, tm.now, tm.floor, holderField(ls.Holder), ls.Token, ls.Duration.Microseconds()).Int64()
+	v, err := leaseScript.Run(ctx, l.client, ls.keys(), op, tm.now, tm.floor, holderField(ls.Holder), ls.Token, ls.Duration.Microseconds()).Int64()
 	if err != nil {
 		return false, fmt.Errorf("quotas: %w", err)
 	}

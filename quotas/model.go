@@ -323,16 +323,24 @@ type model struct {
 	changed map[string]int64
 	// Fair GCRA rules: blocks per TAT key, virtual finishes per flows key
 	// and flow, and the current request's tag per TAT key (gc_load).
-	blocks  map[string]int64
-	flows   map[string]map[string]int64
-	tags    map[string]fairTag
-	steals  int    // bookings taken over
+	blocks map[string]int64
+	flows  map[string]map[string]int64
+	tags   map[string]fairTag
+	steals int // bookings taken over
+	// yielded counts the allows a fair concurrency rule refused while it
+	// had a slot free (left for flows before the request's).
+	yielded int
 	victim  string // the owner of the last booking taken over
 	wins    map[string]map[int64]int64
 	logs    map[string][]logEntry
 	holders map[string]map[string]int64 // key -> holder -> lease expiry
 	tokens  map[string]map[string]int64
 	seq     map[string]int64
+	// Fair concurrency rules, per holders key: each holder's flow, the
+	// slots each flow holds, and the flows waiting (rules.lua, cc_wait).
+	flowOf  map[string]map[string]string
+	slotsOf map[string]map[string]int64
+	waits   map[string]map[string]ccWait
 	// Other kinds than GCRA: per block key, until when a Block holds.
 	tills map[string]int64
 	// Adaptive rules: per learn key, the learned state.
@@ -359,6 +367,20 @@ type fairTag struct {
 // flow's finish.
 func (ft fairTag) round(n, em int64) int64 { return n * em * ft.nact / ft.weight }
 
+// ccWait is a flow waiting at a fair concurrency rule: until when, and its
+// weight then.
+type ccWait struct{ until, weight int64 }
+
+// ccRank mirrors rules.lua's cc_rank: the rank of a flow holding held
+// slots at weight w.
+func ccRank(held, w int64) int64 { return (held + 1) * 1000000 / w }
+
+// ccWaitFor and ccRetry mirror rules.lua's CC_WAIT and CC_RETRY (µs).
+const (
+	ccWaitFor = 1000000
+	ccRetry   = 100000
+)
+
 type logEntry struct {
 	at int64
 	id string
@@ -368,6 +390,7 @@ func newModel() *model {
 	return &model{tats: map[string]int64{}, lasts: map[string]int64{}, books: map[string][]booking{}, changed: map[string]int64{},
 		blocks: map[string]int64{}, flows: map[string]map[string]int64{}, tags: map[string]fairTag{}, wins: map[string]map[int64]int64{}, logs: map[string][]logEntry{},
 		holders: map[string]map[string]int64{}, tokens: map[string]map[string]int64{}, seq: map[string]int64{}, tills: map[string]int64{},
+		flowOf: map[string]map[string]string{}, slotsOf: map[string]map[string]int64{}, waits: map[string]map[string]ccWait{},
 		learns: map[string]learned{}}
 }
 
@@ -410,19 +433,73 @@ func (m *model) earliest(c call, t, n, now, ahead int64, holder string, critical
 	case kindSliding:
 		return m.slidingEarliest(c, t, n)
 	}
-	capacity := c.c.max
-	if !critical {
-		capacity -= c.c.reserved
+	if m.slotFree(c, now, holder, critical) {
+		return t
 	}
 	hs := m.holders[k]
-	if _, ok := hs[holder]; ok || int64(len(hs)) < capacity {
-		return t
+	if len(hs) == 0 {
+		return t + ccRetry
 	}
 	first := int64(1) << 62
 	for _, e := range hs {
 		first = min(first, e)
 	}
 	return max(t, first)
+}
+
+// slotFree mirrors rules.lua's cc_earliest: whether concurrency rule c
+// gives holder a slot (one it holds is replaced).
+func (m *model) slotFree(c call, now int64, holder string, critical bool) bool {
+	capacity := c.c.max
+	if !critical {
+		capacity -= c.c.reserved
+	}
+	hs := m.holders[c.keys[0]]
+	_, ok := hs[holder]
+	return ok || int64(len(hs)) < capacity && (!c.c.cfair || critical || !m.ahead(c, capacity-int64(len(hs)), now))
+}
+
+// ahead mirrors rules.lua's cc_ahead: whether at least free flows other
+// than c's wait at its fair concurrency rule ranking below c's flow.
+func (m *model) ahead(c call, free, now int64) bool {
+	k := c.keys[0]
+	p, n := ccRank(m.slotsOf[k][c.flow], c.weight), int64(0)
+	for f, w := range m.waits[k] {
+		if f != c.flow && w.until > now && ccRank(m.slotsOf[k][f], w.weight) < p {
+			n++
+		}
+	}
+	return n >= free
+}
+
+// others reports whether a flow other than c's waits at its fair
+// concurrency rule (rules.lua's cc_ahead of any rank).
+func (m *model) others(c call, now int64) bool {
+	for f, w := range m.waits[c.keys[0]] {
+		if f != c.flow && w.until > now {
+			return true
+		}
+	}
+	return false
+}
+
+// moveFlow gives holder's slot at concurrency key k to flow ("": none),
+// taking it from the flow it was with.
+func (m *model) moveFlow(k, holder, flow string) {
+	if old, ok := m.flowOf[k][holder]; ok {
+		if m.slotsOf[k][old]--; m.slotsOf[k][old] <= 0 {
+			delete(m.slotsOf[k], old)
+		}
+		delete(m.flowOf[k], holder)
+	}
+	if flow == "" {
+		return
+	}
+	if m.flowOf[k] == nil {
+		m.flowOf[k], m.slotsOf[k] = map[string]string{}, map[string]int64{}
+	}
+	m.flowOf[k][holder] = flow
+	m.slotsOf[k][flow]++
 }
 
 // slidingEarliest mirrors rules.lua's sl_earliest: the earliest t' >= t at
@@ -560,6 +637,7 @@ func (m *model) expire(k string, now int64) {
 		if e <= now {
 			delete(m.holders[k], h)
 			delete(m.tokens[k], h)
+			m.moveFlow(k, h, "")
 		}
 	}
 }
@@ -577,6 +655,10 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 	m.housekeep(calls, now)
 	m.learnLoad(calls, now, op != opStatus)
 	m.load(calls, now, critical)
+	// next: per call, 1 if a fair concurrency rule refused with no slot
+	// free and the request's flow the next of several waiting (rules.lua's
+	// cc_earliest, r.next).
+	next := make([]int64, len(calls))
 	out := func(st, wait, rule, t int64, undo map[int][2]int64) reply {
 		r := reply{status: st, wait: wait, rule: rule, now: now, at: t}
 		for j, c := range calls {
@@ -584,6 +666,8 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			var em int64
 			if c.c.kind == kindGCRA {
 				em = c.em
+			} else {
+				em = next[j]
 			}
 			r.rules = append(r.rules, [replyRule]int64{u, rem, reset, undo[j][0], undo[j][1], em})
 		}
@@ -612,6 +696,11 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			if e < 0 {
 				return out(stDenied, -1, int64(i+1), now, nil)
 			}
+			if c.c.cfair && !critical && !m.slotFree(c, now, holder, critical) {
+				if int64(len(m.holders[c.keys[0]])) >= c.c.max-c.c.reserved && !m.ahead(c, 1, now) && m.others(c, now) {
+					next[i] = 1
+				}
+			}
 			if op == opAllow {
 				if e-now > wait {
 					wait, worst = e-now, int64(i+1)
@@ -627,6 +716,19 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 		t = nt
 	}
 	if op == opAllow && worst > 0 {
+		// The flows a fair concurrency rule refused wait for its slots
+		// (quotas.lua's decide, cc_wait).
+		for _, c := range calls {
+			if c.c.cfair && !m.slotFree(c, now, holder, critical) {
+				if int64(len(m.holders[c.keys[0]])) < c.c.max-c.c.reserved {
+					m.yielded++
+				}
+				if m.waits[c.keys[0]] == nil {
+					m.waits[c.keys[0]] = map[string]ccWait{}
+				}
+				m.waits[c.keys[0]][c.flow] = ccWait{until: now + ccWaitFor, weight: c.weight}
+			}
+		}
 		return out(stDenied, wait, worst, now, nil)
 	}
 	// A reserve books t unless denied (deny: the wait and rule); a set with
@@ -803,6 +905,9 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				m.holders[k], m.tokens[k] = map[string]int64{}, map[string]int64{}
 			}
 			m.holders[k][holder] = now + c.c.lease
+			if c.c.cfair {
+				m.moveFlow(k, holder, c.flow)
+			}
 			m.seq[k] = max(m.seq[k]+1, now)
 			m.tokens[k][holder] = m.seq[k]
 			undo[j] = [2]int64{m.seq[k], 0}
@@ -1177,6 +1282,7 @@ func (m *model) release(k, holder string, token int64) bool {
 	}
 	delete(m.holders[k], holder)
 	delete(m.tokens[k], holder)
+	m.moveFlow(k, holder, "")
 	return true
 }
 

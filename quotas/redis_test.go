@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -120,6 +121,9 @@ type differ struct {
 	// charges, and steps that mostly allow, reserve and settle.
 	settling bool
 	settled  int // Settle calls compared
+	// slots: sets with a fair concurrency rule, many holders of weighted
+	// flows, steps shorter than a flow's wait, mostly allows and releases.
+	slots bool
 }
 
 func newDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64) *differ {
@@ -190,6 +194,8 @@ func (d *differ) step(t testing.TB) {
 	case x < 4:
 	case d.booking:
 		d.l.now = d.l.now.Add(time.Duration(d.rng.Int64N(int64(d.scale) / 4)))
+	case d.slots:
+		d.l.now = d.l.now.Add(time.Duration(d.rng.Int64N(int64(300 * time.Millisecond))))
 	case x < 8:
 		d.l.now = d.l.now.Add(time.Duration(d.rng.Int64N(int64(d.scale) * 2)))
 	default:
@@ -199,6 +205,9 @@ func (d *differ) step(t testing.TB) {
 	now := d.l.now.UnixMicro()
 	s := d.sets[d.rng.IntN(len(d.sets))]
 	req := Request{Cost: d.rng.IntN(3), Holder: fmt.Sprintf("task%d", d.rng.IntN(4)), Critical: d.rng.IntN(4) == 0}
+	if d.slots {
+		req.Holder, req.Critical = fmt.Sprintf("task%d", d.rng.IntN(16)), d.rng.IntN(16) == 0
+	}
 	if d.rng.IntN(3) > 0 {
 		req.Keys = make([]string, len(s.rules))
 		for i := range req.Keys {
@@ -212,7 +221,7 @@ func (d *differ) step(t testing.TB) {
 			req.Costs[i] = d.rng.IntN(4)
 		}
 	}
-	if d.booking {
+	if d.booking || d.slots {
 		req.Fair = make([]string, len(s.rules))
 		fi := d.rng.IntN(len(flows))
 		for i := range req.Fair {
@@ -256,6 +265,10 @@ func (d *differ) step(t testing.TB) {
 		// Reserve far ahead (x 12-14) more than half the time, refund
 		// (x 16-17) a fifth of it.
 		x = []int{0, 0, 0, 12, 12, 12, 12, 12, 12, 12, 12, 12, 12, 12, 15, 16, 17, 17, 17, 17}[x]
+	} else if d.slots {
+		// Allow (x 0) more than half the time, renew or release (x 18)
+		// a quarter of it.
+		x = []int{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 15, 16, 17, 18, 18, 18, 18, 18}[x]
 	}
 	switch {
 	case x < 12:
@@ -518,6 +531,57 @@ func TestDifferentialBookings(t *testing.T) {
 	}
 	if cut.Load() < 10 {
 		t.Errorf("only %d adaptive keys were cut", cut.Load())
+	}
+	assertAllExpire(t, c, prefix)
+}
+
+// newSlotsDiffer is a differ whose sets have a fair concurrency rule of 1-5
+// slots, alone or with another rule (a plain concurrency rule, a GCRA or a
+// fixed window), whose requests come from 16 holders of weighted flows,
+// and whose steps mostly allow and release, less than a flow's wait apart.
+func newSlotsDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64) *differ {
+	d := newDiffer(t, c, prefix, seed)
+	d.slots, d.scale = true, time.Second
+	d.sets = d.sets[:0]
+	for i := 0; i < 4; i++ {
+		max := 1 + d.rng.IntN(5)
+		fair := Rule{Name: "cf", Fair: true, Limit: Concurrency{Max: max, Reserved: d.rng.IntN(max) * d.rng.IntN(2), Lease: time.Duration(1+d.rng.IntN(10)) * time.Second}}
+		rules := []Rule{fair}
+		switch d.rng.IntN(4) {
+		case 0:
+			rules = append(rules, Rule{Name: "c", Limit: Concurrency{Max: 1 + d.rng.IntN(6), Lease: 5 * time.Second}})
+		case 1:
+			rules = append(rules, Rule{Name: "g", Limit: GCRA(gcra.Limit{Rate: float64(2 + d.rng.IntN(6)), Period: time.Second, Burst: 1 + d.rng.IntN(4)})})
+		case 2:
+			rules = append(rules, Rule{Name: "w", Limit: FixedWindow{Limit: 3 + d.rng.IntN(8), Every: time.Second}})
+		}
+		if d.rng.IntN(2) == 0 {
+			slices.Reverse(rules)
+		}
+		d.sets = append(d.sets, mustSet(rules...))
+	}
+	return d
+}
+
+// TestDifferentialFairSlots runs fair concurrency rules through the Lua
+// script and the Go model: flows of weights 1-3 (now and then up to the
+// most) asking for few slots, waiting, taking turns, their leases released,
+// renewed and ending, and requires identical decisions; and that fairness
+// refused allows with slots free (left to flows before them) often.
+func TestDifferentialFairSlots(t *testing.T) {
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	var yielded atomic.Int64
+	redistest.Parallel(t, 8, func(t testing.TB, w int) {
+		d := newSlotsDiffer(t, c, fmt.Sprintf("%sw%d:", prefix, w), uint64(w+500))
+		for i := 0; i < 3000; i++ {
+			d.step(t)
+		}
+		yielded.Add(int64(d.mod.m.yielded))
+	})
+	t.Logf("%d allows left a free slot to flows before them", yielded.Load())
+	if yielded.Load() < 200 {
+		t.Errorf("only %d allows left a free slot to other flows", yielded.Load())
 	}
 	assertAllExpire(t, c, prefix)
 }

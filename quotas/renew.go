@@ -32,7 +32,7 @@ func (l *Limiter) RenewAll(ctx context.Context, leases []Lease) (ok []bool, err 
 		cmds := make([]*redis.Cmd, len(leases))
 		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error { // errors: per command, below
 			for i, ls := range leases {
-				cmds[i] = leaseScript.EvalSha(ctx, p, []string{ls.zkey, ls.hkey}, 0, tm.now, tm.floor, holderField(ls.Holder), ls.Token, ls.Duration.Microseconds())
+				cmds[i] = leaseScript.EvalSha(ctx, p, ls.keys(), 0, tm.now, tm.floor, holderField(ls.Holder), ls.Token, ls.Duration.Microseconds())
 			}
 			return nil
 		})

@@ -61,6 +61,9 @@ type compiled struct {
 	tails []string
 	ticks *tickCache // calendar
 	fair  bool       // GCRA shared fairly among flows
+	// cfair: a Concurrency rule whose slots go to the waiting flows in
+	// turn (rules.lua, cc_wait).
+	cfair bool
 	// prefetch is Rule.Prefetch, µs.
 	prefetch int64
 	learn    *learnParams // an Adaptive rule: a GCRA whose em is learned
@@ -79,7 +82,7 @@ func (c compiled) withArgs() compiled {
 	case kindCalendar:
 		c.ticks = &tickCache{}
 	case kindConcurrency:
-		c.args = []any{kindConcurrency, c.max, c.reserved, c.lease}
+		c.args = []any{kindConcurrency, c.max, c.reserved, c.lease, b2i(c.cfair)}
 	}
 	return c
 }
@@ -114,7 +117,7 @@ func compile(r Rule) compiled {
 		h := sha256.Sum256([]byte(l.Cron + "\x00" + l.TZ))
 		c = compiled{kind: kindCalendar, suffix: "calendar:" + hex.EncodeToString(h[:4]), limit: int64(l.Limit), sched: s}
 	case Concurrency:
-		c = compiled{kind: kindConcurrency, max: int64(l.Max), reserved: int64(l.Reserved), lease: l.Lease.Microseconds()}
+		c = compiled{kind: kindConcurrency, max: int64(l.Max), reserved: int64(l.Reserved), lease: l.Lease.Microseconds(), cfair: r.Fair}
 	}
 	if c.kind == kindFixed || c.kind == kindCalendar || c.kind == kindConcurrency {
 		// A window's units are handed out before its end only, and a
@@ -166,6 +169,9 @@ func NewSet(rules ...Rule) (*Set, error) {
 		case kindConcurrency:
 			// The tokens hash keeps a Block's end (field "~blk", cc_block).
 			c.tails = []string{":" + r.Name + ":holders", ":" + r.Name + ":tokens"}
+			if c.cfair {
+				c.tails = append(c.tails, ":"+r.Name+":waiting")
+			}
 		case kindGCRA:
 			c.tails = []string{":" + r.Name + ":" + c.suffix, ":" + r.Name + ":" + c.suffix + ":booked"}
 			if c.fair {

@@ -23,7 +23,7 @@ func TestRuleErrorFields(t *testing.T) {
 		{Rule{Name: strings.Repeat("x", 65), Limit: ok}, "Rule.Name", "must be 1-64 characters"},
 		{Rule{Name: "a b", Limit: ok}, "Rule.Name", `"a b" contains ' '; allowed are letters, digits, '_', '.' and '-'`},
 		{Rule{Name: "r"}, "Rule.Limit", "missing"},
-		{Rule{Name: "r", Limit: ok, Fair: true}, "Rule.Fair", "only a GCRA rule can be fair, not a 1 per 1s (fixed window)"},
+		{Rule{Name: "r", Limit: ok, Fair: true}, "Rule.Fair", "only a GCRA or Concurrency rule can be fair, not a 1 per 1s (fixed window)"},
 
 		{Rule{Name: "r", Limit: GCRA{Rate: -1, Period: time.Second, Burst: 1}}, "Rate", "must be a positive number, got -1"},
 		{Rule{Name: "r", Limit: GCRA{Rate: 0, Period: time.Second, Burst: 1}}, "Rate", "must be a positive number, got 0"},

@@ -32,7 +32,7 @@ func TestNewSetErrors(t *testing.T) {
 		{[]Rule{{Name: "k", Limit: Concurrency{Max: 0, Lease: time.Minute}}}, `max must be at least 1`},
 		{[]Rule{{Name: "k", Limit: Concurrency{Max: 1, Lease: time.Millisecond}}}, `lease must be at least 1s`},
 		{[]Rule{{Name: "k", Limit: Concurrency{Max: 2, Lease: time.Minute, Reserved: 2}}}, `reserved must be between 0 and max-1 (1), got 2`},
-		{[]Rule{{Name: "f", Limit: FixedWindow{Limit: 1, Every: time.Second}, Fair: true}}, `rule "f": only a GCRA rule can be fair, not a 1 per 1s (fixed window)`},
+		{[]Rule{{Name: "f", Limit: FixedWindow{Limit: 1, Every: time.Second}, Fair: true}}, `rule "f": only a GCRA or Concurrency rule can be fair, not a 1 per 1s (fixed window)`},
 	}
 	for _, c := range cases {
 		_, err := NewSet(c.rules...)

@@ -100,7 +100,7 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 		default:
 			c.tag = keys.Encode(c.key)
 		}
-		if c.c.fair && r.Fair != nil {
+		if (c.c.fair || c.c.cfair) && r.Fair != nil {
 			c.flow = keys.Encode(r.Fair[i])
 		}
 		c.weight = 1
@@ -250,9 +250,9 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 	}
 	fair := false
 	for _, c := range g {
-		if c.c.fair {
+		if c.c.fair || c.c.cfair {
 			argv = append(argv, c.flow, c.weight)
-			fair = true
+			fair = fair || c.c.fair
 		}
 	}
 	if fair {
@@ -506,7 +506,11 @@ func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
 			d.ats[c.i], d.undo[c.i] = r.at, [2]int64{st[3], st[4]}
 			d.Rules[c.i] = status(s, c, st)
 			if c.c.kind == kindConcurrency && st[3] > 0 {
-				d.Leases = append(d.Leases, Lease{Rule: s.rules[c.i].Name, Key: c.key, Holder: p.req.Holder, Token: st[3], Duration: time.Duration(c.c.lease) * time.Microsecond, zkey: c.keys[0], hkey: c.keys[1]})
+				ls := Lease{Rule: s.rules[c.i].Name, Key: c.key, Holder: p.req.Holder, Token: st[3], Duration: time.Duration(c.c.lease) * time.Microsecond, zkey: c.keys[0], hkey: c.keys[1]}
+				if c.c.cfair {
+					ls.wkey = c.keys[2]
+				}
+				d.Leases = append(d.Leases, ls)
 			}
 		}
 	}
@@ -516,9 +520,17 @@ func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
 	return d
 }
 
+// status is rule c's status from its reply fields st; the last is a GCRA
+// rule's interval, or whether a fair concurrency rule that refused gives
+// the request's flow the next slot.
 func status(s *Set, c call, st [replyRule]int64) RuleStatus {
-	return RuleStatus{Name: s.rules[c.i].Name, Key: c.key, Used: int(st[0]), Remaining: int(st[1]), ResetAfter: time.Duration(st[2]) * time.Microsecond,
-		Interval: time.Duration(st[5]) * time.Microsecond}
+	rs := RuleStatus{Name: s.rules[c.i].Name, Key: c.key, Used: int(st[0]), Remaining: int(st[1]), ResetAfter: time.Duration(st[2]) * time.Microsecond}
+	if c.c.kind == kindConcurrency {
+		rs.Next = st[5] == 1
+	} else {
+		rs.Interval = time.Duration(st[5]) * time.Microsecond
+	}
+	return rs
 }
 
 // holderField is how holder h is named in a concurrency rule's keys. The

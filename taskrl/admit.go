@@ -31,8 +31,12 @@ type job struct {
 	policy *policy.Policy   // the policy the job was decided under
 	sp     *split           // nil when no rule matches the task
 	keys   []string         // the binding's keys, one per rule
-	rates  quotas.Request   // the request to the rate and window rules
-	charge quotas.Decision  // the rate charge (or booking) the task runs under
+	// flows and weights are the binding's fair flows and weights, one per
+	// rule (nil: none), for the fair concurrency rules (slotRequest).
+	flows   []string
+	weights []int
+	rates   quotas.Request  // the request to the rate and window rules
+	charge  quotas.Decision // the rate charge (or booking) the task runs under
 	// slots is the slots' decision made in the call that admitted the
 	// rates now (quotas.Limiter.ReserveAndAllow), for runHolding to use
 	// instead of deciding them again; nil if none.
@@ -369,7 +373,13 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		if err != nil && !errors.Is(err, errRedisDown) {
 			j.observe(Event{Outcome: RedisError, Err: err})
 		}
-		a := admission.Plan(j.lim, j.step(admission.Step{Stage: admission.Slots, Decision: outcome(d), Err: err, Charged: j.charge.Allowed, HoldEnd: holdEnd, Lease: j.sp.lease}))
+		o := outcome(d)
+		if o.Next = err == nil && nextSlot(d); o.Next {
+			// The task's flow gets the next slot that frees: it waits
+			// for it longer than MaxHold (limits.Rule.Fair).
+			holdEnd = later(holdEnd, m.serverNow().Add(nextHold))
+		}
+		a := admission.Plan(j.lim, j.step(admission.Step{Stage: admission.Slots, Decision: o, Err: err, Charged: j.charge.Allowed, HoldEnd: holdEnd, Lease: j.sp.lease}))
 		switch a.Verb {
 		case admission.Unlimited:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; running without a concurrency slot", "task", j.id, "err", err)
@@ -480,7 +490,7 @@ func (j *job) slotRequest() quotas.Request {
 	if j.holderOnce == "" {
 		j.holderOnce = j.holder()
 	}
-	return quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Holder: j.holderOnce, Critical: j.sp.critical}
+	return quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Fair: pick(j.flows, j.sp.slotIdx), Weights: pick(j.weights, j.sp.slotIdx), Holder: j.holderOnce, Critical: j.sp.critical}
 }
 
 // releaseSlots gives back the slots decided with the rates (j.slots) when

@@ -232,6 +232,24 @@ type split struct {
 	spacing          time.Duration  // between two tasks at the tightest rate rule; 0: not swept
 }
 
+// nextSlot reports whether d is a denial by a fair concurrency rule that gives
+// the task's flow the next slot that frees (quotas.RuleStatus.Next).
+func nextSlot(d quotas.Decision) bool {
+	return !d.Allowed && slices.ContainsFunc(d.Rules, func(r quotas.RuleStatus) bool { return r.Next && r.Name == d.Rule })
+}
+
+// nextHold is how long a task whose flow gets the next slot of a fair
+// concurrency rule waits for it in the worker (RuleStatus.Next), at least.
+const nextHold = 2 * time.Second
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // adaptiveReserve: see admission.AdaptiveReserve.
 const adaptiveReserve = admission.AdaptiveReserve
 
@@ -386,7 +404,8 @@ func withAutoPrefetch(b *policy.Binding, rules []quotas.Rule, idx []int) []quota
 		case quotas.CalendarWindow:
 			auto = autoIf(l.Limit >= autoMin)
 		case quotas.Concurrency:
-			auto = autoIf(l.Max >= autoSlots)
+			// A fair rule's slots go to the flows in turn, never kept.
+			auto = autoIf(l.Max >= autoSlots && !r.Fair)
 		case quotas.GCRA:
 			if !r.Fair {
 				auto = autoGCRA(l)
@@ -617,7 +636,7 @@ func (j *job) process(b *policy.Binding, next asynq.Handler) error {
 		j.observe(Event{Outcome: Refused, Rule: err.(*policy.CostError).Rule, Wait: quotas.Never})
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
-	j.keys = rq.Keys
+	j.keys, j.flows, j.weights = rq.Keys, rq.Fair, rq.Weights
 	// A task booked for after the pause's end keeps its slot: a refund of
 	// a GCRA charge that others follow gives little back, so the task
 	// would decide anew behind them.

@@ -40,6 +40,10 @@ const (
 	// SlotRetry is how long after a busy concurrency slot a task that
 	// cannot wait for it in the worker is tried again.
 	SlotRetry = time.Second
+	// NextPoll is how often a task whose flow gets the next slot of a fair
+	// concurrency rule asks for it while it waits in the worker: the slot
+	// is kept for that flow, so it must not stay free long.
+	NextPoll = 20 * time.Millisecond
 	// AdaptiveReserve is how far ahead a task with an adaptive rule is
 	// booked at most: a booking keeps the rate it was made at, so after a
 	// cut the bookings beyond it are decided again (quotas.Limiter.Held);

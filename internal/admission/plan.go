@@ -37,6 +37,10 @@ type Decision struct {
 	Delay, RetryAfter time.Duration // RetryAfter Never: never admissible
 	Now               time.Time     // the server's clock when decided
 	Rule              string        // the rule that denied, or made it wait
+	// Next: a fair concurrency rule denied with no slot free, the task's
+	// flow the next to get one of several flows waiting (Slots): it looks
+	// again sooner.
+	Next bool
 }
 
 // Step is what is known at one stage of a task's admission.
@@ -184,7 +188,9 @@ func planRates(c Limits, s Step) Action {
 // planSlots acts on the concurrency slots: run when they are the task's,
 // wait for them in the worker briefly, or reschedule in SlotRetry keeping
 // the rate charge as the task's booking then. A wait longer than any lease
-// is a block (an upstream throttle): the task is rescheduled to its end.
+// is a block (an upstream throttle): the task is rescheduled to its end. A
+// task whose flow is next at a fair rule looks again every NextPoll: the
+// slot that frees is kept for it.
 func planSlots(c Limits, s Step) Action {
 	if s.Err != nil {
 		return redisDown(c.Mode)
@@ -193,7 +199,11 @@ func planSlots(c Limits, s Step) Action {
 	if d.Allowed {
 		return Action{Verb: Run}
 	}
-	w := min(d.RetryAfter, 100*time.Millisecond)
+	poll := 100 * time.Millisecond
+	if d.Next {
+		poll = NextPoll
+	}
+	w := min(d.RetryAfter, poll)
 	if s.Now.Add(w).After(s.HoldEnd) {
 		a := Action{Verb: Reschedule, Wait: SlotRetry, Rule: d.Rule}
 		if d.RetryAfter > s.Lease {

@@ -14,7 +14,8 @@
 --          learn.lua); for a fixed or calendar window its hash of
 --          counts, which keeps a Block's end too (field "~blk",
 --          win_block); for concurrency the holders sorted set and tokens
---          hash (which keeps a Block's end in "~blk", cc_block); for a
+--          hash (which keeps a Block's end in "~blk", cc_block), and
+--          for a fair one its waiting set (cc_wait); for a
 --          sliding window its sorted set, then its block key (a string:
 --          until when a Block holds it, µs)
 -- ARGV[1]  number of requests; then per request, whose arguments follow
@@ -58,12 +59,14 @@
 --            KIND.FIXED        limit, every
 --            KIND.CALENDAR     limit, k, tick_1 .. tick_k
 --            KIND.SLIDING      limit, every
---            KIND.CONCURRENCY  max, reserved, lease
+--            KIND.CONCURRENCY  max, reserved, lease, fair (1 slots handed
+--                              to the waiting flows in turn, rules.lua)
 --            KIND.ADAPTIVE     min, max, start, per, burst (a GCRA rule
 --                              whose em is learned: learn.lua)
 --          and, for a refund, held or settle only, per rule the two undo
---          values u1, u2 the charge replied; then, per fair GCRA rule, the
---          request's flow and its weight (1-100), and, if there is one,
+--          values u1, u2 the charge replied; then, per fair rule (GCRA or
+--          concurrency), the request's flow and its weight (1-100), and, if
+--          there is a fair GCRA rule,
 --          the digest g of the
 --          request's global rules and a string of one '1' per rule the
 --          request is charged on its own (keyed, not fair), else '0'
@@ -89,7 +92,9 @@
 --           its own -x and its tag (booked.lua); a concurrency rule's
 --           fencing token; else 0
 --   em      a GCRA rule's emission interval in this decision (learned, for
---           an adaptive rule); else 0
+--           an adaptive rule); for a fair concurrency rule that refused, 1
+--           if none is free and the request's flow is the next of several
+--           waiting (cc_earliest); else 0
 --
 -- A reserve of a set with a fair rule may take over another request's
 -- booking of the set's first fair rule instead of booking free time, when
@@ -158,7 +163,7 @@ local function earliest(r, t)
   elseif kind == KIND.SLIDING then
     return sl_earliest(r, t, r.n, now)
   end
-  return max(t, cc_earliest(r, t, critical, holder))
+  return max(t, cc_earliest(r, t, critical, holder, now))
 end
 
 -- status returns rule r's used, remaining and reset_after at now.
@@ -214,7 +219,7 @@ local function give_back(r)
   elseif kind == KIND.SLIDING then
     sl_refund(r, 0, r.n, nonce)
   elseif r.u1 > 0 then
-    cc_release(r.key, r.hkey, holder, r.u1, now, ttl_floor)
+    cc_release(r.key, r.hkey, holder, r.u1, now, ttl_floor, r.wkey)
   end
 end
 
@@ -284,6 +289,10 @@ local function take_keys(r, k)
     if r.kind == KIND.CONCURRENCY then
       r.hkey = KEYS[k]
       k = k + 1
+      if r.cfair then
+        r.wkey = KEYS[k]
+        k = k + 1
+      end
     end
     -- A fixed or calendar window keeps its block in its own hash
     -- (win_block), a concurrency rule in its tokens hash (cc_block).
@@ -306,7 +315,8 @@ local function read_rule(a)
     flow = false, weight = 1, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
     stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
     blk = false, till = 0, seq = 0, live = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
-    lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0}
+    lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0,
+    cfair = false, wkey = false, held = 0, wants = false, next = false}
   local kind = r.kind
   if kind == KIND.GCRA then
     r.em, r.burst, r.fair = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'
@@ -327,7 +337,8 @@ local function read_rule(a)
     return r, a + 3 + cnt
   end
   r.max, r.reserved, r.lease = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  return r, a + 4
+  r.cfair = ARGV[a + 4] == '1'
+  return r, a + 5
 end
 
 -- request reads the request whose arguments follow ARGV[a0] and whose keys
@@ -385,10 +396,10 @@ local function request(k0, a0, prev)
   fair, g = 0, '-'
   for i = 1, nrules do
     local r = rules[i]
-    if r.fair then
+    if r.fair or r.cfair then
       r.flow, r.weight = ARGV[a], tonumber(ARGV[a + 1])
       a = a + 2
-      if fair == 0 then fair = i end
+      if fair == 0 and r.fair then fair = i end
     end
   end
   if fair > 0 then
@@ -441,7 +452,11 @@ local function reply(st, wait, rule, t, charged)
     local u1, u2 = 0, 0
     if charged then u1, u2 = r.u1, r.u2 end
     local em = 0
-    if r.kind == KIND.GCRA then em = r.em end
+    if r.kind == KIND.GCRA then
+      em = r.em
+    elseif r.next then
+      em = 1
+    end
     out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] = used, rem, reset, u1, u2, em
     j = j + REPLY.RULE
   end
@@ -625,6 +640,10 @@ local function decide()
     t = nt
   end
   if op == OP.ALLOW and worst > 0 then
+    -- The flows a fair concurrency rule refused wait for its slots.
+    for i = 1, nrules do
+      if rules[i].wants then cc_wait(rules[i], now, ttl_floor) end
+    end
     return reply(ST.DENIED, wait, worst, now)
   end
   if op == OP.RESERVE then
