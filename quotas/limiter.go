@@ -115,7 +115,7 @@ type Lease struct {
 	// Duration is the rule's lease length.
 	Duration   time.Duration
 	zkey, hkey string
-	wkey       string     // a fair rule's waiting set, else ""
+	wkey, ekey string     // a fair rule's waiting set and waits hash, else ""
 	kept       *slotGrant // a kept slot's grant (Rule.Prefetch), or nil
 	gen        uint64     // the grant's hand-out this lease is of
 }
@@ -123,7 +123,7 @@ type Lease struct {
 // keys are the lease script's keys for ls (lease.lua).
 func (ls Lease) keys() []string {
 	if ls.wkey != "" {
-		return []string{ls.zkey, ls.hkey, ls.wkey}
+		return []string{ls.zkey, ls.hkey, ls.wkey, ls.ekey}
 	}
 	return []string{ls.zkey, ls.hkey}
 }

@@ -483,18 +483,21 @@ func (m *model) others(c call, now int64) bool {
 	return false
 }
 
-// moveFlow gives holder's slot at concurrency key k to flow ("": none),
-// taking it from the flow it was with.
-func (m *model) moveFlow(k, holder, flow string) {
+// dropFlow takes holder's slot at concurrency key k from the flow it was
+// with, if any.
+func (m *model) dropFlow(k, holder string) {
 	if old, ok := m.flowOf[k][holder]; ok {
 		if m.slotsOf[k][old]--; m.slotsOf[k][old] <= 0 {
 			delete(m.slotsOf[k], old)
 		}
 		delete(m.flowOf[k], holder)
 	}
-	if flow == "" {
-		return
-	}
+}
+
+// moveFlow gives holder's slot at concurrency key k to flow, taking it
+// from the flow it was with.
+func (m *model) moveFlow(k, holder, flow string) {
+	m.dropFlow(k, holder)
 	if m.flowOf[k] == nil {
 		m.flowOf[k], m.slotsOf[k] = map[string]string{}, map[string]int64{}
 	}
@@ -621,6 +624,11 @@ func (m *model) housekeep(calls []call, now int64) {
 		switch c.c.kind {
 		case kindConcurrency:
 			m.expire(k, now)
+			for f, w := range m.waits[k] {
+				if w.until <= now {
+					delete(m.waits[k], f) // ended: as absent (cc_ahead)
+				}
+			}
 		case kindSliding:
 			// The log is in time order: the entries out of every window
 			// from now on are its start.
@@ -637,7 +645,7 @@ func (m *model) expire(k string, now int64) {
 		if e <= now {
 			delete(m.holders[k], h)
 			delete(m.tokens[k], h)
-			m.moveFlow(k, h, "")
+			m.dropFlow(k, h)
 		}
 	}
 }
@@ -697,7 +705,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				return out(stDenied, -1, int64(i+1), now, nil)
 			}
 			if c.c.cfair && !critical && !m.slotFree(c, now, holder, critical) {
-				if int64(len(m.holders[c.keys[0]])) >= c.c.max-c.c.reserved && !m.ahead(c, 1, now) && m.others(c, now) {
+				if int64(len(m.holders[c.keys[0]])) >= c.c.max-c.c.reserved && m.tills[c.keys[len(c.keys)-1]] <= now && !m.ahead(c, 1, now) && m.others(c, now) {
 					next[i] = 1
 				}
 			}
@@ -1282,7 +1290,7 @@ func (m *model) release(k, holder string, token int64) bool {
 	}
 	delete(m.holders[k], holder)
 	delete(m.tokens[k], holder)
-	m.moveFlow(k, holder, "")
+	m.dropFlow(k, holder)
 	return true
 }
 

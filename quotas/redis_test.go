@@ -184,8 +184,13 @@ func newBookingDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed
 
 var entities = []string{"", "b1", "b2", "tenant:{7}\n", strings.Repeat("é", 40)}
 
-// flows are the values fair rules share among in the tests.
-var flows = []string{"", "f1", "f2", "f3", "f4", strings.Repeat("ü", 300)}
+// flows are the values fair rules share among in the tests; slotFlows
+// adds, for fair concurrency rules, names that end their tokens hash's
+// fixed fields ("~exp", "~seq").
+var (
+	flows     = []string{"", "f1", "f2", "f3", "f4", strings.Repeat("ü", 300)}
+	slotFlows = append(slices.Clone(flows), "xp", "eq")
+)
 
 func (d *differ) step(t testing.TB) {
 	t.Helper()
@@ -221,11 +226,16 @@ func (d *differ) step(t testing.TB) {
 			req.Costs[i] = d.rng.IntN(4)
 		}
 	}
-	if d.booking || d.slots {
+	if d.booking || d.slots && d.rng.IntN(6) > 0 {
+		// (Slots: now and then no flows, Request.Fair nil, the flow "".)
 		req.Fair = make([]string, len(s.rules))
-		fi := d.rng.IntN(len(flows))
+		fl := flows
+		if d.slots {
+			fl = slotFlows
+		}
+		fi := d.rng.IntN(len(fl))
 		for i := range req.Fair {
-			req.Fair[i] = flows[fi]
+			req.Fair[i] = fl[fi]
 		}
 		if d.rng.IntN(2) == 0 {
 			// Weighted: mostly the flow's own (1, 2 or 3), now and then

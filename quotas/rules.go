@@ -170,7 +170,8 @@ func NewSet(rules ...Rule) (*Set, error) {
 			// The tokens hash keeps a Block's end (field "~blk", cc_block).
 			c.tails = []string{":" + r.Name + ":holders", ":" + r.Name + ":tokens"}
 			if c.cfair {
-				c.tails = append(c.tails, ":"+r.Name+":waiting")
+				// The flows waiting, by rank, and until when (cc_wait).
+				c.tails = append(c.tails, ":"+r.Name+":waiting", ":"+r.Name+":waits")
 			}
 		case kindGCRA:
 			c.tails = []string{":" + r.Name + ":" + c.suffix, ":" + r.Name + ":" + c.suffix + ":booked"}

@@ -508,7 +508,7 @@ func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
 			if c.c.kind == kindConcurrency && st[3] > 0 {
 				ls := Lease{Rule: s.rules[c.i].Name, Key: c.key, Holder: p.req.Holder, Token: st[3], Duration: time.Duration(c.c.lease) * time.Microsecond, zkey: c.keys[0], hkey: c.keys[1]}
 				if c.c.cfair {
-					ls.wkey = c.keys[2]
+					ls.wkey, ls.ekey = c.keys[2], c.keys[3]
 				}
 				d.Leases = append(d.Leases, ls)
 			}

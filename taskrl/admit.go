@@ -361,6 +361,7 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 	req := j.slotRequest()
 	holdEnd := m.serverNow().Add(m.cfg.MaxHold)
 	var held time.Duration // waiting for a slot in the worker
+	var nextLast time.Time // the latest holdEnd a fair rule's next slot allows
 	var d quotas.Decision
 	for backoff := 50 * time.Millisecond; ; {
 		var err error
@@ -376,8 +377,17 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		o := outcome(d)
 		if o.Next = err == nil && nextSlot(d); o.Next {
 			// The task's flow gets the next slot that frees: it waits
-			// for it longer than MaxHold (limits.Rule.Fair).
-			holdEnd = later(holdEnd, m.serverNow().Add(nextHold))
+			// for it nextHold past the last such answer, at most
+			// nextMax in all and never past its deadline
+			// (limits.Rule.Fair).
+			now := m.serverNow()
+			if nextLast.IsZero() {
+				nextLast = now.Add(nextMax)
+				if dl, ok := j.ctx.Deadline(); ok {
+					nextLast = earlier(nextLast, now.Add(time.Until(dl)-time.Second))
+				}
+			}
+			holdEnd = later(holdEnd, earlier(now.Add(nextHold), nextLast))
 		}
 		a := admission.Plan(j.lim, j.step(admission.Step{Stage: admission.Slots, Decision: o, Err: err, Charged: j.charge.Allowed, HoldEnd: holdEnd, Lease: j.sp.lease}))
 		switch a.Verb {

@@ -239,8 +239,20 @@ func nextSlot(d quotas.Decision) bool {
 }
 
 // nextHold is how long a task whose flow gets the next slot of a fair
-// concurrency rule waits for it in the worker (RuleStatus.Next), at least.
-const nextHold = 2 * time.Second
+// concurrency rule (RuleStatus.Next) waits for it in the worker after
+// each such answer, at least; nextMax the longest it waits so in all.
+const (
+	nextHold = 2 * time.Second
+	nextMax  = 10 * time.Second
+)
+
+// earlier returns the earlier of a and b.
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
 
 // later returns the later of a and b.
 func later(a, b time.Time) time.Time {

@@ -15,7 +15,7 @@
 --          counts, which keeps a Block's end too (field "~blk",
 --          win_block); for concurrency the holders sorted set and tokens
 --          hash (which keeps a Block's end in "~blk", cc_block), and
---          for a fair one its waiting set (cc_wait); for a
+--          for a fair one its waiting set and waits hash (cc_wait); for a
 --          sliding window its sorted set, then its block key (a string:
 --          until when a Block holds it, µs)
 -- ARGV[1]  number of requests; then per request, whose arguments follow
@@ -219,7 +219,7 @@ local function give_back(r)
   elseif kind == KIND.SLIDING then
     sl_refund(r, 0, r.n, nonce)
   elseif r.u1 > 0 then
-    cc_release(r.key, r.hkey, holder, r.u1, now, ttl_floor, r.wkey)
+    cc_release(r.key, r.hkey, holder, r.u1, now, ttl_floor, r.fk)
   end
 end
 
@@ -290,8 +290,9 @@ local function take_keys(r, k)
       r.hkey = KEYS[k]
       k = k + 1
       if r.cfair then
-        r.wkey = KEYS[k]
-        k = k + 1
+        r.wkey, r.ekey = KEYS[k], KEYS[k + 1]
+        r.fk = {r.wkey, r.ekey}
+        k = k + 2
       end
     end
     -- A fixed or calendar window keeps its block in its own hash
@@ -316,7 +317,7 @@ local function read_rule(a)
     stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
     blk = false, till = 0, seq = 0, live = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
     lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0,
-    cfair = false, wkey = false, held = 0, wants = false, next = false}
+    cfair = false, wkey = false, ekey = false, fk = false, held = 0, wants = false, next = false}
   local kind = r.kind
   if kind == KIND.GCRA then
     r.em, r.burst, r.fair = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'

@@ -305,13 +305,16 @@ local function cc_oldest(r)
 end
 
 -- A fair rule (r.cfair) hands its free slots to the flows waiting for
--- them in turn. Its tokens hash also keeps, per holder, "~h" .. holder: the
--- holder's flow; per flow, "~f" .. flow: the slots it holds, and while it
--- waits "~e" .. flow: until when (its last denial plus CC_WAIT) and
--- "~w" .. flow: its weight. The waiting flows are in a sorted set (r.wkey)
--- ranked by cc_rank: the flow of the lowest rank is served next. A
--- request that finds free slots takes one unless at least as many other
--- waiting flows rank below it; a denied allow makes its flow wait.
+-- them in turn. Its tokens hash also keeps, per holder, "~h:" .. holder:
+-- the holder's flow, and per flow, "~f:" .. flow: the slots it holds (no
+-- fixed field has a ':'). The flows waiting are a sorted set (fk[1],
+-- r.wkey) ranked by cc_rank, the flow of the lowest rank served next, and
+-- a hash (fk[2], r.ekey) of "e" .. flow: until when it waits (its last
+-- denial plus CC_WAIT) and "w" .. flow: its weight; both live CC_WAIT
+-- after the last wait began. A request that finds free slots takes one
+-- unless at least as many other waiting flows rank below it; a denied
+-- allow makes its flow wait. fk is {r.wkey, r.ekey} for a fair rule, else
+-- false.
 
 -- CC_WAIT is how long a flow stays waiting after its last denial (µs);
 -- CC_RETRY how long a request that fairness denies with no lease out
@@ -323,42 +326,42 @@ local CC_WAIT, CC_RETRY = 1000000, 100000
 local function cc_rank(held, w) return floor((held + 1) * 1000000 / w) end
 
 -- cc_move changes the slots flow holds by d, and its rank while it waits.
-local function cc_move(hkey, wkey, flow, d)
-  local held = call('HINCRBY', hkey, '~f' .. flow, d)
+local function cc_move(hkey, fk, flow, d)
+  local held = call('HINCRBY', hkey, '~f:' .. flow, d)
   if held <= 0 then
-    call('HDEL', hkey, '~f' .. flow)
+    call('HDEL', hkey, '~f:' .. flow)
     held = 0
   end
-  local w = tonumber(call('HGET', hkey, '~w' .. flow))
-  if w then call('ZADD', wkey, 'XX', fmt(cc_rank(held, w)), flow) end
+  local w = tonumber(call('HGET', fk[2], 'w' .. flow))
+  if w then call('ZADD', fk[1], 'XX', fmt(cc_rank(held, w)), flow) end
 end
 
 -- cc_forget gives back the slots of holders, which no longer hold any, to
 -- their flows.
-local function cc_forget(hkey, wkey, holders)
+local function cc_forget(hkey, fk, holders)
   local fields = {}
-  for i = 1, #holders do fields[i] = '~h' .. holders[i] end
+  for i = 1, #holders do fields[i] = '~h:' .. holders[i] end
   local flows = call('HMGET', hkey, unpack(fields))
   call('HDEL', hkey, unpack(fields))
   for i = 1, #holders do
-    if flows[i] then cc_move(hkey, wkey, flows[i], -1) end
+    if flows[i] then cc_move(hkey, fk, flows[i], -1) end
   end
 end
 
 -- cc_reclaim drops the leases that have ended by now, as every look does
--- (wkey: a fair rule's waiting set, else false).
-local function cc_reclaim(zkey, hkey, now, wkey)
+-- (fk: a fair rule's waiting keys, else false).
+local function cc_reclaim(zkey, hkey, now, fk)
   local gone = call('ZRANGEBYSCORE', zkey, '-inf', fmt(now))
   if #gone == 0 then return end
   call('ZREMRANGEBYSCORE', zkey, '-inf', fmt(now))
   call('HDEL', hkey, unpack(gone))
-  if wkey then cc_forget(hkey, wkey, gone) end
+  if fk then cc_forget(hkey, fk, gone) end
 end
 
 local function cc_load(r, now)
   local st
   if r.cfair then
-    st = call('HMGET', r.hkey, '~blk', '~seq', '~exp', '~f' .. r.flow)
+    st = call('HMGET', r.hkey, '~blk', '~seq', '~exp', '~f:' .. r.flow)
   else
     st = call('HMGET', r.hkey, '~blk', '~seq', '~exp')
   end
@@ -366,68 +369,61 @@ local function cc_load(r, now)
   r.wants, r.next = false, false
   cc_oldest(r)
   if r.oldest and r.oldest <= now then
-    cc_reclaim(r.key, r.hkey, now, r.wkey)
+    cc_reclaim(r.key, r.hkey, now, r.fk)
     cc_oldest(r)
-    if r.cfair then st[4] = call('HGET', r.hkey, '~f' .. r.flow) end
+    if r.cfair then st[4] = call('HGET', r.hkey, '~f:' .. r.flow) end
   end
   r.held = tonumber(st[4]) or 0
   r.count = 0
   if r.oldest then r.count = call('ZCARD', r.key) end
 end
 
--- cc_unwait forgets that flows wait.
-local function cc_unwait(hkey, wkey, flows)
-  call('ZREM', wkey, unpack(flows))
-  local fields = {}
-  for i = 1, #flows do
-    fields[2 * i - 1], fields[2 * i] = '~e' .. flows[i], '~w' .. flows[i]
-  end
-  call('HDEL', hkey, unpack(fields))
-end
-
 -- cc_ahead reports whether at least free flows other than the request's
 -- wait ranking below rank p (false: any rank): the free slots are theirs
--- first. Flows whose wait has ended are forgotten on the way.
+-- first. Flows whose wait has ended are forgotten on the way, at least
+-- 16 a look.
 local function cc_ahead(r, p, free, now)
   local bound = '+inf'
   if p then bound = '(' .. fmt(p) end
   while true do
-    local ws = call('ZRANGEBYSCORE', r.wkey, '-inf', bound, 'LIMIT', '0', fmt(free + 1))
+    local ws = call('ZRANGEBYSCORE', r.wkey, '-inf', bound, 'LIMIT', '0', fmt(max(free + 1, 16)))
     if #ws == 0 then return false end
     local fields = {}
-    for i = 1, #ws do fields[i] = '~e' .. ws[i] end
-    local ends = call('HMGET', r.hkey, unpack(fields))
-    local live, gone = 0, {}
+    for i = 1, #ws do fields[i] = 'e' .. ws[i] end
+    local ends = call('HMGET', r.ekey, unpack(fields))
+    local live, gone, dead = 0, {}, {}
     for i = 1, #ws do
       local e = tonumber(ends[i])
       if not e or e <= now then
         gone[#gone + 1] = ws[i]
+        dead[#dead + 1], dead[#dead + 2] = 'e' .. ws[i], 'w' .. ws[i]
       elseif ws[i] ~= r.flow then
         live = live + 1
       end
     end
     if live >= free then return true end
     if #gone == 0 then return false end
-    cc_unwait(r.hkey, r.wkey, gone)
+    call('ZREM', r.wkey, unpack(gone))
+    call('HDEL', r.ekey, unpack(dead))
   end
 end
 
 -- cc_wait makes the request's flow wait for CC_WAIT from now (a denied
--- allow of a fair rule); the tokens hash lives at least as long.
+-- allow of a fair rule).
 local function cc_wait(r, now, ttl_floor)
-  local ttl = ttl_ms(CC_WAIT, ttl_floor)
+  local ttl = fmt(ttl_ms(CC_WAIT, ttl_floor))
   call('ZADD', r.wkey, fmt(cc_rank(r.held, r.weight)), r.flow)
-  call('PEXPIRE', r.wkey, fmt(ttl))
-  call('HSET', r.hkey, '~e' .. r.flow, fmt(now + CC_WAIT), '~w' .. r.flow, fmt(r.weight))
-  if call('PTTL', r.hkey) < ttl then call('PEXPIRE', r.hkey, fmt(ttl)) end
+  call('HSET', r.ekey, 'e' .. r.flow, fmt(now + CC_WAIT), 'w' .. r.flow, fmt(r.weight))
+  call('PEXPIRE', r.wkey, ttl)
+  call('PEXPIRE', r.ekey, ttl)
 end
 
 -- cc_earliest asks whether holder already holds a slot only when none is
 -- free, or when a fair rule would not give it one: a holder that acquires
 -- again replaces its own lease. A critical request is not held back by
 -- fairness. A refusal marks the rule (r.wants) for cc_wait, and says
--- whether, none free, the request's flow is the next of several waiting
--- (r.next, replied in the em field).
+-- whether, none free and no block, the request's flow is the next of
+-- several waiting (r.next, replied in the em field).
 local function cc_earliest(r, t, critical, holder, now)
   local cap = r.max
   if not critical then cap = r.max - r.reserved end
@@ -436,8 +432,8 @@ local function cc_earliest(r, t, critical, holder, now)
   if r.count < cap and not cc_ahead(r, cc_rank(r.held, r.weight), cap - r.count, now) then return t end
   if r.cfair then
     r.wants = true
-    -- Next: none free, the request's flow comes first and others wait.
-    r.next = not critical and r.count >= cap and not cc_ahead(r, cc_rank(r.held, r.weight), 1, now) and cc_ahead(r, false, 1, now)
+    r.next = not critical and r.count >= cap and r.till <= now and
+      not cc_ahead(r, cc_rank(r.held, r.weight), 1, now) and cc_ahead(r, false, 1, now)
   end
   return r.oldest or t + CC_RETRY
 end
@@ -485,11 +481,11 @@ local function cc_acquire(r, holder, now, ttl_floor)
   end
   if r.cfair then
     local old = false
-    if added == 0 then old = call('HGET', r.hkey, '~h' .. holder) end
+    if added == 0 then old = call('HGET', r.hkey, '~h:' .. holder) end
     if old ~= r.flow then
-      call('HSET', r.hkey, '~h' .. holder, r.flow)
-      if old then cc_move(r.hkey, r.wkey, old, -1) end
-      cc_move(r.hkey, r.wkey, r.flow, 1)
+      call('HSET', r.hkey, '~h:' .. holder, r.flow)
+      if old then cc_move(r.hkey, r.fk, old, -1) end
+      cc_move(r.hkey, r.fk, r.flow, 1)
     end
   end
   if added == 0 then
@@ -514,7 +510,7 @@ end
 -- The two latest leases tell, in one read, the holder's end when it is one
 -- of them (else it is asked for) and the latest end of the others, which
 -- the keys then live until (cc_live), without reading it again.
-local function cc_release(zkey, hkey, holder, token, now, ttl_floor, wkey)
+local function cc_release(zkey, hkey, holder, token, now, ttl_floor, fk)
   local st = call('HMGET', hkey, holder, '~blk')
   if tonumber(st[1]) ~= token then return 0 end
   local top = call('ZRANGE', zkey, '-2', '-1', 'WITHSCORES')
@@ -528,15 +524,15 @@ local function cc_release(zkey, hkey, holder, token, now, ttl_floor, wkey)
   end
   if not seen then exp = tonumber(call('ZSCORE', zkey, holder)) end
   if exp and exp <= now then
-    cc_reclaim(zkey, hkey, now, wkey)
+    cc_reclaim(zkey, hkey, now, fk)
     return 0
   end
   call('ZREM', zkey, holder)
   call('HDEL', hkey, holder)
-  if wkey then cc_forget(hkey, wkey, {holder}) end
+  if fk then cc_forget(hkey, fk, {holder}) end
   if last and last <= now then
     -- Every other lease has ended too: reclaimed, none is left.
-    cc_reclaim(zkey, hkey, now, wkey)
+    cc_reclaim(zkey, hkey, now, fk)
     last = false
   end
   cc_live(zkey, hkey, last or now + 1000000, last, tonumber(st[2]) or 0, now, ttl_floor)
@@ -563,4 +559,8 @@ local function cc_block(r, till, now, ttl_floor)
   call('HSET', r.hkey, '~blk', fmt(till))
   local ttl = ttl_ms(till - now, ttl_floor)
   if call('PTTL', r.hkey) < ttl then call('PEXPIRE', r.hkey, fmt(ttl)) end
+  -- The holders set too, if any: leases that end meanwhile are reclaimed
+  -- by a look, which gives a fair rule's flows their slots back.
+  local zt = call('PTTL', r.key)
+  if zt > 0 and zt < ttl then call('PEXPIRE', r.key, fmt(ttl)) end
 end
