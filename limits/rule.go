@@ -30,12 +30,13 @@ type Rule struct {
 	// waiting flows come before its flow; one the rule refuses makes its
 	// flow wait, for 1 s after its last refusal, so a slot kept for a flow
 	// whose requests stopped asking stays free at most that long. A
-	// refusal with no slot free says whether the request's flow is the
-	// next of several waiting (quotas.RuleStatus.Next): its requests had
-	// better ask again soon. Critical requests are not held back. One flow with
-	// many requests therefore cannot hold every slot while others ask:
-	// each flow asking converges on Max times its weight's share. A fair
-	// concurrency rule cannot prefetch (its slots are never kept).
+	// refusal with no slot free and no Block in force says whether the
+	// request's flow is the next of several waiting
+	// (quotas.RuleStatus.Next): its requests had better ask again soon.
+	// Critical requests are not held back. One flow with many requests
+	// therefore cannot hold every slot while others ask: each flow asking
+	// converges on Max times its weight's share. A fair concurrency rule
+	// cannot prefetch (its slots are never kept).
 	Fair bool
 	// Prefetch, for a rule that is not fair: a GCRA rule, a FixedWindow,
 	// CalendarWindow or SlidingWindow, lets a quotas.Limiter take the

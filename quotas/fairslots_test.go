@@ -117,3 +117,47 @@ func TestFairSlots(t *testing.T) {
 		t.Errorf("without fairness flow a held only %.2f slots: the traffic does not test fairness", u1["a"])
 	}
 }
+
+// TestFairSlotsOutliveBlock: under a Block longer than the leases, a fair
+// concurrency rule's holders set lives as long as its tokens hash (until
+// the block ends), after an acquire, a renew and a release alike, so that
+// a lease ending meanwhile is reclaimed by a look and gives its flow's
+// slot back rather than leaving the flow's count behind in the hash.
+func TestFairSlotsOutliveBlock(t *testing.T) {
+	c := redistest.Client(t)
+	l, err := New(Config{Client: c, Prefix: redistest.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	set := mustSet(Rule{Name: "slots", Fair: true, Limit: Concurrency{Max: 4, Lease: 2 * time.Second}})
+	req := func(h string) Request { return Request{Holder: h, Fair: []string{"a"}} }
+	d, err := l.Allow(ctx, set, req("t1"))
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if _, err := l.Allow(ctx, set, req("t2")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Block(ctx, set, req(""), time.Now().Add(10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	ls := d.Leases[0]
+	check := func(what string) {
+		t.Helper()
+		for _, k := range []string{ls.zkey, ls.hkey} {
+			if ttl := c.PTTL(ctx, k).Val(); ttl < 8*time.Second {
+				t.Errorf("%s: %s lives %v, want until the block ends (about 10 s)", what, k, ttl)
+			}
+		}
+	}
+	check("block")
+	if ok, err := l.Renew(ctx, ls); !ok || err != nil {
+		t.Fatalf("renew: %v %v", ok, err)
+	}
+	check("renew")
+	if ok, err := l.Release(ctx, ls); !ok || err != nil {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	check("release")
+}

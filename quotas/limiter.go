@@ -96,9 +96,10 @@ type RuleStatus struct {
 	// one unit per Interval). Zero for other kinds.
 	Interval time.Duration
 	// Next, for a fair Concurrency rule that refused the request with no
-	// slot free, says that the request's flow is the next to get one of
-	// several flows waiting: a task of it had better wait in its worker
-	// and ask again soon. False otherwise, and for a Critical request.
+	// slot free and no Block in force, says that the request's flow is the
+	// next to get one of several flows waiting: a task of it had better
+	// wait in its worker and ask again soon. False otherwise, and for a
+	// Critical request.
 	Next bool
 }
 

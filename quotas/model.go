@@ -367,6 +367,16 @@ type fairTag struct {
 // flow's finish.
 func (ft fairTag) round(n, em int64) int64 { return n * em * ft.nact / ft.weight }
 
+// blockKey is the key under which the model keeps until when a Block
+// holds rule c (not GCRA): a concurrency rule's tokens hash, else its last
+// key, as the Lua keeps it.
+func blockKey(c call) string {
+	if c.c.kind == kindConcurrency {
+		return c.keys[1]
+	}
+	return c.keys[len(c.keys)-1]
+}
+
 // ccWait is a flow waiting at a fair concurrency rule: until when, and its
 // weight then.
 type ccWait struct{ until, weight int64 }
@@ -422,7 +432,7 @@ func (m *model) winEarliest(c call, t, n int64) int64 {
 func (m *model) earliest(c call, t, n, now, ahead int64, holder string, critical bool) int64 {
 	k := c.keys[0]
 	if c.c.kind != kindGCRA {
-		t = max(t, m.tills[c.keys[len(c.keys)-1]])
+		t = max(t, m.tills[blockKey(c)])
 	}
 	switch c.c.kind {
 	case kindGCRA:
@@ -705,7 +715,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				return out(stDenied, -1, int64(i+1), now, nil)
 			}
 			if c.c.cfair && !critical && !m.slotFree(c, now, holder, critical) {
-				if int64(len(m.holders[c.keys[0]])) >= c.c.max-c.c.reserved && m.tills[c.keys[len(c.keys)-1]] <= now && !m.ahead(c, 1, now) && m.others(c, now) {
+				if int64(len(m.holders[c.keys[0]])) >= c.c.max-c.c.reserved && m.tills[blockKey(c)] <= now && !m.ahead(c, 1, now) && m.others(c, now) {
 					next[i] = 1
 				}
 			}
@@ -1262,7 +1272,7 @@ func (m *model) block(calls []call, now, until int64) {
 				}
 				m.setTAT(k, tat, now)
 			}
-		} else if k := c.keys[len(c.keys)-1]; until > now && until > m.tills[k] {
+		} else if k := blockKey(c); until > now && until > m.tills[k] {
 			m.tills[k] = until
 		}
 	}

@@ -100,8 +100,13 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 		default:
 			c.tag = keys.Encode(c.key)
 		}
-		if (c.c.fair || c.c.cfair) && r.Fair != nil {
-			c.flow = keys.Encode(r.Fair[i])
+		if c.c.fair || c.c.cfair {
+			// Request.Fair nil: every fair rule's flow is "".
+			f := ""
+			if r.Fair != nil {
+				f = r.Fair[i]
+			}
+			c.flow = keys.Encode(f)
 		}
 		c.weight = 1
 		if r.Weights != nil && r.Weights[i] > 0 {

@@ -377,9 +377,9 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		o := outcome(d)
 		if o.Next = err == nil && nextSlot(d); o.Next {
 			// The task's flow gets the next slot that frees: it waits
-			// for it nextHold past the last such answer, at most
-			// nextMax in all and never past its deadline
-			// (limits.Rule.Fair).
+			// for it nextHold past the last such answer, until nextMax
+			// after the first at most and never past its deadline less
+			// a second (limits.Rule.Fair).
 			now := m.serverNow()
 			if nextLast.IsZero() {
 				nextLast = now.Add(nextMax)

@@ -240,7 +240,8 @@ func nextSlot(d quotas.Decision) bool {
 
 // nextHold is how long a task whose flow gets the next slot of a fair
 // concurrency rule (RuleStatus.Next) waits for it in the worker after
-// each such answer, at least; nextMax the longest it waits so in all.
+// each such answer, at least; nextMax how long after the first such
+// answer it stops waiting so.
 const (
 	nextHold = 2 * time.Second
 	nextMax  = 10 * time.Second

@@ -408,14 +408,24 @@ local function cc_ahead(r, p, free, now)
   end
 end
 
+-- cc_outlive makes the rule's holders set, if any, and tokens hash live
+-- at least ttl ms: leases that end meanwhile are then reclaimed by a look,
+-- which gives a fair rule's flows their slots back.
+local function cc_outlive(r, ttl)
+  if call('PTTL', r.hkey) < ttl then call('PEXPIRE', r.hkey, fmt(ttl)) end
+  local zt = call('PTTL', r.key)
+  if zt > 0 and zt < ttl then call('PEXPIRE', r.key, fmt(ttl)) end
+end
+
 -- cc_wait makes the request's flow wait for CC_WAIT from now (a denied
--- allow of a fair rule).
+-- allow of a fair rule); its rank stays that of the slots counted.
 local function cc_wait(r, now, ttl_floor)
-  local ttl = fmt(ttl_ms(CC_WAIT, ttl_floor))
+  local ttl = ttl_ms(CC_WAIT, ttl_floor)
   call('ZADD', r.wkey, fmt(cc_rank(r.held, r.weight)), r.flow)
   call('HSET', r.ekey, 'e' .. r.flow, fmt(now + CC_WAIT), 'w' .. r.flow, fmt(r.weight))
-  call('PEXPIRE', r.wkey, ttl)
-  call('PEXPIRE', r.ekey, ttl)
+  call('PEXPIRE', r.wkey, fmt(ttl))
+  call('PEXPIRE', r.ekey, fmt(ttl))
+  cc_outlive(r, ttl)
 end
 
 -- cc_earliest asks whether holder already holds a slot only when none is
@@ -441,10 +451,10 @@ end
 -- cc_live records that both keys live until live (a lease's end, or now
 -- plus a second when none is left: the token sequence then survives
 -- while tokens issued within one microsecond could still run ahead of the
--- clock), the holders set only if holders is set, the tokens hash until a
--- block ends (blk) if that is later.
+-- clock), the holders set only if holders is set, both until a block ends
+-- (blk) if that is later (cc_outlive).
 local function cc_live(zkey, hkey, live, holders, blk, now, ttl_floor)
-  if holders then call('PEXPIRE', zkey, fmt(ttl_ms(live - now, ttl_floor))) end
+  if holders then call('PEXPIRE', zkey, fmt(ttl_ms(max(live, blk) - now, ttl_floor))) end
   call('HSET', hkey, '~exp', fmt(live))
   call('PEXPIRE', hkey, fmt(ttl_ms(max(live, blk) - now, ttl_floor)))
 end
@@ -472,12 +482,13 @@ local function cc_acquire(r, holder, now, ttl_floor)
     live = max(live, exp + floor(r.lease / 4))
     r.live = live
     call('HSET', r.hkey, '~seq', tf, holder, tf, '~exp', fmt(live))
-    call('PEXPIRE', r.key, fmt(ttl_ms(live - now, ttl_floor)))
-    call('PEXPIRE', r.hkey, fmt(ttl_ms(max(live, r.till) - now, ttl_floor)))
+    local ttl = fmt(ttl_ms(max(live, r.till) - now, ttl_floor))
+    call('PEXPIRE', r.key, ttl)
+    call('PEXPIRE', r.hkey, ttl)
   else
     call('HSET', r.hkey, '~seq', tf, holder, tf)
     -- A holders set created by this acquire has no TTL yet.
-    if r.count == 0 then call('PEXPIRE', r.key, fmt(ttl_ms(live - now, ttl_floor))) end
+    if r.count == 0 then call('PEXPIRE', r.key, fmt(ttl_ms(max(live, r.till) - now, ttl_floor))) end
   end
   if r.cfair then
     local old = false
@@ -557,10 +568,5 @@ local function cc_block(r, till, now, ttl_floor)
   local cur = tonumber(call('HGET', r.hkey, '~blk')) or 0
   if till <= now or till <= cur then return end
   call('HSET', r.hkey, '~blk', fmt(till))
-  local ttl = ttl_ms(till - now, ttl_floor)
-  if call('PTTL', r.hkey) < ttl then call('PEXPIRE', r.hkey, fmt(ttl)) end
-  -- The holders set too, if any: leases that end meanwhile are reclaimed
-  -- by a look, which gives a fair rule's flows their slots back.
-  local zt = call('PTTL', r.key)
-  if zt > 0 and zt < ttl then call('PEXPIRE', r.key, fmt(ttl)) end
+  cc_outlive(r, ttl_ms(till - now, ttl_floor))
 end
