@@ -443,13 +443,22 @@ func (d *differ) checkHeld(t testing.TB, h held, now int64) {
 // script and the Go model on explicit clocks around DST changes, a leap day
 // and a year end, and requires identical decisions.
 func TestDifferential(t *testing.T) {
+	runDiffers(t, newDiffer, 1, 3000, func(*differ) {})
+}
+
+// runDiffers runs 8 differs made by newD in parallel, worker w's seeded
+// seed+w on a prefix of its own, steps steps each, hands each to done at
+// its end, and checks that every key written has a TTL.
+func runDiffers(t *testing.T, newD func(testing.TB, redis.UniversalClient, string, uint64) *differ, seed uint64, steps int, done func(*differ)) {
+	t.Helper()
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
 	redistest.Parallel(t, 8, func(t testing.TB, w int) {
-		d := newDiffer(t, c, fmt.Sprintf("%sw%d:", prefix, w), uint64(w+1))
-		for i := 0; i < 3000; i++ {
+		d := newD(t, c, fmt.Sprintf("%sw%d:", prefix, w), seed+uint64(w))
+		for i := 0; i < steps; i++ {
 			d.step(t)
 		}
+		done(d)
 	})
 	assertAllExpire(t, c, prefix)
 }
@@ -490,35 +499,20 @@ func newSettleDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed 
 // script and the Go model: charges settled to less and to more, alone, under
 // charges stacked on them at the same moment, and bookings of their own.
 func TestDifferentialSettle(t *testing.T) {
-	c := redistest.Client(t)
-	prefix := redistest.Prefix(t)
 	var settled atomic.Int64
-	redistest.Parallel(t, 8, func(t testing.TB, w int) {
-		d := newSettleDiffer(t, c, fmt.Sprintf("%sw%d:", prefix, w), uint64(w+300))
-		for i := 0; i < 2000; i++ {
-			d.step(t)
-		}
-		settled.Add(int64(d.settled))
-	})
+	runDiffers(t, newSettleDiffer, 300, 2000, func(d *differ) { settled.Add(int64(d.settled)) })
 	t.Logf("%d settles compared", settled.Load())
 	if settled.Load() < 1000 {
 		t.Errorf("only %d settles", settled.Load())
 	}
-	assertAllExpire(t, c, prefix)
 }
 
 // TestDifferentialBookings runs GCRA-heavy rule sets through the Lua script
 // and the Go model with requests reserving far ahead of each other, out of
 // order, and refunding: bookings of their own beside the TATs.
 func TestDifferentialBookings(t *testing.T) {
-	c := redistest.Client(t)
-	prefix := redistest.Prefix(t)
 	var booked, taken, steals, cut atomic.Int64
-	redistest.Parallel(t, 8, func(t testing.TB, w int) {
-		d := newBookingDiffer(t, c, fmt.Sprintf("%sw%d:", prefix, w), uint64(w+100))
-		for i := 0; i < 3000; i++ {
-			d.step(t)
-		}
+	runDiffers(t, newBookingDiffer, 100, 3000, func(d *differ) {
 		for _, bs := range d.mod.m.books {
 			booked.Add(int64(len(bs)))
 		}
@@ -542,7 +536,6 @@ func TestDifferentialBookings(t *testing.T) {
 	if cut.Load() < 10 {
 		t.Errorf("only %d adaptive keys were cut", cut.Load())
 	}
-	assertAllExpire(t, c, prefix)
 }
 
 // newSlotsDiffer is a differ whose sets have a fair concurrency rule of 1-5
@@ -579,21 +572,12 @@ func newSlotsDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed u
 // renewed and ending, and requires identical decisions; and that fairness
 // refused allows with slots free (left to flows before them) often.
 func TestDifferentialFairSlots(t *testing.T) {
-	c := redistest.Client(t)
-	prefix := redistest.Prefix(t)
 	var yielded atomic.Int64
-	redistest.Parallel(t, 8, func(t testing.TB, w int) {
-		d := newSlotsDiffer(t, c, fmt.Sprintf("%sw%d:", prefix, w), uint64(w+500))
-		for i := 0; i < 3000; i++ {
-			d.step(t)
-		}
-		yielded.Add(int64(d.mod.m.yielded))
-	})
+	runDiffers(t, newSlotsDiffer, 500, 3000, func(d *differ) { yielded.Add(int64(d.mod.m.yielded)) })
 	t.Logf("%d allows left a free slot to flows before them", yielded.Load())
 	if yielded.Load() < 200 {
 		t.Errorf("only %d allows left a free slot to other flows", yielded.Load())
 	}
-	assertAllExpire(t, c, prefix)
 }
 
 // assertAllExpire fails if any key under prefix has no TTL.
