@@ -89,3 +89,23 @@ func TestQuotas5RuleSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestQuotas5RuleRelease checks that quotas-5rule-release gives every slot
+// it takes back.
+func TestQuotas5RuleRelease(t *testing.T) {
+	ctx := context.Background()
+	biz := "test-release"
+	op := moreOps["quotas-5rule-release"](env)
+	for range 20 {
+		if ok, err := op(ctx, biz); err != nil || !ok {
+			t.Fatalf("allowed=%v err=%v", ok, err)
+		}
+	}
+	st, err := env.Quotas.Status(ctx, FiveRules, quotasRequest([]string{"", "", "", biz, biz}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := st.Rules[4].Used; used != 0 {
+		t.Fatalf("%d slots held after 20 ops that release theirs", used)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/batch"
+	"github.com/taskrl/taskrl/internal/script"
 
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
@@ -303,5 +304,104 @@ func TestBatchCancelledWhileQueued(t *testing.T) {
 func TestMaxBatchNegative(t *testing.T) {
 	if _, err := New(Config{Client: redistest.Client(t), MaxBatch: -1}); err == nil {
 		t.Fatal("MaxBatch -1 accepted")
+	}
+}
+
+// TestBatchSharesPairsAndLeases holds the first script calls in flight so
+// that ReserveAndAllow's pairs of requests, single Allows of the same rates
+// and then the slots' Releases queue behind them: they must go in shared
+// calls (pairs beside single requests, releases together), and every count
+// must come out as if each had its own call.
+func TestBatchSharesPairsAndLeases(t *testing.T) {
+	h := &counting{gate: make(chan struct{})}
+	l, _ := newCounted(t, h, 0)
+	rates := mustSet(Rule{Name: "daily", Limit: FixedWindow{Limit: 60, Every: 24 * time.Hour}})
+	slots := mustSet(Rule{Name: "slots", Limit: Concurrency{Max: 25, Lease: time.Minute}})
+	ctx := context.Background()
+	for _, p := range []*script.Program{setProgram, leaseProgram} {
+		// Loaded first: a call that finds no function is counted twice.
+		if err := p.Load(ctx, redistest.Client(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := Request{Keys: []string{"k"}}
+	// gated runs n functions at once and lets their script calls through
+	// one at a time once all are in flight or queued; it returns the calls.
+	gated := func(n int, queued func() int, f func(i int)) int64 {
+		before := h.calls.Load()
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { f(i) })
+		}
+		for queued() < n-batch.MaxInFlight {
+			time.Sleep(time.Millisecond)
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		for open := true; open; {
+			select {
+			case h.gate <- struct{}{}:
+			case <-done:
+				open = false
+			}
+		}
+		return h.calls.Load() - before
+	}
+	const n = 80
+	var mu sync.Mutex
+	var admitted, pairs int
+	var leases []Lease
+	calls := gated(n, l.batch.Queued, func(i int) {
+		if i%2 == 0 {
+			d, err := l.Allow(ctx, rates, req)
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			admitted += b2i(d.Allowed)
+			mu.Unlock()
+			return
+		}
+		rd, sd, decided, err := l.ReserveAndAllow(ctx, rates, req, 0, slots, Request{Keys: []string{"k"}, Holder: fmt.Sprint("h", i)})
+		if err != nil {
+			t.Error(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		admitted += b2i(rd.Allowed)
+		if decided != (rd.Allowed && rd.Delay == 0) {
+			t.Errorf("pair %d: rates %+v, slots decided %v", i, rd, decided)
+		}
+		if sd.Allowed {
+			pairs++
+			leases = append(leases, sd.Leases...)
+		}
+	})
+	if admitted != 60 {
+		t.Errorf("rates admitted %d of %d under a limit of 60", admitted, n)
+	}
+	if pairs != 25 || len(leases) != 25 {
+		t.Errorf("%d slots taken (%d leases) under a max of 25", pairs, len(leases))
+	}
+	if calls > n/2 {
+		t.Errorf("%d requests in %d calls: queued pairs did not share calls", n, calls)
+	}
+	t.Logf("%d requests, half of them pairs, in %d script calls", n, calls)
+	h.gate = make(chan struct{})
+	calls = gated(len(leases), l.leases.Queued, func(i int) {
+		if ok, err := l.Release(ctx, leases[i]); err != nil || !ok {
+			t.Errorf("release %d: %v, %v", i, ok, err)
+		}
+	})
+	if calls > int64(len(leases))/2 {
+		t.Errorf("%d releases in %d calls: queued releases did not share calls", len(leases), calls)
+	}
+	t.Logf("%d releases in %d script calls", len(leases), calls)
+	h.gate = nil
+	if d, err := l.Status(ctx, slots, req); err != nil || d.Rules[0].Used != 0 {
+		t.Fatalf("slots used after every release: %+v, %v", d.Rules, err)
+	}
+	if d, err := l.Status(ctx, rates, req); err != nil || d.Rules[0].Used != 60 {
+		t.Fatalf("window used: %+v, %v", d.Rules, err)
 	}
 }

@@ -52,6 +52,8 @@ type Limiter struct {
 	// clock.
 	skew  clock.Skew
 	batch *batch.Batcher
+	// leases sends renewals and releases, joined as batch does decisions.
+	leases *batch.Batcher
 	// started and pools: units taken ahead (Rule.Prefetch); slots: slots
 	// kept.
 	started time.Time
@@ -78,7 +80,8 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	_, single := cfg.Client.(*redis.Client)
 	return &Limiter{client: cfg.Client, prefix: cfg.Prefix + keys.Rules, now: cfg.Now, sharded: !single,
-		batch: batch.New(cfg.Client, setProgram, joinRequests, "quotas", cfg.MaxBatch), started: time.Now()}, nil
+		batch:  batch.New(cfg.Client, setProgram, joinRequests, "quotas", cfg.MaxBatch),
+		leases: batch.New(cfg.Client, leaseProgram, joinLeases, "quotas", cfg.MaxBatch), started: time.Now()}, nil
 }
 
 // RuleStatus is the state of one rule's key after a decision.
@@ -227,9 +230,10 @@ func (l *Limiter) Reserve(ctx context.Context, s *Set, req Request, horizon time
 // request now (Allowed, Delay 0), Allow of slots under slotSet at the same
 // moment, decided in one script call on a single Redis: the same decisions
 // as the two calls made back to back, in one round trip and at one read of
-// the server's clock. When s prefetches (Rule.Prefetch) and has units in
-// hand, the rates are admitted from them and only the slots are decided,
-// in one call. decided reports whether the slots were decided (sd is
+// the server's clock (a call that concurrent decisions may share, as
+// Allow's). When s prefetches (Rule.Prefetch) and has units in hand, the
+// rates are admitted from them and only the slots are decided, in one
+// call. decided reports whether the slots were decided (sd is
 // their Decision); if not (the rates did not admit now, or the call cannot
 // carry both: Redis Cluster, a calendar rule whose ticks missed the
 // clock), rd is Reserve's decision alone and the caller calls Allow itself
@@ -293,22 +297,14 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 	if tm.now < 0 {
 		sargv[argNow] = prevNow
 	}
-	cmd := setProgram.Head(len(rks) + len(sks))
-	for _, k := range rks {
-		cmd = append(cmd, k)
-	}
-	for _, k := range sks {
-		cmd = append(cmd, k)
-	}
-	cmd = append(cmd, 2)
-	cmd = append(cmd, rargv[1:]...)
-	cmd = append(cmd, sargv[1:]...)
-	v, err := setProgram.Run(ctx, l.client, cmd).Slice()
+	// Both requests in one job: in one call, shared with other callers'.
+	args := append(append(append(make([]any, 0, len(rargv)+len(sargv)), 2), rargv[1:]...), sargv[1:]...)
+	v, err := l.batch.DoN(ctx, append(rks, sks...), args, 2)
 	if err != nil {
 		if slotSet.keep != 0 {
 			l.dropKept(slotSet, slots)
 		}
-		return Decision{}, Decision{}, false, fmt.Errorf("quotas: %w", err)
+		return Decision{}, Decision{}, false, err
 	}
 	var rs [2]reply
 	for i, n := range []int{len(rcalls), len(scalls)} {
@@ -614,9 +610,58 @@ func (l *Limiter) lease(ctx context.Context, ls Lease, op int) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	v, err := leaseScript.Run(ctx, l.client, ls.keys(), op, tm.now, tm.floor, holderField(ls.Holder), ls.Token, ls.Duration.Microseconds()).Int64()
+	keys, args := ls.args(op, tm)
+	var v []any
+	if l.sharded {
+		cmd := append(leaseProgram.Head(len(keys)), toAny(keys)...)
+		var vs []any
+		if vs, err = leaseProgram.Run(ctx, l.client, append(append(cmd, 1), args...)).Slice(); err == nil && len(vs) == 1 {
+			v, _ = vs[0].([]any)
+		}
+	} else {
+		v, err = l.leases.Do(ctx, keys, args, 0)
+	}
 	if err != nil {
 		return false, fmt.Errorf("quotas: %w", err)
 	}
-	return v == 1, nil
+	return leaseDone(v)
+}
+
+// args are the lease program's keys and arguments for op on ls
+// (lease.lua).
+func (ls Lease) args(op int, tm timing) ([]string, []any) {
+	keys := ls.keys()
+	return keys, []any{op, tm.now, tm.floor, holderField(ls.Holder), ls.Token, ls.Duration.Microseconds(), len(keys)}
+}
+
+// leaseDone reads one lease's reply: whether it was renewed, released or
+// dropped.
+func leaseDone(v []any) (bool, error) {
+	if len(v) != 1 {
+		return false, fmt.Errorf("quotas: unexpected lease reply %v", v)
+	}
+	n, ok := v[0].(int64)
+	if !ok {
+		return false, fmt.Errorf("quotas: unexpected lease reply %v", v)
+	}
+	return n == 1, nil
+}
+
+// joinLeases is the batch.Join of the lease program: the number of leases,
+// then each lease's arguments.
+func joinLeases(cmd []any, jobs []*batch.Job) []any {
+	cmd = append(cmd, len(jobs))
+	for _, j := range jobs {
+		cmd = append(cmd, j.Args...)
+	}
+	return cmd
+}
+
+// toAny returns keys as command arguments.
+func toAny(keys []string) []any {
+	out := make([]any, len(keys))
+	for i, k := range keys {
+		out[i] = k
+	}
+	return out
 }

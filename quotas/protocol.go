@@ -11,10 +11,10 @@ import (
 
 // The protocol between the Limiter and its scripts (lua/quotas.lua decides
 // rule sets, lua/lease.lua renews and releases leases) is defined here
-// once: the op codes, the positions of a request's arguments, the rule
-// kinds, the reply statuses and layout are Go constants. The Lua names
-// them OP.ALLOW, ARG.NOW, KIND.GCRA, ST.DENIED, REPLY.HEAD, LEASE.RENEW
-// (protocolConsts),
+// once: the op codes, the positions of a request's and a lease's
+// arguments, the rule kinds, the reply statuses and layout are Go
+// constants. The Lua names them OP.ALLOW, ARG.NOW, KIND.GCRA, ST.DENIED,
+// REPLY.HEAD, LEASE.RENEW, LARG.TOKEN (protocolConsts),
 // and luaText replaces each name by its value when it composes a script,
 // so the script compares with literals, as fast as before, and a name Go
 // does not define fails every test (luaText panics). TestProtocolConstants
@@ -78,11 +78,24 @@ const (
 	replyRule = 6
 )
 
-// Ops of the lease script (its ARGV[1]).
+// Ops of the lease program (a lease's argument LARG.OP).
 const (
 	leaseRenew = iota
 	leaseRelease
 	leaseDrop // release whatever the token: a kept slot's holder whose call failed
+)
+
+// Positions of one lease's arguments in a call of the lease program, from
+// the lease's first (ARGV[a + LARG.X]); leaseArgs of them per lease.
+const (
+	largOp     = iota
+	largNow    // explicit now, µs, or -1 for the server's TIME
+	largFloor  // TTL floor, ms
+	largHolder // holder id
+	largToken  // fencing token
+	largLength // renew: new lease length, µs
+	largKeys   // the lease's number of keys
+	leaseArgs
 )
 
 // protocolConsts names the constants above in Lua, by table.
@@ -105,13 +118,15 @@ var protocolConsts = []struct {
 	{"ST", "SKIPPED", stSkipped},
 	{"REPLY", "HEAD", replyHead}, {"REPLY", "RULE", replyRule},
 	{"LEASE", "RENEW", leaseRenew}, {"LEASE", "RELEASE", leaseRelease}, {"LEASE", "DROP", leaseDrop},
+	{"LARG", "OP", largOp}, {"LARG", "NOW", largNow}, {"LARG", "FLOOR", largFloor}, {"LARG", "HOLDER", largHolder},
+	{"LARG", "TOKEN", largToken}, {"LARG", "LENGTH", largLength}, {"LARG", "KEYS", largKeys}, {"LARG", "N", leaseArgs},
 }
 
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
 // protocolName is a protocol constant's name in the Lua.
-var protocolName = regexp.MustCompile(`\b(OP|ARG|KIND|ST|REPLY|LEASE)\.([A-Za-z_]\w*)`)
+var protocolName = regexp.MustCompile(`\b(OP|ARG|KIND|ST|REPLY|LEASE|LARG)\.([A-Za-z_]\w*)`)
 
 // luaText returns the text of the package's Lua files lua/<name>.lua, in
 // order, with every protocol constant the code (not a comment) names
@@ -158,6 +173,7 @@ var (
 	// setProgram decides rule sets; Redis runs it as a function where it
 	// can (script.Program): its library is large.
 	setProgram = script.NewProgram(luaText("booked", "rules", "learn", "quotas"), "gcra")
-	// leaseScript renews and releases leases.
-	leaseScript = script.New(luaText("rules", "lease"), "gcra")
+	// leaseProgram renews, releases and drops leases, a function too: a
+	// script call would run rules.lua's definitions for each lease.
+	leaseProgram = script.NewProgram(luaText("rules", "lease"), "gcra")
 )

@@ -25,11 +25,10 @@ func TestProtocolConstants(t *testing.T) {
 		}
 		defined[name] = true
 	}
-	ref := regexp.MustCompile(`\b(OP|ARG|KIND|ST|REPLY|LEASE)\.([A-Za-z_]\w*)`)
+	ref := regexp.MustCompile(`\b(OP|ARG|KIND|ST|REPLY|LEASE|LARG)\.([A-Za-z_]\w*)`)
 	literals := []*regexp.Regexp{
 		regexp.MustCompile(`\b(op|kind)\s*[=~]=\s*-?\d`),                 // an op or kind compared with a number
 		regexp.MustCompile(`ARGV\[a0\s*\+\s*\d`),                         // an argument by its position
-		regexp.MustCompile(`ARGV\[1\]\s*[=~]=`),                          // the lease op compared unconverted
 		regexp.MustCompile(`\{\s*-?\d+\s*,\s*-?\d+\s*,\s*\w+\s*,\s*now`), // a reply with a bare status
 		regexp.MustCompile(`reply\(\s*q\s*,\s*-?\d`),                     // likewise
 		regexp.MustCompile(`prev\[1\]\s*[=~]=\s*-?\d`),                   // the previous reply's status
@@ -57,7 +56,7 @@ func TestProtocolConstants(t *testing.T) {
 			}
 		}
 	}
-	for _, text := range []string{setProgram.Text(), luaText("rules", "lease")} {
+	for _, text := range []string{setProgram.Text(), leaseProgram.Text()} {
 		for line := range strings.Lines(text) {
 			code, _, _ := strings.Cut(line, "--")
 			if ref.MatchString(code) {

@@ -4,17 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/internal/batch"
 )
 
-// RenewAll renews leases as Renew does, in one pipelined round trip (one
-// per server on a Redis Cluster) rather than one each: for a process that
-// renews the slots of all its running tasks together. ok[i] reports
-// whether leases[i] was renewed (false: lost, as with Renew). err is for
-// Redis failures and invalid leases; then ok is nil. Safe for concurrent
-// use.
+// RenewAll renews leases as Renew does, in one call of the lease program on
+// a single Redis (one pipelined round trip of a call per lease on a Redis
+// Cluster) rather than one round trip each: for a process that renews the
+// slots of all its running tasks together. ok[i] reports whether leases[i]
+// was renewed (false: lost, as with Renew). err is for Redis failures and
+// invalid leases; then ok is nil. Safe for concurrent use.
 func (l *Limiter) RenewAll(ctx context.Context, leases []Lease) (ok []bool, err error) {
 	if len(leases) == 0 {
 		return nil, nil
@@ -28,31 +29,48 @@ func (l *Limiter) RenewAll(ctx context.Context, leases []Lease) (ok []bool, err 
 	if err != nil {
 		return nil, err
 	}
-	run := func() []*redis.Cmd {
-		cmds := make([]*redis.Cmd, len(leases))
+	replies := make([][]any, len(leases))
+	if !l.sharded {
+		jobs := make([]*batch.Job, len(leases))
+		for i, ls := range leases {
+			keys, args := ls.args(leaseRenew, tm)
+			jobs[i] = &batch.Job{Ctx: ctx, Keys: keys, Args: args}
+		}
+		l.leases.Call(jobs)
+		for i, j := range jobs {
+			if j.Err != nil {
+				return nil, j.Err
+			}
+			replies[i] = j.Reply
+		}
+	} else {
+		cmds := make([][]any, len(leases))
+		rs := make([]*redis.Cmd, len(leases))
 		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error { // errors: per command, below
 			for i, ls := range leases {
-				cmds[i] = leaseScript.EvalSha(ctx, p, ls.keys(), 0, tm.now, tm.floor, holderField(ls.Holder), ls.Token, ls.Duration.Microseconds())
+				keys, args := ls.args(leaseRenew, tm)
+				cmds[i] = append(append(append(leaseProgram.Head(len(keys)), toAny(keys)...), 1), args...)
+				rs[i] = redis.NewCmd(ctx, cmds[i]...)
+				_ = p.Process(ctx, rs[i])
 			}
 			return nil
 		})
-		return cmds
-	}
-	cmds := run()
-	if slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return redis.HasErrorPrefix(c.Err(), "NOSCRIPT") }) {
-		// Not loaded on some server yet (every master, on a Cluster).
-		if err := leaseScript.Load(ctx, l.client).Err(); err != nil {
-			return nil, fmt.Errorf("quotas: %w", err)
+		for i, r := range rs {
+			// Not loaded on that master yet: loaded, and run again.
+			vs, err := leaseProgram.Retry(ctx, l.client, cmds[i], r).Slice()
+			if err != nil {
+				return nil, fmt.Errorf("quotas: %w", err)
+			}
+			if len(vs) == 1 {
+				replies[i], _ = vs[0].([]any)
+			}
 		}
-		cmds = run()
 	}
 	ok = make([]bool, len(leases))
-	for i, c := range cmds {
-		v, err := c.Int64()
-		if err != nil {
-			return nil, fmt.Errorf("quotas: %w", err)
+	for i, v := range replies {
+		if ok[i], err = leaseDone(v); err != nil {
+			return nil, err
 		}
-		ok[i] = v == 1
 	}
 	for i, ls := range leases {
 		if ls.kept != nil {

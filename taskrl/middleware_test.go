@@ -670,8 +670,8 @@ func TestSlotRenewedWhileRunning(t *testing.T) {
 }
 
 // TestRenewalsBatched: the slots of eight running tasks are renewed
-// together, one round trip per third of their lease, not one call per
-// task, and they outlive their lease.
+// together, one call (a round trip) per third of their lease, not one call
+// per task, and they outlive their lease.
 func TestRenewalsBatched(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.Client(t).Options().Addr})
 	defer c.Close()
@@ -706,8 +706,8 @@ func TestRenewalsBatched(t *testing.T) {
 		m.renew.remove(h)
 	}
 	t.Logf("2 s of 8 slots renewed every 400 ms: %d pipelines, %d single commands", pipes, cmds)
-	if pipes < 4 || pipes > 8 || cmds > 2 {
-		t.Errorf("%d pipelines and %d commands; want one pipeline per renewal round (5, a few more at most), not a call per slot (40)", pipes, cmds)
+	if rounds := pipes + cmds; rounds < 4 || rounds > 8 {
+		t.Errorf("%d pipelines and %d commands; want one call per renewal round (5, a few more at most), not a call per slot (40)", pipes, cmds)
 	}
 }
 

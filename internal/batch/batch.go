@@ -33,7 +33,11 @@ type Job struct {
 	Args []any
 	// End is for Join: where in Args a part it may compact ends.
 	End int
-	// Reply and Err are set once the call returned.
+	// Requests is how many requests Args holds, each with a reply of its
+	// own (0 means 1).
+	Requests int
+	// Reply and Err are set once the call returned: the request's reply,
+	// or for a job of several requests, theirs, in order.
 	Reply []any
 	Err   error
 
@@ -69,7 +73,18 @@ func New(client redis.UniversalClient, prog *script.Program, join Join, name str
 
 // Do sends one request and returns its reply.
 func (b *Batcher) Do(ctx context.Context, keys []string, args []any, end int) ([]any, error) {
-	j := &Job{Ctx: ctx, Keys: keys, Args: args, End: end}
+	return b.do(&Job{Ctx: ctx, Keys: keys, Args: args, End: end})
+}
+
+// DoN sends n requests, decided one after the other in the same call, and
+// returns their replies, each a []any.
+func (b *Batcher) DoN(ctx context.Context, keys []string, args []any, n int) ([]any, error) {
+	return b.do(&Job{Ctx: ctx, Keys: keys, Args: args, Requests: n})
+}
+
+// do sends j and returns its reply.
+func (b *Batcher) do(j *Job) ([]any, error) {
+	ctx := j.Ctx
 	if b.max == 1 {
 		b.Call([]*Job{j})
 		return j.Reply, j.Err
@@ -179,14 +194,30 @@ func (b *Batcher) Call(batch []*Job) {
 	}
 	cmd = b.join(cmd, batch)
 	v, err := b.prog.Run(ctx, b.client, cmd).Slice()
-	if err == nil && len(v) != len(batch) {
-		err = fmt.Errorf("%d script replies for %d requests", len(v), len(batch))
+	n := 0
+	for _, j := range batch {
+		n += max(j.Requests, 1)
 	}
-	for i, j := range batch {
+	if err == nil && len(v) != n {
+		err = fmt.Errorf("%d script replies for %d requests", len(v), n)
+	}
+	at := 0
+	for _, j := range batch {
 		if err == nil {
-			var ok bool
-			if j.Reply, ok = v[i].([]any); !ok {
-				j.Err = fmt.Errorf("%s: unexpected script reply %v", b.name, v[i])
+			m := max(j.Requests, 1)
+			rs := v[at : at+m]
+			at += m
+			for _, r := range rs {
+				if _, ok := r.([]any); !ok {
+					j.Err = fmt.Errorf("%s: unexpected script reply %v", b.name, r)
+				}
+			}
+			switch {
+			case j.Err != nil:
+			case m == 1:
+				j.Reply = rs[0].([]any)
+			default:
+				j.Reply = rs
 			}
 		} else {
 			j.Err = fmt.Errorf("%s: %w", b.name, err)

@@ -1,40 +1,64 @@
--- Renews, releases or drops one concurrency lease. Composed after
--- internal/script/lua/gcra.lua (gcra_now) and rules.lua. LEASE.* name the
--- constants of quotas/protocol.go, replaced by their values (luaText).
+-- Renews, releases or drops concurrency leases, one after the other: one
+-- call may carry several, so that the tasks of a process that end together
+-- share a round trip. Composed after internal/script/lua/gcra.lua
+-- (gcra_now) and rules.lua. LEASE.* and LARG.* name the constants of
+-- quotas/protocol.go, replaced by their values (luaText).
 --
--- KEYS[1]  the rule's holders sorted set
--- KEYS[2]  the rule's tokens hash
--- KEYS[3]  a fair rule's waiting set and KEYS[4] its waits hash (rules.lua,
---          cc_wait); absent if the rule is not fair
--- ARGV[1]  op: LEASE.RENEW, LEASE.RELEASE or LEASE.DROP (release whatever
---          the token: the holder is a process's own whose acquiring call
+-- KEYS     per lease, its rule's holders sorted set and tokens hash, then,
+--          for a fair rule, its waiting set and waits hash (rules.lua,
+--          cc_wait)
+-- ARGV[1]  number of leases; then per lease LARG.N arguments, the lease's
+--          at ARGV[a + LARG.OP] and so on (a = 2 for the first):
+--   OP     LEASE.RENEW, LEASE.RELEASE or LEASE.DROP (release whatever the
+--          token: the holder is a process's own whose acquiring call
 --          failed, and no one else's)
--- ARGV[2]  explicit now in microseconds, or -1 for the server's TIME
--- ARGV[3]  TTL floor in milliseconds (0 in production)
--- ARGV[4]  holder id
--- ARGV[5]  fencing token the holder got when it acquired
--- ARGV[6]  renew: new lease length, microseconds
+--   NOW    explicit now in microseconds, or -1 for the server's TIME
+--   FLOOR  TTL floor in milliseconds (0 in production)
+--   HOLDER holder id
+--   TOKEN  fencing token the holder got when it acquired
+--   LENGTH renew: new lease length, microseconds
+--   KEYS   how many keys the lease has (2, or 4 for a fair rule)
 --
--- Reply: 1 if the lease was renewed / released / dropped, 0 if the holder
--- no longer holds it under that token (expired and reclaimed, or
+-- Reply: per lease {1} if it was renewed / released / dropped, {0} if the
+-- holder no longer holds it under that token (expired and reclaimed, or
 -- re-acquired; a drop: it held none).
-local op, now = tonumber(ARGV[1]), gcra_now(ARGV[2])
-local ttl_floor = tonumber(ARGV[3])
-local fk = false
-if KEYS[3] then fk = {KEYS[3], KEYS[4]} end
-if op == LEASE.RENEW then
-  -- Expired leases are reclaimed first, as on every look.
-  local r = {key = KEYS[1], hkey = KEYS[2], oldest = false}
-  cc_oldest(r)
-  if r.oldest and r.oldest <= now then cc_reclaim(KEYS[1], KEYS[2], now, fk) end
-  return cc_renew(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), now, ttl_floor)
+
+-- lease serves the lease whose arguments start at ARGV[a] and whose keys
+-- start at KEYS[k].
+local function lease(k, a)
+  local op, now = tonumber(ARGV[a + LARG.OP]), gcra_now(ARGV[a + LARG.NOW])
+  local ttl_floor, holder = tonumber(ARGV[a + LARG.FLOOR]), ARGV[a + LARG.HOLDER]
+  local zkey, hkey = KEYS[k], KEYS[k + 1]
+  local fk = false
+  if tonumber(ARGV[a + LARG.KEYS]) > 2 then fk = {KEYS[k + 2], KEYS[k + 3]} end
+  if op == LEASE.RENEW then
+    -- Expired leases are reclaimed first, as on every look.
+    local r = {key = zkey, hkey = hkey, oldest = false}
+    cc_oldest(r)
+    if r.oldest and r.oldest <= now then cc_reclaim(zkey, hkey, now, fk) end
+    return cc_renew(zkey, hkey, holder, tonumber(ARGV[a + LARG.TOKEN]), tonumber(ARGV[a + LARG.LENGTH]), now, ttl_floor)
+  end
+  if op == LEASE.DROP then
+    if call('ZREM', zkey, holder) == 0 then return 0 end
+    call('HDEL', hkey, holder)
+    if fk then cc_forget(hkey, fk, {holder}) end
+    cc_expire(zkey, hkey, now, ttl_floor, tonumber(call('HGET', hkey, '~blk')) or 0)
+    return 1
+  end
+  -- LEASE.RELEASE: a release reclaims what it needs to itself (cc_release).
+  return cc_release(zkey, hkey, holder, tonumber(ARGV[a + LARG.TOKEN]), now, ttl_floor, fk)
 end
-if op == LEASE.DROP then
-  if call('ZREM', KEYS[1], ARGV[4]) == 0 then return 0 end
-  call('HDEL', KEYS[2], ARGV[4])
-  if fk then cc_forget(KEYS[2], fk, {ARGV[4]}) end
-  cc_expire(KEYS[1], KEYS[2], now, ttl_floor, tonumber(call('HGET', KEYS[2], '~blk')) or 0)
-  return 1
+
+-- run_call serves the call's leases in order. Everything above only
+-- defines; run as a Redis function (internal/script.Program) the
+-- definitions run once and each call runs this alone.
+local function run_call()
+  local out, k, a = {}, 1, 2
+  for i = 1, tonumber(ARGV[1]) do
+    out[i] = {lease(k, a)}
+    k, a = k + tonumber(ARGV[a + LARG.KEYS]), a + LARG.N
+  end
+  return out
 end
--- LEASE.RELEASE: a release reclaims what it needs to itself (cc_release).
-return cc_release(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[5]), now, ttl_floor, fk)
+
+return run_call()
