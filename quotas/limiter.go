@@ -166,6 +166,7 @@ type Decision struct {
 	Leases []Lease
 
 	pf    *prefetch  // admitted from units taken ahead (Rule.Prefetch)
+	split *split     // its global rules admitted from units taken ahead, its keyed ones in Redis (split.go)
 	nonce string     // names this request's GCRA bookings and sliding-window entries
 	cost  int        // units charged
 	costs []int      // per rule, units charged, when they differ from cost; else nil
@@ -268,6 +269,35 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 			return rd, sd, true, nil
 		}
 	}
+	if pt := l.splitOf(s, req, p); pt != nil {
+		// The global rates from their pool, the keyed ones beside the
+		// slots (split.go).
+		gd, greq, kreq, err := l.global(ctx, pt, req)
+		if err != nil {
+			return Decision{}, Decision{}, false, err
+		}
+		if gd.Allowed {
+			kd, sd, decided, err := l.pair(ctx, pt.k, kreq, 0, slotSet, slots)
+			if err == nil && kd.Allowed {
+				return joined(s, pt, greq, kreq, gd, kd), sd, decided, nil
+			}
+			l.unfetch(poolKey(pt.g, greq), gd)
+			if err != nil {
+				return Decision{}, Decision{}, false, err
+			}
+			l.pause(p)
+		}
+	}
+	rd, sd, decided, err = l.pair(ctx, s, req, horizon, slotSet, slots)
+	if err == nil {
+		l.resumed(s, req, p, rd)
+	}
+	return rd, sd, decided, err
+}
+
+// pair is ReserveAndAllow's call: Reserve of req under s, and the slots
+// allowed after it, in one job of the decisions' batcher.
+func (l *Limiter) pair(ctx context.Context, s *Set, req Request, horizon time.Duration, slotSet *Set, slots Request) (rd, sd Decision, decided bool, err error) {
 	rcalls, err := l.bind(s, req, false)
 	if err != nil {
 		return Decision{}, Decision{}, false, err
@@ -328,9 +358,6 @@ func (l *Limiter) ReserveAndAllow(ctx context.Context, s *Set, req Request, hori
 		l.skew.Learn(time.UnixMicro(rs[0].now), time.Now())
 	}
 	rd = l.assemble(s, [][]call{rcalls}, rs[:1], rp)
-	if p != nil {
-		l.resume(s, p, rd)
-	}
 	if rs[1].status == stSkipped || rs[1].status == stNoTicks {
 		// Not decided: the rates did not admit now (or the slots'
 		// calendar ticks missed; nothing charged).
@@ -372,9 +399,14 @@ func (l *Limiter) decide(ctx context.Context, s *Set, req Request, op int, horiz
 	if err != nil || d.Allowed {
 		return d, err
 	}
+	if pt := l.splitOf(s, req, p); pt != nil && (op == opAllow || op == opReserve) {
+		if d, done, err := l.splitDecide(ctx, s, pt, req, op, p); done {
+			return d, err
+		}
+	}
 	d, err = l.decideNow(ctx, s, req, op, horizon)
-	if err == nil && p != nil {
-		l.resume(s, p, d)
+	if err == nil {
+		l.resumed(s, req, p, d)
 	}
 	return d, err
 }
@@ -425,6 +457,9 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 		l.unfetch(poolKey(s, req), d)
 		return nil
 	}
+	if d.split != nil {
+		return l.unsplit(ctx, d.split)
+	}
 	if len(d.Leases) > 0 && d.Leases[0].kept != nil {
 		// Kept slots: released as their holder would.
 		var first error
@@ -443,6 +478,11 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 		return errors.New("quotas: the Decision is not from this Set")
 	}
 	withCosts(calls, d)
+	// Rules a split Decision admitted from units taken ahead (time -1: a
+	// Receipt of it) give nothing back in Redis.
+	if calls = slices.DeleteFunc(calls, func(c call) bool { return d.ats[c.i] < 0 }); len(calls) == 0 {
+		return nil
+	}
 	_, err = l.run(ctx, l.groups(calls), params{op: opRefund, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo, decided: d.decided()})
 	return err
 }
@@ -469,7 +509,7 @@ func (l *Limiter) Settle(ctx context.Context, s *Set, req Request, d Decision, a
 	if !d.Allowed {
 		return nil
 	}
-	if d.pf != nil {
+	if d.pf != nil || d.split != nil {
 		return errors.New("quotas: a Decision admitted from prefetched units cannot be settled")
 	}
 	calls, err := l.bind(s, req, false)
@@ -481,6 +521,7 @@ func (l *Limiter) Settle(ctx context.Context, s *Set, req Request, d Decision, a
 		return err
 	}
 	var gs [][]call
+	calls = slices.DeleteFunc(calls, func(c call) bool { return d.ats[c.i] < 0 }) // as in Refund
 	for _, g := range l.groups(calls) {
 		if slices.ContainsFunc(g, func(c call) bool { return int64(p.acts[c.i]) != c.n }) {
 			gs = append(gs, g)
@@ -504,7 +545,7 @@ func settleParams(calls []call, req Request, d Decision, actual []int) (params, 
 	change := false
 	for i, c := range calls {
 		acts[i] = actual[i]
-		if acts[i] < 0 || c.c.kind == kindConcurrency {
+		if acts[i] < 0 || c.c.kind == kindConcurrency || d.ats[i] < 0 {
 			acts[i] = int(c.n)
 		}
 		change = change || int64(acts[i]) != c.n

@@ -95,10 +95,6 @@ func prefetchProperty(t *testing.T, seed uint64) {
 		spacing = max(spacing, sp)
 	}
 	const maxCost = 3
-	type handout struct {
-		at   int64
-		cost int
-	}
 	var out []handout
 	type windowLog struct{ lastDenial int64 }
 	busy := map[[2]int64]*windowLog{} // rule index, window start -> denials in a 2x phase
@@ -171,54 +167,74 @@ func prefetchProperty(t *testing.T, seed uint64) {
 	slack := procs*(int(set.batchMax)+maxCost) + maxCost
 	worst := map[string]int{} // a busy window's shortfall
 	for i, r := range rules {
-		switch l := r.r.Limit.(type) {
-		case FixedWindow, CalendarWindow:
-			per := map[int64]int{}
-			for _, h := range out {
-				per[r.window(h.at)] += h.cost
+		per := checkHandouts(t, r, out, start)
+		if r.window == nil {
+			continue
+		}
+		for w, b := range busy {
+			if w[0] != int64(i) || b.lastDenial < w[1]+r.every.Microseconds()*9/10 {
+				continue
 			}
-			for w, n := range per {
-				if n > r.limit {
-					t.Errorf("rule %s: the window at %v handed out %d, limit %d", r.r.Name, time.UnixMicro(w).Sub(start), n, r.limit)
-				}
-			}
-			for w, b := range busy {
-				if w[0] != int64(i) || b.lastDenial < w[1]+r.every.Microseconds()*9/10 {
-					continue
-				}
-				short := r.limit - per[w[1]]
-				worst[r.r.Name] = max(worst[r.r.Name], short)
-				if short > slack {
-					t.Errorf("rule %s: the window at %v, busy to its end, handed out %d of %d: more than %d short", r.r.Name, time.UnixMicro(w[1]).Sub(start), per[w[1]], r.limit, slack)
-				}
-			}
-		case SlidingWindow:
-			every := l.Every.Microseconds()
-			n, lo := 0, 0
-			for _, h := range out {
-				n += h.cost
-				for out[lo].at <= h.at-every {
-					n -= out[lo].cost
-					lo++
-				}
-				if n > r.limit {
-					t.Fatalf("rule %s: %d handed out in the %v up to %v, limit %d", r.r.Name, n, l.Every, time.UnixMicro(h.at).Sub(start), r.limit)
-				}
-			}
-		case GCRA:
-			em := gcra.Limit(l).Interval().Microseconds()
-			for a := range out {
-				n := 0
-				for b := a; b < len(out); b++ {
-					n += out[b].cost
-					span := out[b].at - out[a].at
-					if int64(n) > int64(l.Burst)+span/em {
-						t.Fatalf("rule %s: %d handed out in %v from %v, more than burst %d + one per %v", r.r.Name, n, time.Duration(span)*time.Microsecond, time.UnixMicro(out[a].at).Sub(start), l.Burst, gcra.Limit(l).Interval())
-					}
-				}
+			short := r.limit - per[w[1]]
+			worst[r.r.Name] = max(worst[r.r.Name], short)
+			if short > slack {
+				t.Errorf("rule %s: the window at %v, busy to its end, handed out %d of %d: more than %d short", r.r.Name, time.UnixMicro(w[1]).Sub(start), per[w[1]], r.limit, slack)
 			}
 		}
 	}
 	t.Logf("%d processes, prefetch %v, rules %v: %d requests, %d admitted (%d refunded); busy windows' largest shortfall %v (bound %d)",
 		procs, prefetch, rs, requests, admitted, refunded, worst, slack)
+}
+
+// handout is units handed out: cost of them, at µs.
+type handout struct {
+	at   int64
+	cost int
+}
+
+// checkHandouts checks out (in time order) against rule r computed from
+// the rule alone: no fixed or calendar window over its limit, no span of a
+// sliding window's Every over its limit, no span [a, b] of a GCRA rule over
+// Burst + (b-a)/T. It returns a window rule's units per window start.
+func checkHandouts(t *testing.T, r propRule, out []handout, start time.Time) map[int64]int {
+	t.Helper()
+	switch l := r.r.Limit.(type) {
+	case FixedWindow, CalendarWindow:
+		per := map[int64]int{}
+		for _, h := range out {
+			per[r.window(h.at)] += h.cost
+		}
+		for w, n := range per {
+			if n > r.limit {
+				t.Errorf("rule %s: the window at %v handed out %d, limit %d", r.r.Name, time.UnixMicro(w).Sub(start), n, r.limit)
+			}
+		}
+		return per
+	case SlidingWindow:
+		every := l.Every.Microseconds()
+		n, lo := 0, 0
+		for _, h := range out {
+			n += h.cost
+			for out[lo].at <= h.at-every {
+				n -= out[lo].cost
+				lo++
+			}
+			if n > r.limit {
+				t.Fatalf("rule %s: %d handed out in the %v up to %v, limit %d", r.r.Name, n, l.Every, time.UnixMicro(h.at).Sub(start), r.limit)
+			}
+		}
+	case GCRA:
+		em := gcra.Limit(l).Interval().Microseconds()
+		for a := range out {
+			n := 0
+			for b := a; b < len(out); b++ {
+				n += out[b].cost
+				span := out[b].at - out[a].at
+				if int64(n) > int64(l.Burst)+span/em {
+					t.Fatalf("rule %s: %d handed out in %v from %v, more than burst %d + one per %v", r.r.Name, n, time.Duration(span)*time.Microsecond, time.UnixMicro(out[a].at).Sub(start), l.Burst, gcra.Limit(l).Interval())
+				}
+			}
+		}
+	}
+	return nil
 }

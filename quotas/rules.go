@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/calendar"
@@ -151,6 +152,9 @@ type Set struct {
 	// (slots.go); otherwise 0. Such a set has prefetch 0, as has any set
 	// with a concurrency rule.
 	keep int64
+	// parts caches the set's splits (split.go): *parts by the mask of
+	// the keyed rules.
+	parts *sync.Map
 }
 
 // NewSet validates rules and returns a Set. The error, a *RuleError unless
@@ -162,7 +166,7 @@ func NewSet(rules ...Rule) (*Set, error) {
 	if err := limits.Validate(rules...); err != nil {
 		return nil, err
 	}
-	s := &Set{rules: append([]Rule(nil), rules...)}
+	s := &Set{rules: append([]Rule(nil), rules...), parts: &sync.Map{}}
 	for i, r := range rules {
 		c := compile(r).withArgs()
 		switch c.kind {
