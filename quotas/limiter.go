@@ -350,8 +350,10 @@ func (l *Limiter) pair(ctx context.Context, s *Set, req Request, horizon time.Du
 		}
 	}
 	if rs[0].status == stNoTicks {
-		// Calendar ticks around the wrong time: nothing was charged.
-		rd, err = l.Reserve(ctx, s, req, horizon)
+		// Calendar ticks around the wrong time: nothing was charged. The
+		// rates alone, in Redis (a split's keyed part must carry its
+		// charges, not units of a pool).
+		rd, err = l.decideNow(ctx, s, req, opReserve, horizon)
 		return rd, Decision{}, false, err
 	}
 	if l.now == nil {
@@ -478,13 +480,33 @@ func (l *Limiter) Refund(ctx context.Context, s *Set, req Request, d Decision) e
 		return errors.New("quotas: the Decision is not from this Set")
 	}
 	withCosts(calls, d)
-	// Rules a split Decision admitted from units taken ahead (time -1: a
-	// Receipt of it) give nothing back in Redis.
-	if calls = slices.DeleteFunc(calls, func(c call) bool { return d.ats[c.i] < 0 }); len(calls) == 0 {
-		return nil
+	for _, part := range byAt(calls, d.ats) {
+		if _, err := l.run(ctx, l.groups(part), params{op: opRefund, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo, decided: d.decided()}); err != nil {
+			return err
+		}
 	}
-	_, err = l.run(ctx, l.groups(calls), params{op: opRefund, req: req, n: d.cost, nonce: d.nonce, ats: d.ats, undo: d.undo, decided: d.decided()})
-	return err
+	return nil
+}
+
+// byAt returns calls in runs of the same charge time (ats, by rule): a
+// refund or settle request carries one. Rules whose units were taken ahead
+// by another process (time -1 in a Receipt: a GCRA or sliding rule's
+// units; see Decision.receiptCharges) are left out: nothing of theirs goes
+// back in Redis.
+func byAt(calls []call, ats []int64) [][]call {
+	var parts [][]call
+	for _, c := range calls {
+		at := ats[c.i]
+		if at < 0 {
+			continue
+		}
+		k := slices.IndexFunc(parts, func(p []call) bool { return ats[p[0].i] == at })
+		if k < 0 {
+			parts, k = append(parts, nil), len(parts)
+		}
+		parts[k] = append(parts[k], c)
+	}
+	return parts
 }
 
 // Settle changes the charges of an admitted or booked Decision d made for
@@ -520,15 +542,21 @@ func (l *Limiter) Settle(ctx context.Context, s *Set, req Request, d Decision, a
 	if err != nil || p.op < 0 {
 		return err
 	}
-	var gs [][]call
-	calls = slices.DeleteFunc(calls, func(c call) bool { return d.ats[c.i] < 0 }) // as in Refund
-	for _, g := range l.groups(calls) {
-		if slices.ContainsFunc(g, func(c call) bool { return int64(p.acts[c.i]) != c.n }) {
-			gs = append(gs, g)
+	for _, part := range byAt(calls, d.ats) {
+		var gs [][]call
+		for _, g := range l.groups(part) {
+			if slices.ContainsFunc(g, func(c call) bool { return int64(p.acts[c.i]) != c.n }) {
+				gs = append(gs, g)
+			}
+		}
+		if len(gs) == 0 {
+			continue
+		}
+		if _, err := l.run(ctx, gs, p); err != nil {
+			return err
 		}
 	}
-	_, err = l.run(ctx, gs, p)
-	return err
+	return nil
 }
 
 // settleParams checks Settle's arguments and returns its params, with op

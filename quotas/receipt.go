@@ -17,7 +17,10 @@ import (
 // returns "" for a denied Decision. Leases are not part of a receipt: release
 // them with Release. The format is "r2 NOW COST NONCE" and per rule
 // "t,u1,u2", with ",c" added when the rule was charged c units other than
-// COST (Request.Costs).
+// COST (Request.Costs). A Decision admitted from units taken ahead
+// (Rule.Prefetch, wholly or for its global rules) refunds from its receipt
+// only what its fixed and calendar windows counted; a GCRA or sliding
+// rule's unit stays spent (t is -1).
 func (d Decision) Receipt() string {
 	if !d.Allowed {
 		return ""
@@ -33,13 +36,14 @@ func (d Decision) Receipt() string {
 	} else {
 		b.WriteString(d.nonce)
 	}
-	for i, at := range d.ats {
+	ats, undo := d.charges()
+	for i, at := range ats {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(at, 10))
 		b.WriteByte(',')
-		b.WriteString(strconv.FormatInt(d.undo[i][0], 10))
+		b.WriteString(strconv.FormatInt(undo[i][0], 10))
 		b.WriteByte(',')
-		b.WriteString(strconv.FormatInt(d.undo[i][1], 10))
+		b.WriteString(strconv.FormatInt(undo[i][1], 10))
 		if d.costs != nil && d.costs[i] != d.cost {
 			// A rule charged other than the request's cost
 			// (Request.Costs): its cost, as a fourth field.
@@ -48,6 +52,28 @@ func (d Decision) Receipt() string {
 		}
 	}
 	return b.String()
+}
+
+// charges returns, per rule, the time d charged it at and its undo values,
+// as a refund from a Receipt needs them. A Decision admitted from units
+// taken ahead (Rule.Prefetch) gives its batch's time for a fixed or
+// calendar window, where a refund un-counts the unit in the batch's
+// window, and -1 for the other rules: a refund gives nothing of theirs
+// back (the unit stays spent; a GCRA rule's schedule and a sliding log
+// keep it until it passes).
+func (d Decision) charges() ([]int64, [][2]int64) {
+	b := d.pf
+	if b == nil {
+		return d.ats, d.undo
+	}
+	ats, undo := make([]int64, len(b.s.comp)), make([][2]int64, len(b.s.comp))
+	for i, c := range b.s.comp {
+		ats[i] = -1
+		if (c.kind == kindFixed || c.kind == kindCalendar) && i < len(b.bd.ats) {
+			ats[i] = b.bd.ats[i]
+		}
+	}
+	return ats, undo
 }
 
 // ParseReceipt returns the Decision a Receipt was made from, as far as

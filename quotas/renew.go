@@ -11,8 +11,9 @@ import (
 )
 
 // RenewAll renews leases as Renew does, in one call of the lease program on
-// a single Redis (one pipelined round trip of a call per lease on a Redis
-// Cluster) rather than one round trip each: for a process that renews the
+// a single Redis (of Config.MaxBatch leases at most; one pipelined round
+// trip of a call per lease on a Redis Cluster) rather than one round trip
+// each: for a process that renews the
 // slots of all its running tasks together. ok[i] reports whether leases[i]
 // was renewed (false: lost, as with Renew). err is for Redis failures and
 // invalid leases; then ok is nil. Safe for concurrent use.
@@ -36,7 +37,7 @@ func (l *Limiter) RenewAll(ctx context.Context, leases []Lease) (ok []bool, err 
 			keys, args := ls.args(leaseRenew, tm)
 			jobs[i] = &batch.Job{Ctx: ctx, Keys: keys, Args: args}
 		}
-		l.leases.Call(jobs)
+		l.leases.Own(ctx, jobs)
 		for i, j := range jobs {
 			if j.Err != nil {
 				return nil, j.Err

@@ -111,8 +111,8 @@ func (l *Limiter) global(ctx context.Context, pt *parts, req Request) (gd Decisi
 
 // joined is the Decision of the set s made of the global rules' gd and the
 // keyed rules' kd: kd's outcome, time and wait, the rules' states in set
-// order. Its global rules' charges cannot be refunded from a Receipt (their
-// times are -1: the units were taken ahead by this Limiter).
+// order. Its charges for a Receipt are the keyed rules' and, for the
+// global rules, those of gd's units (Decision.charges).
 func joined(s *Set, pt *parts, greq, kreq Request, gd, kd Decision) Decision {
 	d := Decision{Allowed: kd.Allowed, RetryAfter: kd.RetryAfter, Rule: kd.Rule, Delay: kd.Delay, Now: kd.Now,
 		Rules: make([]RuleStatus, len(s.rules)), nonce: kd.nonce, cost: kd.cost}
@@ -126,8 +126,9 @@ func joined(s *Set, pt *parts, greq, kreq Request, gd, kd Decision) Decision {
 		return d
 	}
 	d.ats, d.undo = make([]int64, len(s.rules)), make([][2]int64, len(s.rules))
-	for _, i := range pt.gi {
-		d.ats[i] = -1
+	gats, _ := gd.charges()
+	for j, i := range pt.gi {
+		d.ats[i] = gats[j]
 	}
 	for j, i := range pt.ki {
 		d.ats[i], d.undo[i] = kd.ats[j], kd.undo[j]

@@ -5,11 +5,16 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
-// TestSplitProperty: random fleets (2-5 processes on one Redis, an
+// TestSplitProperty: 8 random fleets (2-5 processes on one Redis, an
 // explicit clock) decide a set of one or two global rules and one or two
 // keyed rules (fixed, calendar or sliding windows or GCRA rules, in a
 // random order), all prefetching, for one hot key and 40 cold ones, by
@@ -20,16 +25,16 @@ import (
 // Receipt by another process. What was handed out, net of refunds, is
 // checked against each rule computed from the rule alone (checkHandouts):
 // a global rule over every request, a keyed rule per key. A Receipt's
-// refund gives back the keyed rules only of a split decision (its global
-// units were taken ahead by the process that decided it), so those stay
-// counted for the global rules. Where the slow phase leaves the global
+// refund of units taken ahead (a split decision's global rules, a pooled
+// decision's every rule) gives back their windows' counts only, so those
+// units stay counted for GCRA and sliding rules. Where the slow phase leaves the global
 // rules far from their limit and the cold keys' requests come to each
 // process twice a prefetch (their global pool stays warm), most of their
 // admissions in it must have been split, and at least 3 seeds must be
 // such, or the test would not test the split.
 func TestSplitProperty(t *testing.T) {
 	dense := 0
-	for seed := range uint64(12) {
+	for seed := range uint64(8) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			if splitProperty(t, seed) {
 				dense++
@@ -96,12 +101,13 @@ func splitProperty(t *testing.T, seed uint64) bool {
 		}
 		return req
 	}
-	// Handouts by id: at, cost and key; a handout refunded from its
-	// Receipt after a split decision leaves the keyed rules only.
+	// Handouts with their key and the rules that still count them: a
+	// handout refunded from its Receipt leaves every rule, but a unit taken
+	// ahead (split or pooled) stays with the GCRA and sliding rules.
 	type charge struct {
 		h       handout
 		key     string
-		keyedOK bool // still counted by the keyed rules
+		counted []bool // by rule index
 		req     Request
 		d       Decision
 	}
@@ -167,13 +173,17 @@ func splitProperty(t *testing.T, seed uint64) bool {
 				}
 				continue
 			}
-			charges = append(charges, &charge{h: handout{at: now.Add(d.Delay).UnixMicro(), cost: cost}, key: key, keyedOK: true, req: req, d: d})
+			counted := make([]bool, len(all))
+			for i := range counted {
+				counted[i] = true
+			}
+			charges = append(charges, &charge{h: handout{at: now.Add(d.Delay).UnixMicro(), cost: cost}, key: key, counted: counted, req: req, d: d})
 			if len(charges) > 10 && rng.IntN(20) == 0 {
 				// A Receipt refunded by another process, as a worker does
 				// for a task booked elsewhere that did not run.
 				c := charges[rng.IntN(len(charges)-5)]
-				if c.d.pf != nil || !c.keyedOK {
-					continue // a receipt of pooled units refunds nothing
+				if c.h.cost == 0 {
+					continue // refunded already
 				}
 				rd, err := ParseReceipt(c.d.Receipt())
 				if err != nil {
@@ -183,31 +193,37 @@ func splitProperty(t *testing.T, seed uint64) bool {
 					t.Fatal(err)
 				}
 				receipts++
-				c.keyedOK = false
-				if c.d.split == nil {
-					c.h.cost = 0 // every rule got it back
+				for i, r := range all {
+					ahead := c.d.pf != nil || c.d.split != nil && !isKeyed[i]
+					switch r.r.Limit.(type) {
+					case GCRA, SlidingWindow:
+						c.counted[i] = c.counted[i] && ahead
+					default:
+						c.counted[i] = false
+					}
 				}
+				c.h.cost = 0
 			}
 		}
 	}
 	sorted := func(keep func(c *charge) bool) []handout {
 		var out []handout
 		for _, c := range charges {
-			if keep(c) && c.h.cost > 0 {
-				out = append(out, c.h)
+			if keep(c) {
+				out = append(out, handout{at: c.h.at, cost: c.d.cost})
 			}
 		}
 		slices.SortStableFunc(out, func(a, b handout) int { return int(a.at - b.at) })
 		return out
 	}
 	start := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	for _, r := range all {
-		if r.r.Name[0] == 'g' {
-			checkHandouts(t, r, sorted(func(*charge) bool { return true }), start)
+	for i, r := range all {
+		if !isKeyed[i] {
+			checkHandouts(t, r, sorted(func(c *charge) bool { return c.counted[i] }), start)
 			continue
 		}
 		for _, k := range keys {
-			checkHandouts(t, r, sorted(func(c *charge) bool { return c.key == k && c.keyedOK }), start)
+			checkHandouts(t, r, sorted(func(c *charge) bool { return c.key == k && c.counted[i] }), start)
 		}
 	}
 	if dense && (coldAdmitted == 0 || coldSplit*2 < coldAdmitted) {
@@ -216,4 +232,144 @@ func splitProperty(t *testing.T, seed uint64) bool {
 	t.Logf("%d processes, prefetch %v, rules %v: %d requests, %d admitted (%d refunded, %d by receipt); slow phase (dense %v): %d of %d cold keys' admissions split",
 		procs, prefetch, rs, requests, admitted, refunded, receipts, dense, coldSplit, coldAdmitted)
 	return dense
+}
+
+// skewHook makes the Limiter's clock skew estimate two days off right
+// before each call that carries a lone pair of requests (ReserveAndAllow's
+// job), so that a calendar rule's ticks miss the server's clock in it.
+type skewHook struct {
+	l     *Limiter
+	armed atomic.Bool
+}
+
+func (h *skewHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *skewHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *skewHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if h.armed.Load() && len(a) > 3 && (a[0] == "fcall" || a[0] == "evalsha") {
+			if nk, ok := a[2].(int); ok && len(a) > 3+nk && fmt.Sprint(a[3+nk]) == "2" {
+				h.l.skew.Learn(time.Now().Add(-48*time.Hour), time.Now())
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestSplitNoTicks: a split ReserveAndAllow whose keyed calendar rule's
+// ticks miss the server's clock (the pair call replies ST.NO_TICKS) decides
+// the keyed rules again in Redis, never from their own warm pool, so the
+// split Decision carries their charges (it panicked on a pooled one), and
+// a refund leaves nothing counted.
+func TestSplitNoTicks(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.Client(t).Options().Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	l, err := New(Config{Client: c, Prefix: redistest.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &skewHook{l: l}
+	c.AddHook(h)
+	s := mustSet(
+		Rule{Name: "g", Limit: GCRA{Rate: 100000, Period: time.Second, Burst: 100000}, Prefetch: 5 * time.Millisecond},
+		Rule{Name: "k", Limit: CalendarWindow{Limit: 100000, Cron: "@daily"}, Prefetch: 100 * time.Millisecond},
+	)
+	slots := mustSet(Rule{Name: "slots", Limit: Concurrency{Max: 1000, Lease: time.Minute}})
+	ctx := context.Background()
+	n := 0
+	raa := func(key string) Decision {
+		t.Helper()
+		n++
+		rd, sd, _, err := l.ReserveAndAllow(ctx, s, Request{Keys: []string{"", key}}, 0, slots, Request{Holder: fmt.Sprint("h", n)})
+		if err != nil || !rd.Allowed {
+			t.Fatalf("%s: %+v %v", key, rd, err)
+		}
+		for _, ls := range sd.Leases {
+			if _, err := l.Release(ctx, ls); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return rd
+	}
+	var last Decision
+	for round := range 2 {
+		for j := range 30 {
+			raa(fmt.Sprint("warm", round, j)) // the global pool warm
+		}
+		h.armed.Store(true)
+		last = raa("k1") // the second time, k1's own pool is warm
+		h.armed.Store(false)
+		time.Sleep(15 * time.Millisecond)
+	}
+	if err := l.Refund(ctx, s, Request{Keys: []string{"", "k1"}}, last); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.GiveBack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := l.Status(ctx, s, Request{Keys: []string{"", "k1"}}); err != nil || st.Rules[1].Used != 1 {
+		t.Fatalf("k1's calendar window counts %+v, %v; want the first of two admissions only", st.Rules, err)
+	}
+}
+
+// TestReceiptRefundsWindows: admissions from units taken ahead, split
+// (cold keys) or whole (a hot key's own pool), refunded from their Receipt
+// by another process, un-count their fixed and calendar windows, global
+// ones included; a GCRA rule's unit stays spent.
+func TestReceiptRefundsWindows(t *testing.T) {
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	ls, _ := limitersOn(t, 2, &now)
+	ctx := context.Background()
+	s := mustSet(
+		Rule{Name: "g", Limit: FixedWindow{Limit: 1000, Every: time.Hour}, Prefetch: 10 * time.Millisecond},
+		Rule{Name: "d", Limit: CalendarWindow{Limit: 1000, Cron: "@daily"}, Prefetch: 10 * time.Millisecond},
+		Rule{Name: "r", Limit: GCRA{Rate: 1000, Period: time.Second, Burst: 500}, Prefetch: 10 * time.Millisecond},
+		Rule{Name: "k", Limit: FixedWindow{Limit: 1000, Every: time.Hour}, Prefetch: 10 * time.Millisecond},
+	)
+	var ds []Decision
+	var reqs []Request
+	split, pooled := 0, 0
+	for i := range 40 {
+		now = now.Add(100 * time.Microsecond)
+		key := fmt.Sprint("cold", i)
+		if i%2 == 0 {
+			key = "hot"
+		}
+		req := Request{Keys: []string{"", "", "", key}}
+		d, err := ls[0].Allow(ctx, s, req)
+		if err != nil || !d.Allowed {
+			t.Fatal(d, err)
+		}
+		split += b2i(d.split != nil)
+		pooled += b2i(d.pf != nil)
+		ds, reqs = append(ds, d), append(reqs, req)
+	}
+	if split == 0 || pooled == 0 {
+		t.Fatalf("%d split and %d pooled admissions of 40: the test tests neither", split, pooled)
+	}
+	for i, d := range ds {
+		rd, err := ParseReceipt(d.Receipt())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ls[1].Refund(ctx, s, reqs[i], rd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range ls {
+		if err := l.GiveBack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, key := range []string{"hot", "cold1"} {
+		st, err := ls[0].Status(ctx, s, Request{Keys: []string{"", "", "", key}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Rules[0].Used != 0 || st.Rules[1].Used != 0 || st.Rules[3].Used != 0 {
+			t.Errorf("%s: windows count %d, %d and %d after every admission was refunded (%d split, %d pooled)", key, st.Rules[0].Used, st.Rules[1].Used, st.Rules[3].Used, split, pooled)
+		}
+	}
 }

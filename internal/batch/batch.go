@@ -181,6 +181,21 @@ func (b *Batcher) Call(batch []*Job) {
 		// A shared call outlives any one caller's cancellation.
 		ctx = context.WithoutCancel(ctx)
 	}
+	b.call(ctx, batch)
+}
+
+// Own runs jobs of one caller under its ctx, in calls of at most the
+// Batcher's max jobs each, one after the other, whatever is in flight.
+func (b *Batcher) Own(ctx context.Context, jobs []*Job) {
+	for len(jobs) > 0 {
+		n := min(len(jobs), b.max)
+		b.call(ctx, jobs[:n])
+		jobs = jobs[n:]
+	}
+}
+
+// call is Call under ctx.
+func (b *Batcher) call(ctx context.Context, batch []*Job) {
 	nk, na := 0, 1
 	for _, j := range batch {
 		nk += len(j.Keys)

@@ -121,8 +121,8 @@ func (p *Program) Retry(ctx context.Context, c redis.UniversalClient, cmd []any,
 	return r
 }
 
-// Load loads the program on the server, or on every master of a Cluster,
-// in the form it runs in; a library another process loaded meanwhile is no
+// Load loads the program on the server, or on every master of a Cluster
+// or shard of a Ring, in the form it runs in; a library another process loaded meanwhile is no
 // error. Calls load it themselves when they need to: Load only saves that
 // round trip (a test that counts them).
 func (p *Program) Load(ctx context.Context, c redis.UniversalClient) error {
@@ -136,8 +136,11 @@ func (p *Program) Load(ctx context.Context, c redis.UniversalClient) error {
 		}
 		return err
 	}
-	if cc, ok := c.(*redis.ClusterClient); ok {
+	switch cc := c.(type) {
+	case *redis.ClusterClient:
 		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return one(ctx, m) })
+	case *redis.Ring:
+		return cc.ForEachShard(ctx, func(ctx context.Context, m *redis.Client) error { return one(ctx, m) })
 	}
 	return one(ctx, c)
 }
