@@ -33,6 +33,7 @@ import (
 // admissions in it must have been split, and at least 3 seeds must be
 // such, or the test would not test the split.
 func TestSplitProperty(t *testing.T) {
+	redistest.Client(t) // skips without a server (-short)
 	dense := 0
 	for seed := range uint64(8) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {

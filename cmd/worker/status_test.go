@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/taskrl/taskrl/cmd/internal/status"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
+	"github.com/taskrl/taskrl/quotas"
 )
 
 const statusPolicy = `rules:
@@ -31,13 +33,18 @@ const statusPolicy = `rules:
     match: {type: "http:call"}
     key: "{{.business_id}}"
     gcra: {rate: 1, per: 1m, burst: 10}
+  - name: sends
+    match: {type: "http:call"}
+    concurrency: {max: 50, lease: 1m}
+    fair: "{{.business_id}}"
 `
 
 // TestLiveView runs a worker with --metrics-addr, runs 6 calls of two
 // businesses through it, and reads the limits three ways: worker status
 // (table and --json), the worker's /limits, and its / page as headless
 // Chromium renders it (skipped, saying so, where Chromium is missing):
-// every rule is there, with the use the calls made.
+// every rule is there, with the use the calls made, and the flows of the
+// fair concurrency rule that hold slots.
 func TestLiveView(t *testing.T) {
 	a := newAPI(t)
 	prefix := redistest.Prefix(t)
@@ -62,6 +69,21 @@ func TestLiveView(t *testing.T) {
 		}
 	}
 	eventually(t, "6 calls", func() bool { return len(a.byPath("/ok")) >= 6 })
+	// Slots of the fair rule held by two flows, as long-running tasks
+	// would hold them.
+	lim, err := quotas.New(quotas.Config{Client: redistest.Client(t), Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sends, err := quotas.NewSet(quotas.Rule{Name: "sends", Fair: true, Limit: quotas.Concurrency{Max: 50, Lease: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, flow := range []string{"b1", "b1", "b 3"} {
+		if d, err := lim.Allow(context.Background(), sends, quotas.Request{Fair: []string{flow}, Holder: fmt.Sprint("held-", i)}); err != nil || !d.Allowed {
+			t.Fatalf("slot of %s: %+v %v", flow, d, err)
+		}
+	}
 
 	// worker status, as a table and as JSON.
 	var stdout, stderr bytes.Buffer
@@ -70,7 +92,7 @@ func TestLiveView(t *testing.T) {
 		t.Fatalf("worker status: exit %d: %s", code, stderr.String())
 	}
 	t.Log("\n" + stdout.String())
-	for _, re := range []string{`hourly +\(global\) +sliding +6 +994`, `per-business +b1 +gcra +3 +7`, `per-business +b2 +gcra +3 +7`} {
+	for _, re := range []string{`hourly +\(global\) +sliding +6 +994`, `per-business +b1 +gcra +3 +7`, `per-business +b2 +gcra +3 +7`, `sends +\(global\) +concurrency +3 +47`, `\n  flow "b1": holds 2\n  flow "b 3": holds 1\n`} {
 		if !regexp.MustCompile(re).MatchString(stdout.String()) {
 			t.Errorf("worker status lacks /%s/", re)
 		}
@@ -80,7 +102,7 @@ func TestLiveView(t *testing.T) {
 		t.Fatalf("worker status --json: exit %d: %s", code, stderr.String())
 	}
 	var rep status.Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || len(rep.Rules) != 3 || rep.Rules[2].KeyState == nil || rep.Rules[2].Key != "b2" || rep.Rules[2].Used != 3 {
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || len(rep.Rules) != 4 || rep.Rules[2].KeyState == nil || rep.Rules[2].Key != "b2" || rep.Rules[2].Used != 3 {
 		t.Fatalf("worker status --json --key b2: %v %s", err, stdout.String())
 	}
 
@@ -97,6 +119,9 @@ func TestLiveView(t *testing.T) {
 	}
 	if r := rep.Rules[1]; r.Name != "hourly" || r.KeyState == nil || r.Used != 6 || len(rep.Rules[2].Busiest) != 2 {
 		t.Fatalf("/limits: %s", body)
+	}
+	if r := rep.Rules[3]; r.KeyState == nil || !slices.Equal(r.Flows, []status.Flow{{Flow: "b1", Held: 2}, {Flow: "b 3", Held: 1}}) {
+		t.Fatalf("/limits: the fair rule's flows: %s", body)
 	}
 
 	// / in a real browser.
@@ -120,7 +145,7 @@ func TestLiveView(t *testing.T) {
 	if shot := os.Getenv("TASKRL_SCREENSHOT"); shot != "" {
 		// For docs/operations.md: TASKRL_SCREENSHOT=$PWD/docs/live-view.png go test -run TestLiveView ./cmd/worker
 		if out, err := exec.CommandContext(cctx, chrome, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-			"--user-data-dir="+t.TempDir(), "--virtual-time-budget=5000", "--window-size=1100,300", "--screenshot="+shot, "http://"+addr+"/").CombinedOutput(); err != nil {
+			"--user-data-dir="+t.TempDir(), "--virtual-time-budget=5000", "--window-size=1100,330", "--screenshot="+shot, "http://"+addr+"/").CombinedOutput(); err != nil {
 			t.Errorf("screenshot: %v\n%s", err, out)
 		}
 	}
@@ -136,6 +161,9 @@ func TestLiveView(t *testing.T) {
 	}
 	if !regexp.MustCompile(`<tr data-rule="per-business"><td>per-business</td><td>b[12]</td>.*?<td class="num used">3</td>`).MatchString(dom) {
 		t.Errorf("the page does not show the businesses' use:\n%s", dom)
+	}
+	if !regexp.MustCompile(`<tr class="flow muted" data-rule="sends"><td></td><td>flow "b1"</td>.*?<td class="num held">2</td>.*?<tr class="flow muted" data-rule="sends"><td></td><td>flow "b 3"</td>.*?<td class="num held">1</td>`).MatchString(dom) {
+		t.Errorf("the page does not show the fair rule's flows:\n%s", dom)
 	}
 }
 

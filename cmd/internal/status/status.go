@@ -84,6 +84,24 @@ type KeyState struct {
 	// Waiting is the tasks waiting under the rule for this key
 	// (taskrl.Waiting), filled by AddWaiting.
 	Waiting int `json:"waiting,omitempty"`
+	// Flows are, for a fair rule, its flows (the values of its fair:
+	// template) holding slots or waiting for them, or with tasks booked
+	// ahead: at most Busiest, busiest first; FlowCount is how many there
+	// are.
+	Flows     []Flow `json:"flows,omitempty"`
+	FlowCount int    `json:"flow_count,omitempty"`
+}
+
+// Flow is one flow of a fair rule for a key (quotas.FlowState).
+type Flow struct {
+	Flow string `json:"flow"`
+	// Held is the slots it holds (concurrency).
+	Held int `json:"held,omitempty"`
+	// Waiting: a concurrency rule refused it a slot within the last
+	// second, or a gcra rule has its tasks booked ahead; Weight is the
+	// weight it waits with.
+	Waiting bool `json:"waiting,omitempty"`
+	Weight  int  `json:"weight,omitempty"`
 }
 
 // AddWaiting fills each reported key's Waiting from the waiting index on
@@ -279,6 +297,16 @@ func keyState(ctx context.Context, c redis.UniversalClient, l *quotas.Limiter, p
 	if st.Interval > 0 {
 		ks.Rate = float64(time.Second) / float64(st.Interval)
 	}
+	if r.Fair != "" {
+		fs, err := l.Flows(ctx, set, quotas.Request{Keys: []string{key}})
+		if err != nil {
+			return KeyState{}, time.Time{}, err
+		}
+		ks.FlowCount = len(fs[0])
+		for _, f := range fs[0][:min(len(fs[0]), Busiest)] {
+			ks.Flows = append(ks.Flows, Flow{Flow: f.Flow, Held: f.Held, Waiting: f.Waiting, Weight: f.Weight})
+		}
+	}
 	us, err := c.Get(ctx, keys.Block(prefix, r.Name, key)).Int64()
 	switch {
 	case errors.Is(err, redis.Nil):
@@ -367,6 +395,12 @@ func Text(rep Report) string {
 			rate = strconv.FormatFloat(ks.Rate, 'f', 2, 64)
 		}
 		fmt.Fprintf(&b, "%-22s %-12s %-10s %6d %9d %-10s %-10s %8s %7d  %s\n", r.Name, key, r.Kind, ks.Used, ks.Remaining, until(rep.At, ks.ResetsAt), until(rep.At, ks.BlockedUntil), rate, ks.Waiting, limit)
+		for _, f := range ks.Flows {
+			fmt.Fprintf(&b, "  flow %s\n", flowText(f))
+		}
+		if more := ks.FlowCount - len(ks.Flows); more > 0 {
+			fmt.Fprintf(&b, "  and %d more flows\n", more)
+		}
 	}
 	for _, r := range rep.Rules {
 		switch {
@@ -392,6 +426,23 @@ func Text(rep Report) string {
 		fmt.Fprintf(&b, "PAUSED: %s %s, since %s by %s: %s\n", what, end, p.At.UTC().Format(time.RFC3339), p.By, p.Reason)
 	}
 	return b.String()
+}
+
+// flowText describes flow f of a fair rule: its name (quoted), the slots
+// it holds and whether it waits, with what weight.
+func flowText(f Flow) string {
+	s := strconv.Quote(f.Flow)
+	if f.Held > 0 {
+		s += fmt.Sprintf(": holds %d", f.Held)
+	}
+	if f.Waiting {
+		sep := ": "
+		if f.Held > 0 {
+			sep = ", "
+		}
+		s += sep + "waiting, weight " + strconv.Itoa(f.Weight)
+	}
+	return s
 }
 
 func until(now, t time.Time) string {

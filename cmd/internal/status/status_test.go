@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -220,5 +221,70 @@ func TestWaitingColumn(t *testing.T) {
 	}
 	if rep, err = Collect(ctx, c, prefix, p, "b9"); err != nil || rep.Rules[0].KeyState.Override != "unlimited: the rule does not apply" {
 		t.Errorf("exempt b9: %+v %v", rep.Rules[0].KeyState, err)
+	}
+}
+
+// TestCollectFlows: a fair concurrency rule's report lists its flows with
+// the slots each holds and those waiting with their weight, in the JSON
+// and in Text; a rule that is not fair lists none.
+func TestCollectFlows(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	p, err := policy.Parse([]byte(`
+rules:
+  - name: sends
+    match: {type: job}
+    concurrency: {max: 3, lease: 1m}
+    fair: {key: "{{.business_id}}", weight: "{{.weight}}"}
+  - name: cap
+    match: {type: job}
+    concurrency: {max: 100, lease: 1m}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.Bind("job", "q")
+	set, err := quotas.NewSet(b.Rules()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, task := range []struct {
+		payload string
+		allowed bool
+	}{{`{"business_id": "big", "weight": 1}`, true}, {`{"business_id": "big", "weight": 1}`, true}, {`{"business_id": "small", "weight": 1}`, true}, {`{"business_id": "late", "weight": 3}`, false}} {
+		rq, err := b.Request([]byte(task.payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rq.Holder = string(rune('a' + i))
+		if d, err := l.Allow(ctx, set, rq); err != nil || d.Allowed != task.allowed {
+			t.Fatalf("%s: %+v %v", task.payload, d, err)
+		}
+	}
+	rep, err := Collect(ctx, c, prefix, p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Flow{{Flow: "big", Held: 2}, {Flow: "small", Held: 1}, {Flow: "late", Waiting: true, Weight: 3}}
+	if got := rep.Rules[0].Flows; rep.Rules[0].KeyState == nil || !slices.Equal(got, want) || rep.Rules[0].FlowCount != 3 {
+		t.Fatalf("fair rule's flows: %+v, want %+v", rep.Rules[0].KeyState, want)
+	}
+	if rep.Rules[1].Flows != nil {
+		t.Errorf("a rule that is not fair lists flows: %+v", rep.Rules[1].Flows)
+	}
+	js, _ := json.Marshal(rep.Rules[0])
+	if !strings.Contains(string(js), `"flows":[{"flow":"big","held":2},{"flow":"small","held":1},{"flow":"late","waiting":true,"weight":3}]`) {
+		t.Errorf("JSON: %s", js)
+	}
+	text := Text(rep)
+	for _, line := range []string{`  flow "big": holds 2`, `  flow "small": holds 1`, `  flow "late": waiting, weight 3`} {
+		if !strings.Contains(text, line+"\n") {
+			t.Errorf("Text has no line %q:\n%s", line, text)
+		}
 	}
 }
