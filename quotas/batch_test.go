@@ -188,6 +188,19 @@ func (h *counting) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// drain lets the held calls through one at a time until wg is done.
+func (h *counting) drain(wg *sync.WaitGroup) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for {
+		select {
+		case h.gate <- struct{}{}:
+		case <-done:
+			return
+		}
+	}
+}
+
 // newCounted is a Limiter on its own client, whose script calls h counts.
 func newCounted(t *testing.T, h *counting, maxBatch int) (*Limiter, string) {
 	t.Helper()
@@ -236,15 +249,7 @@ func TestBatchSharesCalls(t *testing.T) {
 					queued = l.batch.Queued()
 				}
 			}
-			done := make(chan struct{})
-			go func() { wg.Wait(); close(done) }()
-			for open := true; open; {
-				select {
-				case h.gate <- struct{}{}:
-				case <-done:
-					open = false
-				}
-			}
+			h.drain(&wg)
 			calls := h.calls.Load()
 			if allowed.Load() != 60 {
 				t.Errorf("allowed %d of %d under a limit of 60", allowed.Load(), n)
@@ -336,15 +341,7 @@ func TestBatchSharesPairsAndLeases(t *testing.T) {
 		for queued() < n-batch.MaxInFlight {
 			time.Sleep(time.Millisecond)
 		}
-		done := make(chan struct{})
-		go func() { wg.Wait(); close(done) }()
-		for open := true; open; {
-			select {
-			case h.gate <- struct{}{}:
-			case <-done:
-				open = false
-			}
-		}
+		h.drain(&wg)
 		return h.calls.Load() - before
 	}
 	const n = 80

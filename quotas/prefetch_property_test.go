@@ -41,6 +41,21 @@ type propRule struct {
 	window func(µs int64) int64
 }
 
+// pace returns the tightest of rules' spacings between units, and a
+// phase length: three of the longest window (a GCRA rule: a second).
+func pace(rules []propRule) (spacing, phase time.Duration) {
+	for _, r := range rules {
+		sp := r.every / time.Duration(r.limit)
+		if _, ok := r.r.Limit.(GCRA); ok {
+			sp, phase = r.every, max(phase, 3*time.Second)
+		} else {
+			phase = max(phase, 3*r.every)
+		}
+		spacing = max(spacing, sp)
+	}
+	return spacing, phase
+}
+
 func randomPrefetchRule(rng *rand.Rand, name string, prefetch time.Duration) propRule {
 	fixed := func(every time.Duration) func(int64) int64 {
 		return func(t int64) int64 { return t - t%every.Microseconds() }
@@ -82,18 +97,7 @@ func prefetchProperty(t *testing.T, seed uint64) {
 	procs := 2 + rng.IntN(5)
 	ls, _ := limitersOn(t, procs, &now)
 	ctx := context.Background()
-	// The tightest rule's spacing between units, and the phase length:
-	// three of the longest window (a GCRA rule: a second).
-	spacing, phase := time.Duration(0), time.Duration(0)
-	for _, r := range rules {
-		sp := r.every / time.Duration(r.limit)
-		if _, ok := r.r.Limit.(GCRA); ok {
-			sp, phase = r.every, max(phase, 3*time.Second)
-		} else {
-			phase = max(phase, 3*r.every)
-		}
-		spacing = max(spacing, sp)
-	}
+	spacing, phase := pace(rules)
 	const maxCost = 3
 	var out []handout
 	type windowLog struct{ lastDenial int64 }

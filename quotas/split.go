@@ -101,8 +101,9 @@ type split struct {
 }
 
 // global admits req's global rules from their pool (units in hand, or a
-// batch taken now): ok false if it did not (the pool is cold or busy:
-// decide the whole set as usual).
+// batch taken now), and returns the requests of both parts; gd is not
+// Allowed if the pool did not admit (it is cold or busy: decide the whole
+// set as usual).
 func (l *Limiter) global(ctx context.Context, pt *parts, req Request) (gd Decision, greq, kreq Request, err error) {
 	greq, kreq = pt.requests(req)
 	gd, _, err = l.prefetched(ctx, pt.g, greq)

@@ -53,25 +53,16 @@ func splitProperty(t *testing.T, seed uint64) bool {
 	rng := rand.New(rand.NewPCG(seed, 29))
 	prefetch := time.Duration(10+rng.IntN(41)) * time.Millisecond
 	procs := 2 + rng.IntN(4)
-	// The tightest global rule's spacing between units, and the phase
-	// length: three of the longest window (a GCRA rule: a second). Even
-	// seeds draw global rules until the slow phase is dense (below).
+	// The global rules' pace (spacing, phase). Even seeds draw global
+	// rules until the slow phase is dense (below).
 	var global, keyed []propRule
 	var spacing, phase time.Duration
 	for try := 0; try == 0 || seed%2 == 0 && try < 100 && 6*time.Duration(procs)*spacing >= prefetch/2; try++ {
-		global, spacing, phase = nil, 0, 0
+		global = nil
 		for i := range 1 + rng.IntN(2) {
 			global = append(global, randomPrefetchRule(rng, fmt.Sprint("g", i), prefetch))
 		}
-		for _, r := range global {
-			sp := r.every / time.Duration(r.limit)
-			if _, ok := r.r.Limit.(GCRA); ok {
-				sp, phase = r.every, max(phase, 3*time.Second)
-			} else {
-				phase = max(phase, 3*r.every)
-			}
-			spacing = max(spacing, sp)
-		}
+		spacing, phase = pace(global)
 	}
 	for i := range 1 + rng.IntN(2) {
 		keyed = append(keyed, randomPrefetchRule(rng, fmt.Sprint("k", i), prefetch))
