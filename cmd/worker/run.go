@@ -117,7 +117,9 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.Handle("/limits", &limitsHandler{client: limits, prefix: cfg.prefix, policy: mw.Policy})
+		lh := &limitsHandler{client: limits, prefix: cfg.prefix, policy: mw.Policy}
+		mux.Handle("/limits", lh)
+		m.WatchFlows(lh.flows)
 		mux.HandleFunc("/", servePage)
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 			if e := redisErr.Load(); e != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/cmd/internal/metrics"
 	"github.com/taskrl/taskrl/cmd/internal/overrides"
 	"github.com/taskrl/taskrl/cmd/internal/status"
 	"github.com/taskrl/taskrl/policy"
@@ -189,30 +190,72 @@ type limitsHandler struct {
 
 	mu   sync.Mutex
 	at   time.Time
+	rep  status.Report
 	body []byte
 }
 
-func (h *limitsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// report returns the report and its JSON, read again if older than a
+// second.
+func (h *limitsHandler) report(ctx context.Context) (status.Report, []byte, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if time.Since(h.at) >= time.Second {
-		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		rep, err := status.Collect(ctx, h.client, h.prefix, h.policy(), "")
 		cancel()
 		if err != nil {
-			http.Error(w, "reading the limits: "+err.Error(), http.StatusServiceUnavailable)
-			return
+			return status.Report{}, nil, err
 		}
 		body, err := json.Marshal(rep)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
+			return status.Report{}, nil, err
 		}
-		h.at, h.body = time.Now(), body
+		h.at, h.rep, h.body = time.Now(), rep, body
+	}
+	return h.rep, h.body, nil
+}
+
+func (h *limitsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, body, err := h.report(r.Context())
+	if err != nil {
+		http.Error(w, "reading the limits: "+err.Error(), http.StatusServiceUnavailable)
+		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	w.Write(h.body)
+	w.Write(body)
+}
+
+// flows counts each fair rule's flows holding slots and waiting in the
+// report (taskrl_fair_flows); none while Redis cannot be read.
+func (h *limitsHandler) flows() []metrics.FairFlows {
+	rep, _, err := h.report(context.Background())
+	if err != nil {
+		return nil
+	}
+	var out []metrics.FairFlows
+	for _, r := range rep.Rules {
+		if !r.Fair {
+			continue
+		}
+		f := metrics.FairFlows{Rule: r.Name}
+		keys := r.Busiest
+		if r.KeyState != nil {
+			keys = []status.KeyState{*r.KeyState}
+		}
+		for _, k := range keys {
+			for _, fl := range k.Flows {
+				if fl.Held > 0 {
+					f.Holding++
+				}
+				if fl.Waiting {
+					f.Waiting++
+				}
+			}
+		}
+		out = append(out, f)
+	}
+	return out
 }
 
 // servePage serves the live view, a page that reads /limits every 2 s.

@@ -44,7 +44,7 @@ const statusPolicy = `rules:
 // (table and --json), the worker's /limits, and its / page as headless
 // Chromium renders it (skipped, saying so, where Chromium is missing):
 // every rule is there, with the use the calls made, and the flows of the
-// fair concurrency rule that hold slots.
+// fair concurrency rule that hold slots (counted in /metrics too).
 func TestLiveView(t *testing.T) {
 	a := newAPI(t)
 	prefix := redistest.Prefix(t)
@@ -120,8 +120,19 @@ func TestLiveView(t *testing.T) {
 	if r := rep.Rules[1]; r.Name != "hourly" || r.KeyState == nil || r.Used != 6 || len(rep.Rules[2].Busiest) != 2 {
 		t.Fatalf("/limits: %s", body)
 	}
-	if r := rep.Rules[3]; r.KeyState == nil || !slices.Equal(r.Flows, []status.Flow{{Flow: "b1", Held: 2}, {Flow: "b 3", Held: 1}}) {
+	if r := rep.Rules[3]; r.KeyState == nil || !r.Fair || !slices.Equal(r.Flows, []status.Flow{{Flow: "b1", Held: 2}, {Flow: "b 3", Held: 1}}) {
 		t.Fatalf("/limits: the fair rule's flows: %s", body)
+	}
+	// /metrics counts them.
+	if resp, err = http.Get("http://" + addr + "/metrics"); err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, line := range []string{`taskrl_fair_flows{rule="sends",state="holding"} 2`, `taskrl_fair_flows{rule="sends",state="waiting"} 0`} {
+		if !strings.Contains(string(body), line+"\n") {
+			t.Errorf("/metrics has no line %s", line)
+		}
 	}
 
 	// / in a real browser.

@@ -68,6 +68,13 @@
 //	taskrl_shed_level                            gauge
 //	    The worker's shed level: class k of the shed section is deferred
 //	    with probability level-k, clipped to [0, 1]; 0 without one.
+//	taskrl_fair_flows{rule,state}                gauge
+//	    The flows (values of its fair: template) of each fair rule, read
+//	    from Redis when scraped (at most once a second): state "holding"
+//	    counts those holding slots of a concurrency rule, "waiting" those
+//	    waiting for one or with tasks of a gcra rule booked ahead; summed
+//	    over the keys worker status lists (a keyed rule's 10 busiest).
+//	    Absent without a fair rule.
 //
 // The worker also serves the Go runtime (go_*) and process (process_*)
 // collectors on the same endpoint.
@@ -106,6 +113,7 @@ type Metrics struct {
 	overrides      *prometheus.GaugeVec
 	roundTrip      *prometheus.HistogramVec
 	shed           atomic.Pointer[func() (signal, level float64, ok bool)]
+	flows          atomic.Pointer[func() []FairFlows]
 
 	pairs sync.Map // "queue\x00type" -> struct{}, the label pairs in use
 	npair atomic.Int64
@@ -209,7 +217,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "taskrl_shed_level",
 		Help: "The shed level: class k of the shed section is deferred with probability level-k, clipped to [0, 1].",
 	}, shedValue(true))
-	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls, m.reloads, m.overrides, m.roundTrip, shedSignal, shedLevel} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls, m.reloads, m.overrides, m.roundTrip, shedSignal, shedLevel, flowsCollector{m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -312,6 +320,40 @@ func (m *Metrics) gauge(vec *prometheus.GaugeVec, rule string) prometheus.Gauge 
 // ShedState. Safe for concurrent use.
 func (m *Metrics) WatchShed(state func() (signal, level float64, ok bool)) {
 	m.shed.Store(&state)
+}
+
+// FairFlows is one fair rule's flows for taskrl_fair_flows: Holding hold
+// slots, Waiting wait.
+type FairFlows struct {
+	Rule             string
+	Holding, Waiting int
+}
+
+// WatchFlows makes taskrl_fair_flows read state when scraped (it may read
+// Redis; nil or an empty result: no series). Safe for concurrent use.
+func (m *Metrics) WatchFlows(state func() []FairFlows) {
+	m.flows.Store(&state)
+}
+
+// fairFlowsDesc describes taskrl_fair_flows.
+var fairFlowsDesc = prometheus.NewDesc("taskrl_fair_flows",
+	"Flows of each fair rule holding slots (state holding) or waiting (state waiting), as worker status lists them.",
+	[]string{"rule", "state"}, nil)
+
+// flowsCollector collects taskrl_fair_flows from WatchFlows's function.
+type flowsCollector struct{ m *Metrics }
+
+func (c flowsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- fairFlowsDesc }
+
+func (c flowsCollector) Collect(ch chan<- prometheus.Metric) {
+	f := c.m.flows.Load()
+	if f == nil {
+		return
+	}
+	for _, r := range (*f)() {
+		ch <- prometheus.MustNewConstMetric(fairFlowsDesc, prometheus.GaugeValue, float64(r.Holding), r.Rule, "holding")
+		ch <- prometheus.MustNewConstMetric(fairFlowsDesc, prometheus.GaugeValue, float64(r.Waiting), r.Rule, "waiting")
+	}
 }
 
 // HTTPCall counts one request of the http:call handler with its result

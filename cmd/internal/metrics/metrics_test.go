@@ -50,6 +50,7 @@ var documented = []string{
 	"taskrl_rule_rate",
 	"taskrl_http_calls_total",
 	"taskrl_policy_reloads_total",
+	"taskrl_fair_flows",
 }
 
 func TestDecisions(t *testing.T) {
@@ -223,6 +224,7 @@ taskrl_http_calls_total{code="refused"} 0
 func TestDocumented(t *testing.T) {
 	m, reg := newMetrics(t)
 	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Rules: []quotas.RuleStatus{{Name: "r", Interval: time.Second}}})
+	m.WatchFlows(func() []FairFlows { return []FairFlows{{Rule: "r"}} })
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -382,5 +384,32 @@ func TestDashboard(t *testing.T) {
 		if !used[m] {
 			t.Errorf("no panel shows %s", m)
 		}
+	}
+}
+
+// TestFairFlows: taskrl_fair_flows has no series until WatchFlows, then
+// each fair rule's holding and waiting flows as its function reports them
+// when scraped.
+func TestFairFlows(t *testing.T) {
+	m, reg := newMetrics(t)
+	if n, err := testutil.GatherAndCount(reg, "taskrl_fair_flows"); err != nil || n != 0 {
+		t.Fatalf("before WatchFlows: %d series, %v", n, err)
+	}
+	calls := 0
+	m.WatchFlows(func() []FairFlows {
+		calls++
+		return []FairFlows{{Rule: "sends", Holding: 2, Waiting: 1}}
+	})
+	want := `
+# HELP taskrl_fair_flows Flows of each fair rule holding slots (state holding) or waiting (state waiting), as worker status lists them.
+# TYPE taskrl_fair_flows gauge
+taskrl_fair_flows{rule="sends",state="holding"} 2
+taskrl_fair_flows{rule="sends",state="waiting"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "taskrl_fair_flows"); err != nil {
+		t.Error(err)
+	}
+	if calls != 1 {
+		t.Errorf("the function ran %d times for one scrape", calls)
 	}
 }

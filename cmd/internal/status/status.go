@@ -54,6 +54,9 @@ type Rule struct {
 	// is its key template.
 	Keyed    bool   `json:"keyed,omitempty"`
 	Template string `json:"template,omitempty"`
+	// Fair says the rule is shared among the values of its fair:
+	// template (KeyState.Flows).
+	Fair bool `json:"fair,omitempty"`
 	// Overrides counts the keys with a limit of their own.
 	Overrides int `json:"overrides,omitempty"`
 	// The state of one key: Key is "" for a rule without a key template.
@@ -166,7 +169,7 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 	}
 	var rep Report
 	for _, r := range p.Rules() {
-		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: limitText(r, r.Limit, false), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Overrides: count[r.Name]}
+		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: limitText(r, r.Limit, false), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Fair: r.Fair != "", Overrides: count[r.Name]}
 		state := func(k string) (KeyState, error) {
 			lim, own := over[[2]string{r.Name, k}]
 			if !own || !out.Keyed {
