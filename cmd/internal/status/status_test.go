@@ -19,6 +19,21 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
+// parseWithLimiter parses the policy yaml and returns it with a Limiter on
+// c under prefix.
+func parseWithLimiter(t *testing.T, c redis.UniversalClient, prefix, yaml string) (*policy.Policy, *quotas.Limiter) {
+	t.Helper()
+	p, err := policy.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, l
+}
+
 const policyYAML = `
 rules:
   - name: peak
@@ -43,14 +58,7 @@ func TestCollect(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
-	p, err := policy.Parse([]byte(policyYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, l := parseWithLimiter(t, c, prefix, policyYAML)
 	b := p.Bind("job", "q")
 	for biz, n := range map[string]int{"b1": 3, "acme corp": 2, "b2": 1} {
 		for i := 0; i < n; i++ {
@@ -130,14 +138,7 @@ func TestCollectSoft(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
-	p, err := policy.Parse([]byte("rules:\n  - name: peak\n    match: {type: job}\n    soft: 10%\n    gcra: {rate: 10, per: 1s, burst: 10}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, l := parseWithLimiter(t, c, prefix, "rules:\n  - name: peak\n    match: {type: job}\n    soft: 10%\n    gcra: {rate: 10, per: 1s, burst: 10}\n")
 	set, err := quotas.NewSet(p.Bind("job", "q").Rules()...)
 	if err != nil {
 		t.Fatal(err)
@@ -163,15 +164,8 @@ func TestCollectPrefetch(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
-	p, err := policy.Parse([]byte("rules:\n  - name: peak\n    match: {type: job}\n    prefetch: 10ms\n    gcra: {rate: 1000, per: 1s, burst: 100}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A fresh Limiter's first decision is a batch of one.
-	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, l := parseWithLimiter(t, c, prefix, "rules:\n  - name: peak\n    match: {type: job}\n    prefetch: 10ms\n    gcra: {rate: 1000, per: 1s, burst: 100}\n")
 	set, err := quotas.NewSet(p.Bind("job", "q").Rules()...)
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +225,7 @@ func TestCollectFlows(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
-	p, err := policy.Parse([]byte(`
+	p, l := parseWithLimiter(t, c, prefix, `
 rules:
   - name: sends
     match: {type: job}
@@ -240,14 +234,7 @@ rules:
   - name: cap
     match: {type: job}
     concurrency: {max: 100, lease: 1m}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	b := p.Bind("job", "q")
 	set, err := quotas.NewSet(b.Rules()...)
 	if err != nil {
