@@ -39,7 +39,19 @@ type Request struct {
 	// fair 12/s: 6, 4 and 2/s). 0 means 1; at most MaxWeight. Other rules
 	// ignore it. Nil means 1 for every rule.
 	Weights []int
+	// Priorities holds, per rule of the set in order, the request's
+	// priority at a fair GCRA rule with Rule.Aging: 1 (first) to
+	// MaxPriority (last); 0 means DefaultPriority. Other rules ignore it.
+	// Nil means DefaultPriority for every rule.
+	Priorities []int
 }
+
+// DefaultPriority is the priority of a request that names none, and
+// MaxPriority the last level (Request.Priorities).
+const (
+	DefaultPriority = 3
+	MaxPriority     = 5
+)
 
 // MaxWeight is the largest Request.Weights: a fair rule keeps a flow's
 // weight as that many entries of its finish, so a decision costs Redis

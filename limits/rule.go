@@ -79,7 +79,31 @@ type Rule struct {
 	//
 	// 0 (the default) takes nothing ahead; at most MaxPrefetch.
 	Prefetch time.Duration
+	// Aging, for a fair GCRA rule, orders its requests by priority
+	// (Request.Priorities: levels 1, first, to 5, last; 3 by default): a
+	// level is a head start of Aging in the rule's fair queue, a request
+	// of level p tagged (p'−p)·Aging ahead of one of level p' whose flow
+	// used as much of its share. It therefore takes over the booking of a
+	// request of a later level that has not started (as a flow below its
+	// share does at a fair rule) unless that request has waited the
+	// difference: a higher level goes first while its flows ask for no
+	// more than their share and the head start; one that keeps asking for
+	// more uses the head start up and then shares the rate by weight with
+	// the later levels, which are held back but never starved. Within a
+	// level, flows share as Fair says. Each level of a flow has a virtual
+	// finish of its own, so one flow's backlog of a late level does not
+	// hold back its requests of an earlier one, and a request never takes
+	// over a booking of its own flow and level (they keep their order).
+	// 0 (the default): priorities are ignored; otherwise between
+	// MinAging and MaxAging.
+	Aging time.Duration
 }
+
+// MinAging and MaxAging bound Rule.Aging.
+const (
+	MinAging = time.Millisecond
+	MaxAging = time.Hour
+)
 
 // Validate reports what is wrong with rules, as a *RuleError, or nil:
 // each rule's checks (Rule.Validate) in order, then that its name is
@@ -134,6 +158,21 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 		msg := fmt.Sprintf("only a GCRA or Concurrency rule can be fair, not a %s", r.Limit)
 		return fail(&RuleError{Field: "Rule.Fair", Reason: msg, msg: msg})
 	}
+	if r.Aging != 0 {
+		msg := ""
+		switch {
+		case !plain || !r.Fair:
+			msg = fmt.Sprintf("is only for a fair GCRA rule, not a %s", r.Limit)
+			if plain {
+				msg = "is only for a fair GCRA rule (Rule.Fair)"
+			}
+		case r.Aging < MinAging || r.Aging > MaxAging:
+			msg = fmt.Sprintf("must be between %v and %v, got %v", MinAging, MaxAging, r.Aging)
+		}
+		if msg != "" {
+			return fail(&RuleError{Field: "Rule.Aging", Reason: msg, msg: "aging " + msg})
+		}
+	}
 	if r.Prefetch != 0 {
 		bad := func(format string, args ...any) *RuleError {
 			msg := fmt.Sprintf(format, args...)
@@ -178,8 +217,9 @@ type RuleError struct {
 	// CalendarWindow; "Max", "Lease" or "Reserved" of a Concurrency. For a
 	// field of the Rule itself: "Rule.Name" (invalid, or a duplicate in a
 	// set), "Rule.Limit" (missing), "Rule.Fair" (on a limit that cannot
-	// be fair) or "Rule.Prefetch" (out of range, or on a limit that cannot
-	// prefetch). "" when no one field is at fault: a GCRA whose fields are
+	// be fair), "Rule.Prefetch" (out of range, or on a limit that cannot
+	// prefetch) or "Rule.Aging" (out of range, or on a rule that is not a
+	// fair GCRA). "" when no one field is at fault: a GCRA whose fields are
 	// each valid but not together (Period/Rate below a microsecond, or
 	// Burst intervals longer than 35 years).
 	Field string

@@ -32,6 +32,9 @@ type Binding struct {
 	transient bool   // a variant ForKeys did not cache (Transient)
 	exempt    []bool // per rule: exempt for the keys (Exempt); nil: none
 	tiered    bool   // a rule reads a plan from the payload (Rule.Tier)
+
+	levels      []int // per rule: the level of a literal Priority, else the queue's (PriorityQueues), else 0
+	prioritized bool  // a rule has priorities (Rule.Priority, Rule.PriorityQueues)
 }
 
 // Critical reports whether the policy's critical list selects the bound
@@ -76,7 +79,9 @@ func (b *Binding) Keys(payload []byte) ([]string, error) {
 // its Keys (see Keys), its Fair flows, rendered from the fair rules'
 // templates like keys (a flow that cannot be rendered, for want of a field
 // or an object, is ""), when a fair rule has a FairWeight its Weights (see
-// Rule.FairWeight), Critical (see Critical) and, when a rule has a
+// Rule.FairWeight), when a rule has priorities its Priorities (the
+// payload's level, else the queue's, else 0: see Rule.Priority), Critical
+// (see Critical) and, when a rule has a
 // Cost, its Costs (1 for rules without one, and for a rule an unlimited
 // override exempts the task's key from); a cost that is not a whole
 // number of at least 1, or missing without a DefaultCost, is a *CostError.
@@ -106,6 +111,17 @@ func (b *Binding) Request(payload []byte) (limits.Request, error) {
 				req.Fair[i] = r.Fair
 			} else if o, err := object(); err == nil {
 				req.Fair[i], _ = t.render(o)
+			}
+		}
+		if b.prioritized {
+			if req.Priorities == nil {
+				req.Priorities = make([]int, len(b.rules))
+			}
+			req.Priorities[i] = b.levels[i]
+			if r.ptmpl != nil {
+				if p := r.renderLevel(object); p > 0 {
+					req.Priorities[i] = p
+				}
 			}
 		}
 		if r.wtmpl != nil {
@@ -178,6 +194,22 @@ func (r *crule) renderWeight(object func() (map[string]json.RawMessage, error)) 
 		return 1
 	}
 	return min(n, limits.MaxWeight)
+}
+
+// renderLevel returns the rule's priority level rendered from the
+// payload object returns, or 0 when the field is missing or not a whole
+// number from 1 to limits.MaxPriority.
+func (r *crule) renderLevel(object func() (map[string]json.RawMessage, error)) int {
+	o, err := object()
+	if err != nil {
+		return 0
+	}
+	v, err := r.ptmpl.render(o)
+	n, nerr := strconv.Atoi(v)
+	if err != nil || nerr != nil || n < 1 || n > limits.MaxPriority {
+		return 0
+	}
+	return n
 }
 
 // renderCost returns the rule's cost for the payload object returns: 1

@@ -387,7 +387,7 @@ func (b *Binding) variant(keys, plans []string) *Binding {
 	if v, ok := b.variants.Load(sig.String()); ok {
 		return v.(*Binding)
 	}
-	v := &Binding{rules: append([]*crule(nil), b.rules...), payload: b.payload, costs: b.costs, critical: b.critical, throttle: b.throttle}
+	v := &Binding{rules: append([]*crule(nil), b.rules...), payload: b.payload, costs: b.costs, critical: b.critical, throttle: b.throttle, levels: b.levels, prioritized: b.prioritized}
 	qs := slices.Clone(b.set)
 	for j := range b.rules {
 		l, ok := over(j)

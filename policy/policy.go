@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"path"
@@ -148,6 +149,35 @@ type Rule struct {
 	// without the field, or with a plan Tiers lacks, is decided at Limit.
 	// "" (the default): plans come from overrides only. It requires Tiers.
 	Tier string
+	// Priority orders the tasks waiting for a gcra rule's rate: a
+	// template over the task's payload like Key (e.g. "{{.priority}}")
+	// or a literal, rendering a level from 1 (first) to 5 (last). A task
+	// whose payload gives no level (the field missing, or not a whole
+	// number from 1 to 5) takes its queue's (PriorityQueues), else 3. A
+	// task of level p goes before those of later levels waiting for the
+	// rule (it takes over the booking of one that has not started, as a
+	// fair rule's flows do): each level is a head start of Aging in the
+	// rule's fair queue, so a level that keeps asking for more than its
+	// share uses it up and the later levels are held back, never starved
+	// (limits.Rule.Aging). Within a level,
+	// the rule's fair values share as Fair says. The rule decides as a
+	// fair rule (each task a booking of its own, no prefetch) with one
+	// value when it has no Fair. Priorities order the bookings of the
+	// first fair or prioritized gcra rule among a task's rules. "" (the
+	// default) and no PriorityQueues: every task is level 3. Only a gcra
+	// rule. Policy file: priority: "{{.priority}}", or priority: {level:
+	// "{{.priority}}", queues: {emails: 1, newsletters: 5}, aging: 10s}.
+	Priority string
+	// PriorityQueues gives the level of the tasks of an asynq queue
+	// whose payload gives none (Priority): queue name -> 1 to 5. Nil (the
+	// default): none.
+	PriorityQueues map[string]int
+	// Aging is how much longer a task one level later must have waited
+	// to keep its booking from a task of the earlier level
+	// (limits.Rule.Aging), with Priority or PriorityQueues. 0 (the
+	// default) means DefaultAging; between limits.MinAging and
+	// limits.MaxAging.
+	Aging time.Duration
 	// Limit is the rule's limit, exactly one of limits.GCRA,
 	// limits.Adaptive, limits.FixedWindow, limits.CalendarWindow,
 	// limits.SlidingWindow or limits.Concurrency (a pointer to one is
@@ -253,12 +283,15 @@ type bindKey struct{ taskType, queue string }
 // crule is a validated rule with its compiled key, fair and cost templates.
 type crule struct {
 	Rule
-	tmpl  *keyTemplate // nil when Key == ""
-	ftmpl *keyTemplate // nil when Fair == ""
-	wtmpl *keyTemplate // nil when FairWeight == ""
-	ctmpl *keyTemplate // nil when Cost == "" or a literal
-	ttmpl *keyTemplate // nil when Tier == ""
-	cost  int          // a literal Cost; 0 when Cost is a template or ""
+	tmpl  *keyTemplate  // nil when Key == ""
+	ftmpl *keyTemplate  // nil when Fair == ""
+	wtmpl *keyTemplate  // nil when FairWeight == ""
+	ctmpl *keyTemplate  // nil when Cost == "" or a literal
+	ttmpl *keyTemplate  // nil when Tier == ""
+	ptmpl *keyTemplate  // nil when Priority == "" or a literal
+	level int           // a literal Priority; 0 when Priority is a template or ""
+	aging time.Duration // the rule's aging when it has priorities; else 0
+	cost  int           // a literal Cost; 0 when Cost is a template or ""
 }
 
 // New validates rules and returns a Policy that fails closed when
@@ -438,6 +471,10 @@ func (p *Policy) bindSlow(k bindKey) *Binding {
 	var id strings.Builder
 	for _, i := range idx {
 		id.WriteString(strconv.Itoa(i))
+		// The queue's level, where the rule gives queues one.
+		if q := p.rules[i].PriorityQueues[k.queue]; q > 0 {
+			id.WriteString("p" + strconv.Itoa(q))
+		}
 		id.WriteByte(',')
 	}
 	if critical {
@@ -452,7 +489,7 @@ func (p *Policy) bindSlow(k bindKey) *Binding {
 	if len(idx) > 0 {
 		b = p.subsets[id.String()]
 		if b == nil {
-			b = newBinding(p.rules, idx, p.throttle, p.overrides)
+			b = newBinding(p.rules, idx, p.throttle, p.overrides, k.queue)
 			b.critical = critical
 			if len(p.subsets) < maxBindings {
 				if p.subsets == nil {
@@ -471,8 +508,8 @@ func (p *Policy) bindSlow(k bindKey) *Binding {
 	return b
 }
 
-func newBinding(all []*crule, idx []int, throttle []string, overrides []Override) *Binding {
-	b := &Binding{rules: make([]*crule, len(idx)), throttle: make([]bool, len(idx))}
+func newBinding(all []*crule, idx []int, throttle []string, overrides []Override, queue string) *Binding {
+	b := &Binding{rules: make([]*crule, len(idx)), throttle: make([]bool, len(idx)), levels: make([]int, len(idx))}
 	qs := make([]limits.Rule, len(idx))
 	for j, i := range idx {
 		r := all[i]
@@ -493,7 +530,11 @@ func newBinding(all []*crule, idx []int, throttle []string, overrides []Override
 				}
 			}
 		}
-		qs[j] = limits.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil, Prefetch: max(r.Prefetch, 0)}
+		// A prioritized rule is decided as a fair one, with the flow ""
+		// when it has no Fair.
+		qs[j] = limits.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil || r.aging > 0, Aging: r.aging, Prefetch: max(r.Prefetch, 0)}
+		b.levels[j] = cmp.Or(r.level, r.PriorityQueues[queue])
+		b.prioritized = b.prioritized || r.aging > 0
 		b.payload = b.payload || (r.tmpl != nil && r.tmpl.fields)
 		b.costs = b.costs || r.Cost != ""
 		b.tiered = b.tiered || r.ttmpl != nil

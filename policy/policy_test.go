@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -46,7 +47,7 @@ func TestParseErrors(t *testing.T) {
 		{"rules not a list", "rules: {a: 1}\n", `policy: line 1: rules: must be a list of rules, got a mapping`},
 		{"bad redis_unavailable", "redis_unavailable: maybe\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: redis_unavailable: must be open, closed or local, got "maybe"`},
 		{"rule not a mapping", "rules: [5]\n", `policy: line 1: rule 1: must be a mapping, got the integer 5`},
-		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, fair, tier, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
+		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, fair, tier, priority, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
 		{"soft concurrency", doc("concurrency: {max: 2, lease: 30s}\n    soft: 10%"), `policy: line 5: rule "a": soft: only a gcra rate, a fixed quota window or a sliding window can be soft; this rule's limit is 2 at once, lease 30s (concurrency)`},
 		{"soft adaptive", doc("adaptive: {max: 40, per: 1s}\n    soft: 0.1"), `policy: line 5: rule "a": soft: only a gcra rate, a fixed quota window or a sliding window can be soft; this rule's limit is learned 0.4-40 per 1s (adaptive)`},
 		{"soft negative", doc("gcra: {rate: 1, per: 1s}\n    soft: -5%"), `policy: line 5: rule "a": soft: must be a share between 0 and 1000% (10), got -0.05`},
@@ -62,6 +63,19 @@ func TestParseErrors(t *testing.T) {
 		{"fair window", doc("quota: {limit: 5, every: 1s}\n    fair: \"{{.b}}\""), `policy: line 5: rule "a": fair: only a gcra rate or a concurrency cap can be shared fairly; this rule's limit is 5 per 1s (fixed window)`},
 		{"fair bad template", doc("gcra: {rate: 1, per: 1s}\n    fair: \"{{.b | x}}\""), `policy: line 5: rule "a": fair: bad template "{{.b | x}}": only field references such as {{.business_id}}`},
 		{"fair not a string", doc("gcra: {rate: 1, per: 1s}\n    fair: [b]"), `policy: line 5: rule "a": fair: must be a string, got a list`},
+		{"priority concurrency", doc("concurrency: {max: 2, lease: 30s}\n    priority: \"{{.p}}\""), `policy: line 5: rule "a": priority: orders the bookings of a gcra rate; this rule's limit is 2 at once, lease 30s (concurrency)`},
+		{"priority window", doc("quota: {limit: 5, every: 1s}\n    priority: 1"), `policy: line 5: rule "a": priority: orders the bookings of a gcra rate; this rule's limit is 5 per 1s (fixed window)`},
+		{"priority zero", doc("gcra: {rate: 1, per: 1s}\n    priority: 0"), `policy: line 5: rule "a": priority: must be a level from 1 (first) to 5 (last) or a template such as "{{.priority}}", got "0"`},
+		{"priority six", doc("gcra: {rate: 1, per: 1s}\n    priority: {level: 6}"), `policy: line 5: rule "a": priority: must be a level from 1 (first) to 5 (last) or a template such as "{{.priority}}", got "6"`},
+		{"priority with text", doc("gcra: {rate: 1, per: 1s}\n    priority: \"p{{.p}}\""), `policy: line 5: rule "a": priority: a template of the level is one field such as "{{.priority}}", with no text around it, got "p{{.p}}"`},
+		{"priority bad template", doc("gcra: {rate: 1, per: 1s}\n    priority: \"{{.p | x}}\""), `policy: line 5: rule "a": priority: bad template "{{.p | x}}": only field references such as {{.business_id}}`},
+		{"priority empty block", doc("gcra: {rate: 1, per: 1s}\n    priority: {aging: 5s}"), `policy: line 5: rule "a": priority: gives no level: give level: "{{.priority}}" (or a level from 1 to 5), queues: {QUEUE: LEVEL}, or both`},
+		{"priority queue level", doc("gcra: {rate: 1, per: 1s}\n    priority:\n      queues:\n        emails: 1\n        bulk: 9"), `policy: line 8: rule "a": priority.queues.bulk: must be a level from 1 (first) to 5 (last), got 9`},
+		{"priority queue not a number", doc("gcra: {rate: 1, per: 1s}\n    priority: {queues: {emails: first}}"), `policy: line 5: rule "a": priority.queues.emails: must be a number, got the string "first"`},
+		{"priority queues a list", doc("gcra: {rate: 1, per: 1s}\n    priority: {queues: [emails]}"), `policy: line 5: rule "a": priority.queues: must be a mapping of names, got a list`},
+		{"priority aging short", doc("gcra: {rate: 1, per: 1s}\n    priority:\n      level: 2\n      aging: 10us"), `policy: line 7: rule "a": priority.aging: must be between 1ms and 1h0m0s, got 10µs`},
+		{"priority unknown field", doc("gcra: {rate: 1, per: 1s}\n    priority: {level: 2, boost: 1}"), `policy: line 5: rule "a": priority.boost: unknown field; expected level, queues or aging`},
+		{"priority prefetch", doc("gcra: {rate: 1000, per: 1s, burst: 50}\n    priority: 2\n    prefetch: 5ms"), `policy: line 6: rule "a": prefetch: a rule with priority decides each task in turn with the others waiting; remove prefetch or priority`},
 		{"fair weight without key", doc("gcra: {rate: 1, per: 1s}\n    fair: {weight: 2}"), `policy: line 5: rule "a": fair.key: is required: the template of the values the rule is shared among, such as "{{.business_id}}"`},
 		{"fair weight zero", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weight: 0}"), `policy: line 5: rule "a": fair.weight: must be a whole number from 1 to 100 or a template such as "{{.weight}}", got "0"`},
 		{"fair weight too big", doc("gcra: {rate: 1, per: 1s}\n    fair: {key: \"{{.b}}\", weight: 101}"), `policy: line 5: rule "a": fair.weight: must be a whole number from 1 to 100 or a template such as "{{.weight}}", got "101"`},
@@ -799,6 +813,62 @@ rules:
 	}
 }
 
+// TestPriority checks how a task's level at a prioritized rule is found:
+// the payload's (a whole number from 1 to 5), else its queue's, else 0
+// (the default level); a literal level for all; a prioritized rule
+// without fair is decided as a fair one of one flow, with its aging
+// (default DefaultAging); a rule without priority has level 0 and no
+// aging.
+func TestPriority(t *testing.T) {
+	p, err := Parse([]byte(`
+rules:
+  - name: vendor
+    match: {type: "http:call"}
+    fair: "{{.business_id}}"
+    priority: {level: "{{.priority}}", queues: {emails: 1, newsletters: 5}, aging: 5s}
+    gcra: {rate: 12, per: 1s}
+  - name: search
+    match: {type: "http:call"}
+    priority: 2
+    gcra: {rate: 12, per: 1s}
+  - name: plain
+    match: {type: "http:call"}
+    gcra: {rate: 12, per: 1s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := p.Bind("http:call", "default").Rules()
+	if !rs[0].Fair || rs[0].Aging != 5*time.Second || !rs[1].Fair || rs[1].Aging != DefaultAging || rs[2].Fair || rs[2].Aging != 0 {
+		t.Fatalf("rules: %+v", rs)
+	}
+	for _, c := range []struct {
+		queue, payload string
+		want           int
+	}{
+		{"default", `{"business_id": "b1", "priority": 1}`, 1},
+		{"default", `{"business_id": "b1", "priority": "4"}`, 4},
+		{"default", `{"business_id": "b1"}`, 0},
+		{"default", `{"business_id": "b1", "priority": 9}`, 0},
+		{"default", `{"business_id": "b1", "priority": 1.5}`, 0},
+		{"emails", `{"business_id": "b1"}`, 1},
+		{"emails", `{"business_id": "b1", "priority": 3}`, 3},
+		{"newsletters", `{"business_id": "b1"}`, 5},
+		{"newsletters", `not json`, 5},
+	} {
+		req, err := p.Bind("http:call", c.queue).Request([]byte(c.payload))
+		if err != nil || !slices.Equal(req.Priorities, []int{c.want, 2, 0}) {
+			t.Errorf("queue %s, %s: priorities %v (%v), want [%d 2 0]", c.queue, c.payload, req.Priorities, err, c.want)
+		}
+		if c.payload != `not json` && (req.Fair[0] != "b1" || req.Fair[1] != "") {
+			t.Errorf("queue %s, %s: flows %q", c.queue, c.payload, req.Fair)
+		}
+	}
+	if req, _ := p.Bind("http:call", "emails").ForKeys([]string{"", "", ""}).Request(nil); req.Priorities[0] != 1 {
+		t.Errorf("a variant lost the queue's level: %v", req.Priorities)
+	}
+}
+
 // FuzzRequest renders key and fair templates over hostile payloads (deep
 // nesting, huge numbers, invalid UTF-8, long strings): never a panic, and a
 // payload that renders gives keys a Limiter accepts.
@@ -864,7 +934,7 @@ func TestCostPolicyErrors(t *testing.T) {
 		{"default_cost zero or less", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: -1"), `policy: line 6: rule "a": default_cost: must be a whole number of at least 1, got -1`},
 		{"default_cost above burst", doc("gcra: {rate: 30, per: 1s, burst: 3}\n    cost: \"{{.u}}\"\n    default_cost: 4"), `policy: line 6: rule "a": default_cost: 4 is above the rule's burst of 3: no task could ever pass`},
 		{"default_cost not whole", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: 1.5"), `policy: line 6: rule "a": default_cost: must be a whole number`},
-		{"settle_header is the worker's", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    settle_header: X-Cost"), `policy: line 6: rule "a": settle_header: unknown field; expected name, match, key, default_key, fair, tier, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
+		{"settle_header is the worker's", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    settle_header: X-Cost"), `policy: line 6: rule "a": settle_header: unknown field; expected name, match, key, default_key, fair, tier, priority, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.doc))

@@ -149,26 +149,34 @@ type policyDoc struct {
 
 // ruleDoc is a rule as written in a policy file.
 type ruleDoc struct {
-	Name        yamldoc.Val[string]                   `yaml:"name"`
-	Match       yamldoc.Block[matchDoc]               `yaml:"match"`
-	Key         yamldoc.Val[string]                   `yaml:"key"`
-	DefaultKey  yamldoc.Val[string]                   `yaml:"default_key"`
-	Fair        yamldoc.OrBlock[string, fairDoc]      `yaml:"fair"`
-	Tier        yamldoc.Val[string]                   `yaml:"tier"`
-	Tiers       yamldoc.Map[yamldoc.Block[limitsDoc]] `yaml:"tiers"`
-	Mode        yamldoc.Val[string]                   `yaml:"mode"`
-	Soft        yamldoc.Val[yamldoc.Share]            `yaml:"soft"`
-	Borrow      yamldoc.Val[yamldoc.Factor]           `yaml:"borrow"`
-	Prefetch    yamldoc.Val[yamldoc.DurationOff]      `yaml:"prefetch"`
-	Cost        yamldoc.Val[yamldoc.IntText]          `yaml:"cost"`
-	DefaultCost yamldoc.Val[int]                      `yaml:"default_cost"`
-	Limits      limitsDoc                             `yaml:",inline"`
+	Name        yamldoc.Val[string]                           `yaml:"name"`
+	Match       yamldoc.Block[matchDoc]                       `yaml:"match"`
+	Key         yamldoc.Val[string]                           `yaml:"key"`
+	DefaultKey  yamldoc.Val[string]                           `yaml:"default_key"`
+	Fair        yamldoc.OrBlock[string, fairDoc]              `yaml:"fair"`
+	Tier        yamldoc.Val[string]                           `yaml:"tier"`
+	Priority    yamldoc.OrBlock[yamldoc.IntText, priorityDoc] `yaml:"priority"`
+	Tiers       yamldoc.Map[yamldoc.Block[limitsDoc]]         `yaml:"tiers"`
+	Mode        yamldoc.Val[string]                           `yaml:"mode"`
+	Soft        yamldoc.Val[yamldoc.Share]                    `yaml:"soft"`
+	Borrow      yamldoc.Val[yamldoc.Factor]                   `yaml:"borrow"`
+	Prefetch    yamldoc.Val[yamldoc.DurationOff]              `yaml:"prefetch"`
+	Cost        yamldoc.Val[yamldoc.IntText]                  `yaml:"cost"`
+	DefaultCost yamldoc.Val[int]                              `yaml:"default_cost"`
+	Limits      limitsDoc                                     `yaml:",inline"`
 }
 
 // fairDoc is a rule's fair field written as a mapping.
 type fairDoc struct {
 	Key    yamldoc.Val[string]          `yaml:"key"`
 	Weight yamldoc.Val[yamldoc.IntText] `yaml:"weight"`
+}
+
+// priorityDoc is a rule's priority field written as a mapping.
+type priorityDoc struct {
+	Level  yamldoc.Val[yamldoc.IntText]  `yaml:"level"`
+	Queues yamldoc.Map[yamldoc.Val[int]] `yaml:"queues"`
+	Aging  yamldoc.Val[time.Duration]    `yaml:"aging"`
 }
 
 // matchDoc is a matcher: a rule's match, a critical entry, a shed class.
@@ -435,6 +443,18 @@ func readRule(b *yamldoc.Block[ruleDoc], line int) (Rule, yamldoc.Lines, *yamldo
 			r.Fail("fair.key", rd.Fair.Block.Line, "is required: the template of the values the rule is shared among, such as \"{{.business_id}}\"")
 		}
 	}
+	level, _ := yamldoc.Get(r, "priority", rd.Priority.Val)
+	rule.Priority = string(level)
+	if pd := yamldoc.Open(r, "priority", &rd.Priority.Block); pd != nil {
+		r.At("priority", rd.Priority.Block.Keys)
+		level, _ := yamldoc.Get(r, "priority.level", pd.Level)
+		rule.Priority = string(level)
+		rule.PriorityQueues = readLevels(r, &pd.Queues)
+		rule.Aging, _ = yamldoc.Get(r, "priority.aging", pd.Aging)
+		if !pd.Level.Set && !pd.Queues.Set {
+			r.Fail("priority", rd.Priority.Block.Line, "gives no level: give level: \"{{.priority}}\" (or a level from 1 to 5), queues: {QUEUE: LEVEL}, or both")
+		}
+	}
 	if mode, ok := yamldoc.Get(r, "mode", rd.Mode); ok {
 		switch mode {
 		case "shadow":
@@ -456,6 +476,23 @@ func readRule(b *yamldoc.Block[ruleDoc], line int) (Rule, yamldoc.Lines, *yamldo
 	rule.Tiers = readTiers(r, &rd.Tiers)
 	rule.Limit = rd.Limits.read(r, b.Keys, "a rule has exactly one limit")
 	return rule, r.Lines, r.First
+}
+
+// readLevels reads a rule's priority.queues: queue name -> level.
+func readLevels(r *yamldoc.Reader, m *yamldoc.Map[yamldoc.Val[int]]) map[string]int {
+	if !m.Set {
+		return nil
+	}
+	r.At("priority.queues", m.At)
+	if m.Bad != nil {
+		r.Fail(yamldoc.Join("priority.queues", m.Bad.Field), m.Bad.Line, "%s", m.Bad.Msg)
+		return nil
+	}
+	out := map[string]int{}
+	for _, q := range m.Names {
+		out[q], _ = yamldoc.Get(r, yamldoc.Join("priority.queues", q), m.V[q])
+	}
+	return out
 }
 
 // readTiers reads a rule's tiers: plan name -> one limit block.

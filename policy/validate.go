@@ -221,6 +221,9 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		}
 		c.wtmpl = t
 	}
+	if field, msg := c.compilePriority(lim); msg != "" {
+		return nil, field, msg
+	}
 	if r.Cost != "" || r.DefaultCost != 0 {
 		if field, msg := c.compileCost(lim); msg != "" {
 			return nil, field, msg
@@ -239,6 +242,67 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		}
 	}
 	return c, "", ""
+}
+
+// DefaultAging is a prioritized rule's Aging when it gives none: a task
+// of level 5 keeps its booking from tasks of level 1 once it has waited
+// 4 agings, 40 s.
+const DefaultAging = 10 * time.Second
+
+// compilePriority validates the rule's Priority, PriorityQueues and
+// Aging under its limit lim; on failure it returns the field at fault
+// and what is wrong.
+func (c *crule) compilePriority(lim limits.Limit) (field, msg string) {
+	r := c.Rule
+	if r.Priority == "" && r.PriorityQueues == nil {
+		if r.Aging != 0 {
+			return "priority.aging", "set, but the rule has no priority: give priority: {level: ..., queues: ...}"
+		}
+		return "", ""
+	}
+	levels := fmt.Sprintf("a level from 1 (first) to %d (last)", limits.MaxPriority)
+	switch {
+	case r.Prefetch > 0:
+		return "prefetch", "a rule with priority decides each task in turn with the others waiting; remove prefetch or priority"
+	case r.Borrow != 0:
+		return "priority", "a borrowing rule cannot have priority: give the priority to the shared fair rule it borrows from"
+	}
+	if _, ok := lim.(limits.GCRA); !ok {
+		return "priority", "orders the bookings of a gcra rate; this rule's limit is " + lim.String()
+	}
+	if r.Priority != "" {
+		t, err := parseKeyTemplate(r.Priority)
+		switch {
+		case err != nil:
+			return "priority", "bad template " + err.Error()
+		case t.fields && len(t.parts) != 1:
+			return "priority", fmt.Sprintf("a template of the level is one field such as \"{{.priority}}\", with no text around it, got %q", r.Priority)
+		case t.fields:
+			c.ptmpl = t
+		default:
+			if n, err := strconv.Atoi(r.Priority); err == nil && n >= 1 && n <= limits.MaxPriority {
+				c.level = n
+			} else {
+				return "priority", fmt.Sprintf("must be %s or a template such as \"{{.priority}}\", got %q", levels, r.Priority)
+			}
+		}
+	}
+	for _, q := range slices.Sorted(maps.Keys(r.PriorityQueues)) {
+		if n := r.PriorityQueues[q]; n < 1 || n > limits.MaxPriority {
+			return yamldoc.Join("priority.queues", q), fmt.Sprintf("must be %s, got %d", levels, n)
+		}
+		if q == "" {
+			return "priority.queues", "a queue's name must not be empty"
+		}
+	}
+	c.aging = r.Aging
+	if c.aging == 0 {
+		c.aging = DefaultAging
+	}
+	if c.aging < limits.MinAging || c.aging > limits.MaxAging {
+		return "priority.aging", fmt.Sprintf("must be between %v and %v, got %v", limits.MinAging, limits.MaxAging, r.Aging)
+	}
+	return "", ""
 }
 
 // compileCost validates the rule's Cost and DefaultCost under its limit

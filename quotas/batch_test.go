@@ -124,7 +124,12 @@ func TestBatchMatchesOneByOne(t *testing.T) {
 					it.p.n = max(it.req.Cost, 1)
 				}
 				if it.s.named && it.p.op != opRefund {
-					it.p.nonce = newNonce()
+					// As the Limiter names a request: with its fair flow.
+					calls, err := batched.bind(it.s, it.req, false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					it.p.nonce = requestNonce(it.s, calls)
 				}
 				it.job, it.call = batchJob(t, batched.Limiter, it.s, it.req, it.p)
 				items = append(items, it)

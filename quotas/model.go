@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/taskrl/taskrl/gcra"
+	"github.com/taskrl/taskrl/limits"
 )
 
 // Model is an in-memory twin of Limiter: the same rule sets, requests and
@@ -327,6 +328,7 @@ type model struct {
 	flows  map[string]map[string]int64
 	tags   map[string]fairTag
 	steals int // bookings taken over
+	leaps  int // of which by a request of a higher priority than the owner's
 	// yielded counts the allows a fair concurrency rule refused while it
 	// had a slot free (left for flows before the request's).
 	yielded int
@@ -356,11 +358,25 @@ type booking struct {
 }
 
 // fairTag is what a request brings to a fair rule: its tag, the waiting
-// flows' weights (booked.lua's W), its flow's weight, and whether it is
-// critical.
+// flows' weights (booked.lua's W), its flow's weight, its priority's lead
+// (leadOf), and whether it is critical.
 type fairTag struct {
-	tag, nact, weight int64
-	critical          bool
+	tag, nact, weight, lead int64
+	critical                bool
+}
+
+// leadOf mirrors booked.lua's gc_lead: how much earlier than its finish a
+// request of flow (its level after '!') is tagged at a rule aging aging µs
+// per level.
+func leadOf(aging int64, flow string) int64 {
+	if aging == 0 {
+		return 0
+	}
+	p := int64(limits.DefaultPriority)
+	if i := strings.LastIndexByte(flow, '!'); i >= 0 {
+		p, _ = strconv.ParseInt(flow[i+1:], 10, 64)
+	}
+	return (limits.DefaultPriority - p) * aging
 }
 
 // round mirrors booked.lua's gc_round: how far a charge of n moves the
@@ -796,6 +812,9 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 		owner = m.books[calls[fair].keys[0]][victim].owner
 		m.victim = owner
 		m.steals++
+		if c := calls[fair]; leadOf(c.c.aging, c.flow) > leadOf(c.c.aging, owner) {
+			m.leaps++
+		}
 	}
 	undo := map[int][2]int64{}
 	for j, c := range calls {
@@ -839,12 +858,17 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				if fs, parts := m.flows[c.keys[2]], strings.Split(v.owner, ":"); fs != nil && len(parts) >= 3 {
 					vw, _ := strconv.ParseInt(parts[len(parts)-2], 10, 64)
 					vf := parts[len(parts)-1]
+					back, ok := fs[vf]
+					back -= n * c.em * m.tags[k].nact / vw
 					for i := int64(1); i <= vw; i++ {
 						m := vf
 						if i > 1 {
 							m += "#" + strconv.FormatInt(i, 10)
 						}
-						if f, ok := fs[m]; ok && f > v.tag {
+						switch f, in := fs[m]; {
+						case c.c.aging > 0 && ok && in:
+							fs[m] = back
+						case c.c.aging == 0 && in && f > v.tag:
 							fs[m] = v.tag
 						}
 					}
@@ -884,7 +908,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 					fs = map[string]int64{}
 					m.flows[c.keys[2]] = fs
 				}
-				f := ft.tag + ft.round(n, c.em)
+				f := ft.tag + ft.lead + ft.round(n, c.em)
 				fs[c.flow] = f
 				for i := int64(2); i <= ft.weight; i++ {
 					fs[c.flow+"#"+strconv.FormatInt(i, 10)] = f
@@ -964,7 +988,8 @@ func (m *model) load(calls []call, now int64, critical bool) {
 		if f <= now {
 			f, n = now, n+c.weight
 		}
-		m.tags[c.keys[0]] = fairTag{tag: f, nact: n, weight: c.weight}
+		lead := leadOf(c.c.aging, c.flow)
+		m.tags[c.keys[0]] = fairTag{tag: f - lead, nact: n, weight: c.weight, lead: lead}
 	}
 }
 
@@ -985,7 +1010,10 @@ func (m *model) takeable(c call, t0, n, now int64, visit func(t, x int64, i int)
 		if seen++; seen > 256 {
 			return
 		}
-		if b.e-b.x == need && b.t >= low && b.g == c.digest && b.tag > over && visit(b.t, b.x, i) {
+		// At a rule with priorities, not a booking of its own flow and
+		// level (booked.lua's gc_takeable).
+		own := !ft.critical && c.c.aging > 0 && strings.HasSuffix(b.owner, ":"+c.flow)
+		if b.e-b.x == need && b.t >= low && b.g == c.digest && b.tag > over && !own && visit(b.t, b.x, i) {
 			return
 		}
 	}

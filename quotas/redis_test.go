@@ -175,7 +175,14 @@ func newBookingDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed
 			if fair {
 				name += "f"
 			}
-			rules = append(rules, Rule{Name: name, Fair: fair, Limit: GCRA(gcra.Limit{Rate: float64(rate), Period: time.Duration(1+d.rng.IntN(5)) * d.scale, Burst: 1 + d.rng.IntN(4)})})
+			// Half the fair rules order their requests by priority, aging
+			// from a tenth of the scale to four scales per level (at
+			// most MaxAging).
+			var aging time.Duration
+			if fair && d.rng.IntN(2) == 0 {
+				aging = min(time.Duration(1+d.rng.Int64N(40))*d.scale/10, limits.MaxAging)
+			}
+			rules = append(rules, Rule{Name: name, Fair: fair, Aging: aging, Limit: GCRA(gcra.Limit{Rate: float64(rate), Period: time.Duration(1+d.rng.IntN(5)) * d.scale, Burst: 1 + d.rng.IntN(4)})})
 		}
 		d.sets = append(d.sets, mustSet(rules...))
 	}
@@ -247,6 +254,14 @@ func (d *differ) step(t testing.TB) {
 			req.Weights = make([]int, len(s.rules))
 			for i := range req.Weights {
 				req.Weights[i] = w
+			}
+		}
+		if d.booking && d.rng.IntN(4) > 0 {
+			// A priority, 0 (the default) to the last level.
+			p := d.rng.IntN(limits.MaxPriority + 1)
+			req.Priorities = make([]int, len(s.rules))
+			for i := range req.Priorities {
+				req.Priorities[i] = p
 			}
 		}
 	}
@@ -511,8 +526,9 @@ func TestDifferentialSettle(t *testing.T) {
 // and the Go model with requests reserving far ahead of each other, out of
 // order, and refunding: bookings of their own beside the TATs.
 func TestDifferentialBookings(t *testing.T) {
-	var booked, taken, steals, cut atomic.Int64
+	var booked, taken, steals, leaps, cut atomic.Int64
 	runDiffers(t, newBookingDiffer, 100, 3000, func(d *differ) {
+		leaps.Add(int64(d.mod.m.leaps))
 		for _, bs := range d.mod.m.books {
 			booked.Add(int64(len(bs)))
 		}
@@ -526,12 +542,15 @@ func TestDifferentialBookings(t *testing.T) {
 	})
 	// The test means something only if requests booked ahead of others and
 	// took over each other's bookings.
-	t.Logf("%d bookings of their own alive at the end, %d taken over; Held false %d times; %d adaptive keys cut", booked.Load(), steals.Load(), taken.Load(), cut.Load())
+	t.Logf("%d bookings of their own alive at the end, %d taken over (%d by a higher priority); Held false %d times; %d adaptive keys cut", booked.Load(), steals.Load(), leaps.Load(), taken.Load(), cut.Load())
 	if n := booked.Load(); n < 500 {
 		t.Errorf("only %d bookings of their own were made", n)
 	}
 	if taken.Load() < 10 {
 		t.Errorf("Held answered false only %d times", taken.Load())
+	}
+	if leaps.Load() < 10 {
+		t.Errorf("only %d bookings were taken over by a higher priority", leaps.Load())
 	}
 	if cut.Load() < 10 {
 		t.Errorf("only %d adaptive keys were cut", cut.Load())

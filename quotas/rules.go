@@ -62,6 +62,7 @@ type compiled struct {
 	tails []string
 	ticks *tickCache // calendar
 	fair  bool       // GCRA shared fairly among flows
+	aging int64      // a fair GCRA's Rule.Aging, µs: its requests ordered by priority
 	// cfair: a Concurrency rule whose slots go to the waiting flows in
 	// turn (rules.lua, cc_wait).
 	cfair bool
@@ -74,7 +75,12 @@ type compiled struct {
 func (c compiled) withArgs() compiled {
 	switch c.kind {
 	case kindGCRA:
-		c.args = []any{kindGCRA, c.em, c.burst, b2i(c.fair)}
+		// fair: 0, 1, or a fair rule's aging in µs (at least 1000).
+		fair := int64(b2i(c.fair))
+		if c.aging > 0 {
+			fair = c.aging
+		}
+		c.args = []any{kindGCRA, c.em, c.burst, fair}
 		if p := c.learn; p != nil {
 			c.args = []any{kindAdaptive, p.min, p.max, p.start, p.per, c.burst}
 		}
@@ -100,7 +106,7 @@ func compile(r Rule) compiled {
 		em := gcra.Limit(l).Interval().Microseconds()
 		c = compiled{kind: kindGCRA, suffix: "gcra:" + strconv.FormatInt(em, 10) + ":" + strconv.Itoa(l.Burst), em: em, burst: int64(l.Burst)}
 		c.prefetch = r.Prefetch.Microseconds()
-		c.fair = r.Fair
+		c.fair, c.aging = r.Fair, r.Aging.Microseconds()
 	case Adaptive:
 		c = compileAdaptive(l)
 	case FixedWindow:

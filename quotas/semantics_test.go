@@ -33,6 +33,9 @@ func TestNewSetErrors(t *testing.T) {
 		{[]Rule{{Name: "k", Limit: Concurrency{Max: 1, Lease: time.Millisecond}}}, `lease must be at least 1s`},
 		{[]Rule{{Name: "k", Limit: Concurrency{Max: 2, Lease: time.Minute, Reserved: 2}}}, `reserved must be between 0 and max-1 (1), got 2`},
 		{[]Rule{{Name: "f", Limit: FixedWindow{Limit: 1, Every: time.Second}, Fair: true}}, `rule "f": only a GCRA or Concurrency rule can be fair, not a 1 per 1s (fixed window)`},
+		{[]Rule{{Name: "p", Limit: ok, Aging: time.Second}}, `rule "p": aging is only for a fair GCRA rule (Rule.Fair)`},
+		{[]Rule{{Name: "p", Limit: Concurrency{Max: 2, Lease: time.Minute}, Fair: true, Aging: time.Second}}, `rule "p": aging is only for a fair GCRA rule, not a 2 at once, lease 1m0s (concurrency)`},
+		{[]Rule{{Name: "p", Limit: ok, Fair: true, Aging: time.Microsecond}}, `rule "p": aging must be between 1ms and 1h0m0s, got 1µs`},
 	}
 	for _, c := range cases {
 		_, err := NewSet(c.rules...)
@@ -47,10 +50,12 @@ func TestRequestErrors(t *testing.T) {
 	ctx := context.Background()
 	set := mustSet(Rule{Name: "g", Limit: GCRA(gcra.PerSecond(1))}, Rule{Name: "c", Limit: Concurrency{Max: 1, Lease: time.Minute}})
 	for req, want := range map[*Request]string{
-		{Keys: []string{"a"}, Holder: "h"}: "Request.Keys has 1 keys for 2 rules",
-		{Fair: []string{"a"}, Holder: "h"}: "Request.Fair has 1 flows for 2 rules",
-		{Cost: -1, Holder: "h"}:            "Request.Cost must not be negative",
-		{}:                                 `rule "c" is a concurrency rule: Request.Holder is required`,
+		{Keys: []string{"a"}, Holder: "h"}:     "Request.Keys has 1 keys for 2 rules",
+		{Fair: []string{"a"}, Holder: "h"}:     "Request.Fair has 1 flows for 2 rules",
+		{Cost: -1, Holder: "h"}:                "Request.Cost must not be negative",
+		{Priorities: []int{1}, Holder: "h"}:    "Request.Priorities has 1 priorities for 2 rules",
+		{Priorities: []int{6, 0}, Holder: "h"}: "Request.Priorities must be between 0 and 5, got 6",
+		{}:                                     `rule "c" is a concurrency rule: Request.Holder is required`,
 	} {
 		if _, err := l.Allow(ctx, set, *req); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Allow(%+v) = %v, want %q", *req, err, want)

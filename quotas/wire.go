@@ -71,6 +71,14 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 			return nil, fmt.Errorf("quotas: Request.Weights must be between 0 and %d, got %d", limits.MaxWeight, w)
 		}
 	}
+	if r.Priorities != nil && len(r.Priorities) != len(s.rules) {
+		return nil, fmt.Errorf("quotas: Request.Priorities has %d priorities for %d rules", len(r.Priorities), len(s.rules))
+	}
+	for _, p := range r.Priorities {
+		if p < 0 || p > limits.MaxPriority {
+			return nil, fmt.Errorf("quotas: Request.Priorities must be between 0 and %d, got %d", limits.MaxPriority, p)
+		}
+	}
 	if r.Costs != nil && len(r.Costs) != len(s.rules) {
 		return nil, fmt.Errorf("quotas: Request.Costs has %d costs for %d rules", len(r.Costs), len(s.rules))
 	}
@@ -107,6 +115,12 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 				f = r.Fair[i]
 			}
 			c.flow = keys.Encode(f)
+			// A level other than the default is a flow of its own,
+			// named by the level after '!' (which encoded flows lack);
+			// the script reads the level from there (booked.lua).
+			if p := priority(r, i); c.c.aging > 0 && p != limits.DefaultPriority {
+				c.flow += "!" + strconv.Itoa(p)
+			}
 		}
 		c.weight = 1
 		if r.Weights != nil && r.Weights[i] > 0 {
@@ -454,6 +468,14 @@ var (
 // newNonce names one request's GCRA bookings and sliding-window entries.
 func newNonce() string {
 	return nonceBase + strconv.FormatUint(nonceSeq.Add(1), 36) + ":"
+}
+
+// priority is r's priority at rule i: 1 to limits.MaxPriority.
+func priority(r Request, i int) int {
+	if r.Priorities == nil || r.Priorities[i] == 0 {
+		return limits.DefaultPriority
+	}
+	return r.Priorities[i]
 }
 
 // requestNonce is a request's nonce: newNonce, followed, for a set with a

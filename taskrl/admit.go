@@ -473,7 +473,7 @@ func hold(ctx context.Context, d time.Duration) error {
 // task.
 func (j *job) shadowDecide(rq quotas.Request) (release func()) {
 	m := j.m
-	req := quotas.Request{Keys: pick(j.keys, j.sp.shadowIdx), Fair: pick(rq.Fair, j.sp.shadowIdx), Weights: pick(rq.Weights, j.sp.shadowIdx), Costs: pick(rq.Costs, j.sp.shadowIdx), Critical: j.sp.critical, Holder: j.holder()}
+	req := quotas.Request{Keys: pick(j.keys, j.sp.shadowIdx), Fair: pick(rq.Fair, j.sp.shadowIdx), Weights: pick(rq.Weights, j.sp.shadowIdx), Priorities: pick(rq.Priorities, j.sp.shadowIdx), Costs: pick(rq.Costs, j.sp.shadowIdx), Critical: j.sp.critical, Holder: j.holder()}
 	d, err := guard(m, func() (quotas.Decision, error) { return m.limiter.Allow(j.ctx, j.sp.shadow, req) })
 	switch {
 	case err != nil:

@@ -673,7 +673,7 @@ func (j *job) process(b *policy.Binding, next asynq.Handler) error {
 	}
 	var admit Event // reported when the task is sure to run
 	if j.sp.rates != nil {
-		j.rates = quotas.Request{Keys: pick(j.keys, j.sp.rateIdx), Critical: j.sp.critical, Fair: pick(rq.Fair, j.sp.rateIdx), Weights: pick(rq.Weights, j.sp.rateIdx), Costs: pick(rq.Costs, j.sp.rateIdx)}
+		j.rates = quotas.Request{Keys: pick(j.keys, j.sp.rateIdx), Critical: j.sp.critical, Fair: pick(rq.Fair, j.sp.rateIdx), Weights: pick(rq.Weights, j.sp.rateIdx), Priorities: pick(rq.Priorities, j.sp.rateIdx), Costs: pick(rq.Costs, j.sp.rateIdx)}
 		if st := j.newSettlement(b); st != nil {
 			// The handler may report the actual cost (Settle); it is
 			// applied when the handler returns, unless the remote side

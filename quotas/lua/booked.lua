@@ -70,6 +70,23 @@
 -- 10). Critical requests are tagged 0 and move no finish: they take over
 -- any booking but a critical one, and theirs are never taken.
 --
+-- Priorities (a fair rule with r.aging > 0). A request of level p (1
+-- first to 5, 3 by default; its flow ends with "!" p when p is not 3) is
+-- tagged lead = (3 - p) * aging earlier than its flow's finish says: S =
+-- max(F, now) - lead, and moves the finish to S + lead + its round, so
+-- finishes are kept without the lead. Each level of a flow is a flow of
+-- its own (its own finish, counted in W like any), so a flow's backlog of
+-- a low level never delays its requests of a higher one. Take-overs
+-- compare the tags as above: a level is a head start of aging per level
+-- in the fair queue, which a flow that asks for more than its share uses
+-- up (its finish runs ahead of now), so a lower level is held back, never
+-- starved. Two differences from a plain fair rule: a booking taken over
+-- gives its flow back one round (at the weights waiting now) rather than
+-- its finish back to the lost tag, which would tag the flow's later
+-- requests as if it had no backlog, so that they, reaching the front,
+-- could no longer be taken over by a higher level; and a request never
+-- takes over a booking of its own flow and level (gc_takeable).
+--
 -- A batch (Limiter prefetch: an allow whose units its process hands out up
 -- to ahead = HORIZON later) is placed at x >= a + ahead, and must still end
 -- by a + burst*em: each of its units, handed out at some h in [a, a +
@@ -147,19 +164,27 @@ local function gc_flush()
   end
 end
 
+-- gc_lead is how much earlier than its flow's finish a request of flow
+-- (its level after '!', 3 without) is tagged at r (see Priorities).
+local function gc_lead(r, flow)
+  if r.aging == 0 then return 0 end
+  return (3 - (tonumber(string.match(flow, '!(%d)$')) or 3)) * r.aging
+end
+
 -- gc_load reads the rule's TAT and, for a fair rule, the request's tag
 -- (r.tag) and the waiting flows' weights (r.nact: W, see Fair).
 local function gc_load(r, now, critical)
   r.stored = tat_get(r.key)
   if not r.fair then return end
   if critical then
-    r.tag, r.nact, r.weight = 0, 1, 1
+    r.tag, r.nact, r.weight, r.lead = 0, 1, 1, 0
     return
   end
   local f = tonumber(call('ZSCORE', r.fkey, r.flow)) or 0
   local n = call('ZCOUNT', r.fkey, '(' .. fmt(now), '+inf')
   if f <= now then f, n = now, n + r.weight end
-  r.tag, r.nact = f, n
+  r.lead = gc_lead(r, r.flow)
+  r.tag, r.nact = f - r.lead, n
 end
 
 -- gc_round is how far a charge of n moves a fair rule's flow's finish: its
@@ -175,7 +200,7 @@ local function booking_x(m)
 end
 
 local function booking(m)
-  local x, tag, t, g, owner = string.match(m, '^(%d+):(%d+):(%d+):([^:]*):(.*)$')
+  local x, tag, t, g, owner = string.match(m, '^(%d+):(%-?%d+):(%d+):([^:]*):(.*)$')
   return tonumber(x), tonumber(tag), tonumber(t), g, owner
 end
 
@@ -272,14 +297,25 @@ end
 -- gc_takeable calls visit(t, x, member, owner) for the bookings of fair
 -- rule r that a reserve of cost n, tag r.tag and digest g may take over, in
 -- order, moments t >= t0 (see Fair), until it returns true; it looks at 256
--- bookings at most.
-local function gc_takeable(r, t0, n, now, g, visit)
+-- bookings at most. At a rule with priorities, a request that is not
+-- critical never takes over a booking of its own flow and level (the end
+-- of the owner's nonce): the requests of one flow at one level keep their
+-- order, and a booking taken over costs its owner one decision again, not
+-- a chain of take-overs through its flow's later bookings (the owner,
+-- its flow's finish given back, would take the next one, and so on to
+-- the end of a backlog that may be an hour long). Plain fair rules allow
+-- it: the chain re-tags a backlog booked before the waiting flows
+-- changed, which brings the shares nearer their weights (design.md 1.5).
+local function gc_takeable(r, t0, n, now, g, critical, visit)
   local need = n * r.em
   local low, over = max(t0, now + freeze), r.tag + gc_round(r, n)
+  local own = ':' .. r.flow
   walk(r, low + need, function(bx, e, m)
     if e - bx ~= need then return false end
     local _, tag, t, bg, owner = booking(m)
-    if t >= low and bg == g and tag > over then return visit(t, bx, m, owner) end
+    if t >= low and bg == g and tag > over and (critical or r.aging == 0 or string.sub(owner, -#own) ~= own) then
+      return visit(t, bx, m, owner)
+    end
   end, 256)
 end
 
@@ -304,7 +340,17 @@ local function gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
     -- finish goes no later than the tag of the booking it lost.
     local _, vtag, _, _, vowner = booking(r.victim)
     local vw, vflow = string.match(vowner, ':(%d+):([^:]*)$')
-    if vflow then
+    if vflow and r.aging > 0 then
+      -- With priorities: one round, as the lost booking's weight counts
+      -- now, so that the flow's later requests keep their place
+      -- (Priorities).
+      local f = tonumber(call('ZSCORE', r.fkey, vflow))
+      if f then
+        local tf = fmt(f - math.floor(n * r.em * r.nact / tonumber(vw)))
+        call('ZADD', r.fkey, 'XX', tf, vflow)
+        for i = 2, tonumber(vw) do call('ZADD', r.fkey, 'XX', tf, vflow .. '#' .. i) end
+      end
+    elseif vflow then
       local tf = fmt(vtag)
       call('ZADD', r.fkey, 'XX', 'LT', tf, vflow)
       for i = 2, tonumber(vw) do call('ZADD', r.fkey, 'XX', 'LT', tf, vflow .. '#' .. i) end
@@ -327,7 +373,7 @@ local function gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
     tat_set(r.key, r.stored, now, ttl_floor)
   end
   if r.fair and not critical then
-    local f = r.tag + gc_round(r, n)
+    local f = r.tag + r.lead + gc_round(r, n)
     local fs = fmt(f)
     local add = {fs, r.flow}
     for i = 2, r.weight do

@@ -55,7 +55,10 @@
 --   RULES  number of rules, then per rule its kind and its parameters
 --          (read_rule), or 0: the previous request's rules and parameters,
 --          unchanged;
---            KIND.GCRA         em, burst, fair (1 shared fairly by flows)
+--            KIND.GCRA         em, burst, fair (1 shared fairly by flows;
+--                              at least 1000: the same, and its requests
+--                              ordered by priority, aging that many µs
+--                              per level, booked.lua)
 --            KIND.FIXED        limit, every
 --            KIND.CALENDAR     limit, k, tick_1 .. tick_k
 --            KIND.SLIDING      limit, every
@@ -65,7 +68,9 @@
 --                              whose em is learned: learn.lua)
 --          and, for a refund, held or settle only, per rule the two undo
 --          values u1, u2 the charge replied; then, per fair rule (GCRA or
---          concurrency), the request's flow and its weight (1-100), and, if
+--          concurrency), the request's flow (at a GCRA rule ordered by
+--          priority, followed by '!' and its level when not 3) and its
+--          weight (1-100), and, if
 --          there is a fair GCRA rule,
 --          the digest g of the
 --          request's global rules and a string of one '1' per rule the
@@ -313,14 +318,17 @@ local function read_rule(a)
   -- later makes Lua grow and rehash the table.
   local r = {kind = tonumber(ARGV[a]), n = 0, key = false, em = 0, burst = 0, limit = 0, p = false,
     max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, fair = false,
-    flow = false, weight = 1, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
+    flow = false, weight = 1, aging = 0, lead = 0, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
     stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
     blk = false, till = 0, seq = 0, live = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
     lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0,
     cfair = false, wkey = false, ekey = false, fk = false, held = 0, wants = false, next = false}
   local kind = r.kind
   if kind == KIND.GCRA then
-    r.em, r.burst, r.fair = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'
+    r.em, r.burst = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local f = tonumber(ARGV[a + 3])
+    r.fair = f > 0
+    if f > 1 then r.aging = f end
     return r, a + 4
   elseif kind == KIND.ADAPTIVE then
     r.kind, r.adapt = KIND.GCRA, true
@@ -540,7 +548,7 @@ end
 -- table (victim, vowner: its member and owner), or false.
 local function take_over(t0, limit)
   local rf, took = rules[fair], false
-  gc_takeable(rf, t0, rf.n, now, g, function(t, x, m, owner)
+  gc_takeable(rf, t0, rf.n, now, g, critical, function(t, x, m, owner)
     if t >= limit then return true end
     for i = 1, nrules do
       local r = rules[i]

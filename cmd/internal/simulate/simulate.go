@@ -321,6 +321,9 @@ func (s *sim) bind() error {
 			if req.Weights != nil {
 				r.Weights = append(r.Weights, req.Weights[i])
 			}
+			if req.Priorities != nil {
+				r.Priorities = append(r.Priorities, req.Priorities[i])
+			}
 			if req.Costs != nil {
 				r.Costs = append(r.Costs, req.Costs[i])
 			}
