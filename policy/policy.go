@@ -185,6 +185,16 @@ type Rule struct {
 	Limit limits.Limit
 }
 
+// PriorityAging returns the aging of a rule with priorities (Priority
+// or PriorityQueues set): its Aging, or DefaultAging; 0 for a rule
+// without.
+func (r Rule) PriorityAging() time.Duration {
+	if r.Priority == "" && r.PriorityQueues == nil {
+		return 0
+	}
+	return cmp.Or(r.Aging, DefaultAging)
+}
+
 // Raised returns l raised by the rule's Soft share and Borrow factor: the
 // limit the rule enforces where its limit, or a key's override, is l.
 // Without either, and for kinds that cannot be raised, it returns l.
@@ -283,15 +293,14 @@ type bindKey struct{ taskType, queue string }
 // crule is a validated rule with its compiled key, fair and cost templates.
 type crule struct {
 	Rule
-	tmpl  *keyTemplate  // nil when Key == ""
-	ftmpl *keyTemplate  // nil when Fair == ""
-	wtmpl *keyTemplate  // nil when FairWeight == ""
-	ctmpl *keyTemplate  // nil when Cost == "" or a literal
-	ttmpl *keyTemplate  // nil when Tier == ""
-	ptmpl *keyTemplate  // nil when Priority == "" or a literal
-	level int           // a literal Priority; 0 when Priority is a template or ""
-	aging time.Duration // the rule's aging when it has priorities; else 0
-	cost  int           // a literal Cost; 0 when Cost is a template or ""
+	tmpl  *keyTemplate // nil when Key == ""
+	ftmpl *keyTemplate // nil when Fair == ""
+	wtmpl *keyTemplate // nil when FairWeight == ""
+	ctmpl *keyTemplate // nil when Cost == "" or a literal
+	ttmpl *keyTemplate // nil when Tier == ""
+	ptmpl *keyTemplate // nil when Priority == "" or a literal
+	level int          // a literal Priority; 0 when Priority is a template or ""
+	cost  int          // a literal Cost; 0 when Cost is a template or ""
 }
 
 // New validates rules and returns a Policy that fails closed when
@@ -532,9 +541,10 @@ func newBinding(all []*crule, idx []int, throttle []string, overrides []Override
 		}
 		// A prioritized rule is decided as a fair one, with the flow ""
 		// when it has no Fair.
-		qs[j] = limits.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil || r.aging > 0, Aging: r.aging, Prefetch: max(r.Prefetch, 0)}
+		aging := r.PriorityAging()
+		qs[j] = limits.Rule{Name: r.Name, Limit: r.Raised(r.Limit), Fair: r.ftmpl != nil || aging > 0, Aging: aging, Prefetch: max(r.Prefetch, 0)}
 		b.levels[j] = cmp.Or(r.level, r.PriorityQueues[queue])
-		b.prioritized = b.prioritized || r.aging > 0
+		b.prioritized = b.prioritized || aging > 0
 		b.payload = b.payload || (r.tmpl != nil && r.tmpl.fields)
 		b.costs = b.costs || r.Cost != ""
 		b.tiered = b.tiered || r.ttmpl != nil

@@ -478,14 +478,23 @@ func readRule(b *yamldoc.Block[ruleDoc], line int) (Rule, yamldoc.Lines, *yamldo
 	return rule, r.Lines, r.First
 }
 
+// openMap records the lines of mapping field m and reports whether it is
+// given and well formed; r fails when it is not well formed.
+func openMap[T any](r *yamldoc.Reader, field string, m *yamldoc.Map[T]) bool {
+	if !m.Set {
+		return false
+	}
+	r.At(field, m.At)
+	if m.Bad != nil {
+		r.Fail(yamldoc.Join(field, m.Bad.Field), m.Bad.Line, "%s", m.Bad.Msg)
+		return false
+	}
+	return true
+}
+
 // readLevels reads a rule's priority.queues: queue name -> level.
 func readLevels(r *yamldoc.Reader, m *yamldoc.Map[yamldoc.Val[int]]) map[string]int {
-	if !m.Set {
-		return nil
-	}
-	r.At("priority.queues", m.At)
-	if m.Bad != nil {
-		r.Fail(yamldoc.Join("priority.queues", m.Bad.Field), m.Bad.Line, "%s", m.Bad.Msg)
+	if !openMap(r, "priority.queues", m) {
 		return nil
 	}
 	out := map[string]int{}
@@ -497,12 +506,7 @@ func readLevels(r *yamldoc.Reader, m *yamldoc.Map[yamldoc.Val[int]]) map[string]
 
 // readTiers reads a rule's tiers: plan name -> one limit block.
 func readTiers(r *yamldoc.Reader, m *yamldoc.Map[yamldoc.Block[limitsDoc]]) map[string]limits.Limit {
-	if !m.Set {
-		return nil
-	}
-	r.At("tiers", m.At)
-	if m.Bad != nil {
-		r.Fail(yamldoc.Join("tiers", m.Bad.Field), m.Bad.Line, "%s", m.Bad.Msg)
+	if !openMap(r, "tiers", m) {
 		return nil
 	}
 	out := map[string]limits.Limit{}

@@ -295,11 +295,7 @@ func (c *crule) compilePriority(lim limits.Limit) (field, msg string) {
 			return "priority.queues", "a queue's name must not be empty"
 		}
 	}
-	c.aging = r.Aging
-	if c.aging == 0 {
-		c.aging = DefaultAging
-	}
-	if c.aging < limits.MinAging || c.aging > limits.MaxAging {
+	if a := r.PriorityAging(); a < limits.MinAging || a > limits.MaxAging {
 		return "priority.aging", fmt.Sprintf("must be between %v and %v, got %v", limits.MinAging, limits.MaxAging, r.Aging)
 	}
 	return "", ""

@@ -6,10 +6,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/limits"
 )
 
 // FlowState is one flow of a fair rule (Rule.Fair) for one key, as Flows
@@ -27,6 +29,14 @@ type FlowState struct {
 	// Weight is the weight the flow waits with (Request.Weights), 0 when
 	// it does not wait.
 	Weight int
+	// Level is, at a GCRA rule with priorities (Rule.Aging), the
+	// priority these requests of the flow wait at (a flow waiting at two
+	// levels is two FlowStates); 0 at other rules.
+	Level int
+	// Ahead is, for a GCRA rule, how far past now the flow's virtual
+	// finish lies: the span of the rule's time its requests booked ahead
+	// take at its share (booked.lua).
+	Ahead time.Duration
 }
 
 // Flows reads, for each rule of s in order, the flows of a fair rule for
@@ -50,7 +60,7 @@ func (l *Limiter) Flows(ctx context.Context, s *Set, req Request) ([][]FlowState
 		case c.c.cfair:
 			fs, err = l.slotFlows(ctx, c.keys, now)
 		case c.c.fair:
-			fs, err = l.gcraFlows(ctx, c.keys[2], now)
+			fs, err = l.gcraFlows(ctx, c.keys[2], now, c.c.aging > 0)
 		default:
 			continue
 		}
@@ -59,6 +69,9 @@ func (l *Limiter) Flows(ctx context.Context, s *Set, req Request) ([][]FlowState
 		}
 		out[i] = []FlowState{}
 		for enc, f := range fs {
+			if i := strings.IndexByte(enc, '!'); i >= 0 {
+				enc = enc[:i] // its level, in f.Level
+			}
 			f.Flow = enc
 			if id, ok := keys.Decode(enc); ok {
 				f.Flow = id
@@ -74,7 +87,10 @@ func (l *Limiter) Flows(ctx context.Context, s *Set, req Request) ([][]FlowState
 			if a.Weight != b.Weight {
 				return b.Weight - a.Weight
 			}
-			return strings.Compare(a.Flow, b.Flow)
+			if c := strings.Compare(a.Flow, b.Flow); c != 0 {
+				return c
+			}
+			return a.Level - b.Level
 		})
 	}
 	return out, nil
@@ -140,25 +156,35 @@ func (l *Limiter) slotFlows(ctx context.Context, ks []string, now int64) (map[st
 
 // gcraFlows reads a fair GCRA rule's flows from its flows sorted set
 // (booked.lua): a flow of weight w is its member and w-1 copies
-// ("flow#2"...), scored by the end of its last booking; those ending after
-// now wait.
-func (l *Limiter) gcraFlows(ctx context.Context, key string, now int64) (map[string]*FlowState, error) {
-	members, err := l.client.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "(" + strconv.FormatInt(now, 10), Max: "+inf"}).Result()
+// ("flow#2"...), scored by its virtual finish; those ending after now
+// wait. At a rule with priorities (levels), each level of a flow is a
+// member of its own, its level after '!' (none: the default level).
+func (l *Limiter) gcraFlows(ctx context.Context, key string, now int64, levels bool) (map[string]*FlowState, error) {
+	members, err := l.client.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: "(" + strconv.FormatInt(now, 10), Max: "+inf"}).Result()
 	if err != nil {
 		return nil, err
 	}
 	fs := map[string]*FlowState{}
-	for _, m := range members {
+	for _, z := range members {
+		m, _ := z.Member.(string)
 		enc := m
 		if i := strings.LastIndexByte(m, '#'); i >= 0 {
 			if _, err := strconv.Atoi(m[i+1:]); err == nil {
 				enc = m[:i]
 			}
 		}
-		if fs[enc] == nil {
-			fs[enc] = &FlowState{Waiting: true}
+		f := fs[enc]
+		if f == nil {
+			f = &FlowState{Waiting: true, Ahead: time.Duration(int64(z.Score)-now) * time.Microsecond}
+			if levels {
+				f.Level = limits.DefaultPriority
+				if i := strings.IndexByte(enc, '!'); i >= 0 {
+					f.Level, _ = strconv.Atoi(enc[i+1:])
+				}
+			}
+			fs[enc] = f
 		}
-		fs[enc].Weight++
+		f.Weight++
 	}
 	return fs, nil
 }

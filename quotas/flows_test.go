@@ -56,11 +56,29 @@ func TestFlows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := [][]FlowState{{{Flow: "x", Waiting: true, Weight: 2}, {Flow: "y", Waiting: true, Weight: 1}}}; !reflect.DeepEqual(fs, want) {
+	// Finishes at 10/s: x (weight 2 of 2) 100 ms a request, y (1 of 3)
+	// 300 ms.
+	if want := [][]FlowState{{{Flow: "x", Waiting: true, Weight: 2, Ahead: 200 * time.Millisecond}, {Flow: "y", Waiting: true, Weight: 1, Ahead: 600 * time.Millisecond}}}; !reflect.DeepEqual(fs, want) {
 		t.Errorf("gcra flows: %+v, want %+v", fs, want)
 	}
 	cl.now = cl.now.Add(time.Minute)
 	if fs, err = cl.Flows(ctx, rates, Request{}); err != nil || len(fs[0]) != 0 {
 		t.Errorf("a minute later: %+v %v, want no flow", fs, err)
+	}
+
+	// With priorities, each level of a flow is listed on its own.
+	levels := mustSet(Rule{Name: "levels", Fair: true, Aging: time.Second, Limit: GCRA(gcra.Limit{Rate: 10, Period: time.Second, Burst: 1})})
+	for _, p := range []int{5, 1, 0} {
+		if d, err := cl.Reserve(ctx, levels, Request{Fair: []string{"x"}, Priorities: []int{p}}, time.Minute); err != nil || !d.Allowed {
+			t.Fatalf("reserve at %d: %+v %v", p, d, err)
+		}
+	}
+	if fs, err = cl.Flows(ctx, levels, Request{}); err != nil {
+		t.Fatal(err)
+	}
+	want = [][]FlowState{{{Flow: "x", Waiting: true, Weight: 1, Level: 1, Ahead: 200 * time.Millisecond},
+		{Flow: "x", Waiting: true, Weight: 1, Level: 3, Ahead: 300 * time.Millisecond}, {Flow: "x", Waiting: true, Weight: 1, Level: 5, Ahead: 100 * time.Millisecond}}}
+	if !reflect.DeepEqual(fs, want) {
+		t.Errorf("flows by level: %+v, want %+v", fs, want)
 	}
 }

@@ -227,7 +227,8 @@ func (h *limitsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // flows counts each fair rule's flows holding slots and waiting in the
-// report (taskrl_fair_flows); none while Redis cannot be read.
+// report (taskrl_fair_flows), and at a rule with priorities those waiting
+// at each level (taskrl_priority_flows); none while Redis cannot be read.
 func (h *limitsHandler) flows() []metrics.FairFlows {
 	rep, _, err := h.report(context.Background())
 	if err != nil {
@@ -239,6 +240,9 @@ func (h *limitsHandler) flows() []metrics.FairFlows {
 			continue
 		}
 		f := metrics.FairFlows{Rule: r.Name}
+		if r.Priorities {
+			f.Levels = map[int]int{}
+		}
 		keys := r.Busiest
 		if r.KeyState != nil {
 			keys = []status.KeyState{*r.KeyState}
@@ -250,6 +254,9 @@ func (h *limitsHandler) flows() []metrics.FairFlows {
 				}
 				if fl.Waiting {
 					f.Waiting++
+				}
+				if fl.Level > 0 {
+					f.Levels[fl.Level]++
 				}
 			}
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/taskrl/taskrl/cmd/internal/status"
+	"github.com/taskrl/taskrl/gcra"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 	"github.com/taskrl/taskrl/quotas"
 )
@@ -37,14 +38,19 @@ const statusPolicy = `rules:
     match: {type: "http:call"}
     concurrency: {max: 50, lease: 1m}
     fair: "{{.business_id}}"
+  - name: reports
+    match: {type: report}
+    priority: "{{.priority}}"
+    gcra: {rate: 1, per: 1m}
 `
 
 // TestLiveView runs a worker with --metrics-addr, runs 6 calls of two
 // businesses through it, and reads the limits three ways: worker status
 // (table and --json), the worker's /limits, and its / page as headless
 // Chromium renders it (skipped, saying so, where Chromium is missing):
-// every rule is there, with the use the calls made, and the flows of the
-// fair concurrency rule that hold slots (counted in /metrics too).
+// every rule is there, with the use the calls made, the flows of the
+// fair concurrency rule that hold slots and those of a rule with
+// priorities waiting at each level (counted in /metrics too).
 func TestLiveView(t *testing.T) {
 	a := newAPI(t)
 	prefix := redistest.Prefix(t)
@@ -84,6 +90,17 @@ func TestLiveView(t *testing.T) {
 			t.Fatalf("slot of %s: %+v %v", flow, d, err)
 		}
 	}
+	// Reports booked at priorities 5 and 1, a minute or two ahead (the
+	// policy's default aging, 10s).
+	reports, err := quotas.NewSet(quotas.Rule{Name: "reports", Fair: true, Aging: 10 * time.Second, Limit: quotas.GCRA(gcra.Limit{Rate: 1, Period: time.Minute, Burst: 1})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, level := range []int{5, 1} {
+		if d, err := lim.Reserve(context.Background(), reports, quotas.Request{Priorities: []int{level}}, 5*time.Minute); err != nil || !d.Allowed {
+			t.Fatalf("report at %d: %+v %v", level, d, err)
+		}
+	}
 
 	// worker status, as a table and as JSON.
 	var stdout, stderr bytes.Buffer
@@ -92,7 +109,8 @@ func TestLiveView(t *testing.T) {
 		t.Fatalf("worker status: exit %d: %s", code, stderr.String())
 	}
 	t.Log("\n" + stdout.String())
-	for _, re := range []string{`hourly +\(global\) +sliding +6 +994`, `per-business +b1 +gcra +3 +7`, `per-business +b2 +gcra +3 +7`, `sends +\(global\) +concurrency +3 +47`, `\n  flow "b1": holds 2\n  flow "b 3": holds 1\n`} {
+	for _, re := range []string{`hourly +\(global\) +sliding +6 +994`, `per-business +b1 +gcra +3 +7`, `per-business +b2 +gcra +3 +7`, `sends +\(global\) +concurrency +3 +47`, `\n  flow "b1": holds 2\n  flow "b 3": holds 1\n`,
+		`reports +\(global\) +gcra .* priorities aging 10s\n  flow "" level 1: waiting, weight 1, booked 1m\d+\.\d+s ahead\n  flow "" level 5: waiting, weight 1, booked \d+\.\d+s ahead\n`} {
 		if !regexp.MustCompile(re).MatchString(stdout.String()) {
 			t.Errorf("worker status lacks /%s/", re)
 		}
@@ -102,7 +120,7 @@ func TestLiveView(t *testing.T) {
 		t.Fatalf("worker status --json: exit %d: %s", code, stderr.String())
 	}
 	var rep status.Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || len(rep.Rules) != 4 || rep.Rules[2].KeyState == nil || rep.Rules[2].Key != "b2" || rep.Rules[2].Used != 3 {
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || len(rep.Rules) != 5 || rep.Rules[2].KeyState == nil || rep.Rules[2].Key != "b2" || rep.Rules[2].Used != 3 {
 		t.Fatalf("worker status --json --key b2: %v %s", err, stdout.String())
 	}
 
@@ -123,13 +141,17 @@ func TestLiveView(t *testing.T) {
 	if r := rep.Rules[3]; r.KeyState == nil || !r.Fair || !slices.Equal(r.Flows, []status.Flow{{Flow: "b1", Held: 2}, {Flow: "b 3", Held: 1}}) {
 		t.Fatalf("/limits: the fair rule's flows: %s", body)
 	}
+	if r := rep.Rules[4]; r.KeyState == nil || len(r.Flows) != 2 || r.Flows[0].Level != 1 || r.Flows[1].Level != 5 {
+		t.Fatalf("/limits: the prioritized rule's flows: %s", body)
+	}
 	// /metrics counts them.
 	if resp, err = http.Get("http://" + addr + "/metrics"); err != nil {
 		t.Fatal(err)
 	}
 	body, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, line := range []string{`taskrl_fair_flows{rule="sends",state="holding"} 2`, `taskrl_fair_flows{rule="sends",state="waiting"} 0`} {
+	for _, line := range []string{`taskrl_fair_flows{rule="sends",state="holding"} 2`, `taskrl_fair_flows{rule="sends",state="waiting"} 0`,
+		`taskrl_priority_flows{level="1",rule="reports"} 1`, `taskrl_priority_flows{level="3",rule="reports"} 0`, `taskrl_priority_flows{level="5",rule="reports"} 1`} {
 		if !strings.Contains(string(body), line+"\n") {
 			t.Errorf("/metrics has no line %s", line)
 		}
@@ -156,7 +178,7 @@ func TestLiveView(t *testing.T) {
 	if shot := os.Getenv("TASKRL_SCREENSHOT"); shot != "" {
 		// For docs/operations.md: TASKRL_SCREENSHOT=$PWD/docs/live-view.png go test -run TestLiveView ./cmd/worker
 		if out, err := exec.CommandContext(cctx, chrome, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-			"--user-data-dir="+t.TempDir(), "--virtual-time-budget=5000", "--window-size=1100,330", "--screenshot="+shot, "http://"+addr+"/").CombinedOutput(); err != nil {
+			"--user-data-dir="+t.TempDir(), "--virtual-time-budget=5000", "--window-size=1200,390", "--screenshot="+shot, "http://"+addr+"/").CombinedOutput(); err != nil {
 			t.Errorf("screenshot: %v\n%s", err, out)
 		}
 	}
@@ -175,6 +197,9 @@ func TestLiveView(t *testing.T) {
 	}
 	if !regexp.MustCompile(`<tr class="flow muted" data-rule="sends"><td></td><td>flow "b1"</td>.*?<td class="num held">2</td>.*?<tr class="flow muted" data-rule="sends"><td></td><td>flow "b 3"</td>.*?<td class="num held">1</td>`).MatchString(dom) {
 		t.Errorf("the page does not show the fair rule's flows:\n%s", dom)
+	}
+	if !regexp.MustCompile(`<tr class="flow muted" data-rule="reports"><td></td><td>flow "" level 1</td>.*?waiting, weight 1, booked 1\d\d\.\ds ahead</td>.*?<td>flow "" level 5</td>`).MatchString(dom) {
+		t.Errorf("the page does not show the prioritized rule's levels:\n%s", dom)
 	}
 }
 

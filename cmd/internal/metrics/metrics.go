@@ -75,6 +75,10 @@
 //	    waiting for one or with tasks of a gcra rule booked ahead; summed
 //	    over the keys worker status lists (a keyed rule's 10 busiest).
 //	    Absent without a fair rule.
+//	taskrl_priority_flows{rule,level}            gauge
+//	    Of those waiting at a gcra rule with priorities, how many wait at
+//	    each level (1-5; a flow waiting at two levels counts at each).
+//	    Absent for a rule without priorities.
 //
 // The worker also serves the Go runtime (go_*) and process (process_*)
 // collectors on the same endpoint.
@@ -84,6 +88,7 @@ package metrics
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,6 +98,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/taskrl/taskrl/cmd/internal/httpcall"
+	"github.com/taskrl/taskrl/limits"
 	"github.com/taskrl/taskrl/quotas"
 	"github.com/taskrl/taskrl/taskrl"
 )
@@ -323,10 +329,12 @@ func (m *Metrics) WatchShed(state func() (signal, level float64, ok bool)) {
 }
 
 // FairFlows is one fair rule's flows for taskrl_fair_flows: Holding hold
-// slots, Waiting wait.
+// slots, Waiting wait; for taskrl_priority_flows, at a rule with
+// priorities, Levels[p] wait at level p (nil: none).
 type FairFlows struct {
 	Rule             string
 	Holding, Waiting int
+	Levels           map[int]int
 }
 
 // WatchFlows makes taskrl_fair_flows read state when scraped (it may read
@@ -340,10 +348,19 @@ var fairFlowsDesc = prometheus.NewDesc("taskrl_fair_flows",
 	"Flows of each fair rule holding slots (state holding) or waiting (state waiting), as worker status lists them.",
 	[]string{"rule", "state"}, nil)
 
-// flowsCollector collects taskrl_fair_flows from WatchFlows's function.
+// flowsCollector collects taskrl_fair_flows and taskrl_priority_flows
+// from WatchFlows's function.
 type flowsCollector struct{ m *Metrics }
 
-func (c flowsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- fairFlowsDesc }
+// priorityFlowsDesc describes taskrl_priority_flows.
+var priorityFlowsDesc = prometheus.NewDesc("taskrl_priority_flows",
+	"Flows waiting at each level of a gcra rule with priorities, as worker status lists them.",
+	[]string{"rule", "level"}, nil)
+
+func (c flowsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- fairFlowsDesc
+	ch <- priorityFlowsDesc
+}
 
 func (c flowsCollector) Collect(ch chan<- prometheus.Metric) {
 	f := c.m.flows.Load()
@@ -353,6 +370,11 @@ func (c flowsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range (*f)() {
 		ch <- prometheus.MustNewConstMetric(fairFlowsDesc, prometheus.GaugeValue, float64(r.Holding), r.Rule, "holding")
 		ch <- prometheus.MustNewConstMetric(fairFlowsDesc, prometheus.GaugeValue, float64(r.Waiting), r.Rule, "waiting")
+		if r.Levels != nil {
+			for level := 1; level <= limits.MaxPriority; level++ {
+				ch <- prometheus.MustNewConstMetric(priorityFlowsDesc, prometheus.GaugeValue, float64(r.Levels[level]), r.Rule, strconv.Itoa(level))
+			}
+		}
 	}
 }
 

@@ -51,6 +51,7 @@ var documented = []string{
 	"taskrl_http_calls_total",
 	"taskrl_policy_reloads_total",
 	"taskrl_fair_flows",
+	"taskrl_priority_flows",
 }
 
 func TestDecisions(t *testing.T) {
@@ -224,7 +225,7 @@ taskrl_http_calls_total{code="refused"} 0
 func TestDocumented(t *testing.T) {
 	m, reg := newMetrics(t)
 	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Rules: []quotas.RuleStatus{{Name: "r", Interval: time.Second}}})
-	m.WatchFlows(func() []FairFlows { return []FairFlows{{Rule: "r"}} })
+	m.WatchFlows(func() []FairFlows { return []FairFlows{{Rule: "r", Levels: map[int]int{}}} })
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -55,8 +55,11 @@ type Rule struct {
 	Keyed    bool   `json:"keyed,omitempty"`
 	Template string `json:"template,omitempty"`
 	// Fair says the rule is shared among the values of its fair:
-	// template (KeyState.Flows).
+	// template, or orders its tasks by priority (KeyState.Flows).
 	Fair bool `json:"fair,omitempty"`
+	// Priorities says the rule orders its tasks by priority (its flows
+	// are listed per level).
+	Priorities bool `json:"priorities,omitempty"`
 	// Overrides counts the keys with a limit of their own.
 	Overrides int `json:"overrides,omitempty"`
 	// The state of one key: Key is "" for a rule without a key template.
@@ -105,6 +108,11 @@ type Flow struct {
 	// weight it waits with.
 	Waiting bool `json:"waiting,omitempty"`
 	Weight  int  `json:"weight,omitempty"`
+	// Level is, at a rule with priorities, the level these tasks of the
+	// flow wait at (one Flow per level); AheadSeconds how far ahead of
+	// now its tasks booked take the rule at its share (gcra).
+	Level        int     `json:"level,omitempty"`
+	AheadSeconds float64 `json:"ahead_seconds,omitempty"`
 }
 
 // AddWaiting fills each reported key's Waiting from the waiting index on
@@ -148,6 +156,9 @@ func limitText(r policy.Rule, l quotas.Limit, own bool) string {
 	if r.Prefetch > 0 && !own {
 		s += ", prefetch " + r.Prefetch.String()
 	}
+	if a := r.PriorityAging(); a > 0 {
+		s += ", priorities aging " + a.String()
+	}
 	return s
 }
 
@@ -169,7 +180,7 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 	}
 	var rep Report
 	for _, r := range p.Rules() {
-		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: limitText(r, r.Limit, false), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Fair: r.Fair != "", Overrides: count[r.Name]}
+		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: limitText(r, r.Limit, false), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Fair: r.Fair != "" || r.PriorityAging() > 0, Priorities: r.PriorityAging() > 0, Overrides: count[r.Name]}
 		state := func(k string) (KeyState, error) {
 			lim, own := over[[2]string{r.Name, k}]
 			if !own || !out.Keyed {
@@ -280,7 +291,8 @@ func Ahead(ctx context.Context, c redis.UniversalClient, prefix string, p *polic
 // keyState reads one key of rule r under limit lim (own: the key's
 // override, decided without prefetch), and the server's time.
 func keyState(ctx context.Context, c redis.UniversalClient, l *quotas.Limiter, prefix string, r policy.Rule, lim quotas.Limit, key string, own bool) (KeyState, time.Time, error) {
-	q := quotas.Rule{Name: r.Name, Limit: lim, Fair: r.Fair != "", Prefetch: r.Prefetch}
+	aging := r.PriorityAging()
+	q := quotas.Rule{Name: r.Name, Limit: lim, Fair: r.Fair != "" || aging > 0, Aging: aging, Prefetch: r.Prefetch}
 	if own {
 		q.Prefetch = 0 // overrides are decided without
 	}
@@ -300,14 +312,14 @@ func keyState(ctx context.Context, c redis.UniversalClient, l *quotas.Limiter, p
 	if st.Interval > 0 {
 		ks.Rate = float64(time.Second) / float64(st.Interval)
 	}
-	if r.Fair != "" {
+	if q.Fair {
 		fs, err := l.Flows(ctx, set, quotas.Request{Keys: []string{key}})
 		if err != nil {
 			return KeyState{}, time.Time{}, err
 		}
 		ks.FlowCount = len(fs[0])
 		for _, f := range fs[0][:min(len(fs[0]), Busiest)] {
-			ks.Flows = append(ks.Flows, Flow{Flow: f.Flow, Held: f.Held, Waiting: f.Waiting, Weight: f.Weight})
+			ks.Flows = append(ks.Flows, Flow{Flow: f.Flow, Held: f.Held, Waiting: f.Waiting, Weight: f.Weight, Level: f.Level, AheadSeconds: f.Ahead.Seconds()})
 		}
 	}
 	us, err := c.Get(ctx, keys.Block(prefix, r.Name, key)).Int64()
@@ -431,10 +443,14 @@ func Text(rep Report) string {
 	return b.String()
 }
 
-// flowText describes flow f of a fair rule: its name (quoted), the slots
-// it holds and whether it waits, with what weight.
+// flowText describes flow f of a fair rule: its name (quoted), its
+// level, the slots it holds and whether it waits, with what weight and
+// how far ahead.
 func flowText(f Flow) string {
 	s := strconv.Quote(f.Flow)
+	if f.Level > 0 {
+		s += " level " + strconv.Itoa(f.Level)
+	}
 	if f.Held > 0 {
 		s += fmt.Sprintf(": holds %d", f.Held)
 	}
@@ -444,6 +460,9 @@ func flowText(f Flow) string {
 			sep = ", "
 		}
 		s += sep + "waiting, weight " + strconv.Itoa(f.Weight)
+		if f.AheadSeconds > 0 {
+			s += ", booked " + time.Duration(f.AheadSeconds*float64(time.Second)).Round(time.Millisecond).String() + " ahead"
+		}
 	}
 	return s
 }

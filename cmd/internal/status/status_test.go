@@ -34,6 +34,18 @@ func parseWithLimiter(t *testing.T, c redis.UniversalClient, prefix, yaml string
 	return p, l
 }
 
+// jobSet is the binding of tasks of type job on queue q under p, and its
+// rules as a set.
+func jobSet(t *testing.T, p *policy.Policy) (*policy.Binding, *quotas.Set) {
+	t.Helper()
+	b := p.Bind("job", "q")
+	set, err := quotas.NewSet(b.Rules()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, set
+}
+
 const policyYAML = `
 rules:
   - name: peak
@@ -139,10 +151,7 @@ func TestCollectSoft(t *testing.T) {
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
 	p, l := parseWithLimiter(t, c, prefix, "rules:\n  - name: peak\n    match: {type: job}\n    soft: 10%\n    gcra: {rate: 10, per: 1s, burst: 10}\n")
-	set, err := quotas.NewSet(p.Bind("job", "q").Rules()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, set := jobSet(t, p)
 	for i := 0; i < 4; i++ {
 		if d, err := l.Allow(ctx, set, quotas.Request{}); err != nil || !d.Allowed {
 			t.Fatalf("%+v %v", d, err)
@@ -166,10 +175,7 @@ func TestCollectPrefetch(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	// A fresh Limiter's first decision is a batch of one.
 	p, l := parseWithLimiter(t, c, prefix, "rules:\n  - name: peak\n    match: {type: job}\n    prefetch: 10ms\n    gcra: {rate: 1000, per: 1s, burst: 100}\n")
-	set, err := quotas.NewSet(p.Bind("job", "q").Rules()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, set := jobSet(t, p)
 	d, err := l.Allow(ctx, set, quotas.Request{})
 	if err != nil || !d.Allowed {
 		t.Fatalf("%+v %v", d, err)
@@ -235,11 +241,7 @@ rules:
     match: {type: job}
     concurrency: {max: 100, lease: 1m}
 `)
-	b := p.Bind("job", "q")
-	set, err := quotas.NewSet(b.Rules()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, set := jobSet(t, p)
 	for i, task := range []struct {
 		payload string
 		allowed bool
@@ -272,6 +274,54 @@ rules:
 	for _, line := range []string{`  flow "big": holds 2`, `  flow "small": holds 1`, `  flow "late": waiting, weight 3`} {
 		if !strings.Contains(text, line+"\n") {
 			t.Errorf("Text has no line %q:\n%s", line, text)
+		}
+	}
+}
+
+// TestCollectPriorities: a gcra rule with priorities and no fair lists
+// its waiting tasks by level (the backlog of each, booked ahead at its
+// share), and says it has priorities in its limit.
+func TestCollectPriorities(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	p, l := parseWithLimiter(t, c, prefix, `
+rules:
+  - name: vendor
+    match: {type: job}
+    priority: {level: "{{.priority}}", aging: 30s}
+    gcra: {rate: 10, per: 1s}
+`)
+	b, set := jobSet(t, p)
+	for _, payload := range []string{`{"priority": 5}`, `{"priority": 5}`, `{"priority": 1}`} {
+		rq, err := b.Request([]byte(payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := l.Reserve(ctx, set, rq, time.Minute); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v %v", payload, d, err)
+		}
+	}
+	rep, err := Collect(ctx, c, prefix, p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rep.Rules[0]
+	if r.KeyState == nil || !r.Fair || !r.Priorities || r.Limit != "10/1s burst 1 (GCRA), priorities aging 30s" || len(r.Flows) != 2 {
+		t.Fatalf("rule: %+v %+v", r, r.KeyState)
+	}
+	// At 10/s, level 5's two requests moved its finish 100 ms each (it
+	// alone waited), level 1's 200 ms (two levels waiting): both end
+	// 200 ms after their requests, less the time since.
+	for i, level := range []int{1, 5} {
+		if f := r.Flows[i]; f.Level != level || !f.Waiting || f.AheadSeconds <= 0 || f.AheadSeconds > 0.2 {
+			t.Errorf("flow %d: %+v, want level %d waiting, booked up to 200ms ahead", i, f, level)
+		}
+	}
+	text := Text(rep)
+	for _, want := range []string{`  flow "" level 1: waiting, weight 1, booked `, `  flow "" level 5: waiting, weight 1, booked `, "priorities aging 30s"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("Text has no %q:\n%s", want, text)
 		}
 	}
 }
