@@ -228,6 +228,7 @@ func parse(args []string, env stdio) (*options, error) {
 		maxRetry    optInt
 		start       string
 		vendor      string
+		retryAfter  string
 		showVersion bool
 	)
 	fs.StringVar(&o.redis, "redis", "", "Redis `URL` (redis://, rediss:// or host:port); default $REDIS_URL, then "+defaultRedis)
@@ -263,13 +264,14 @@ func parse(args []string, env stdio) (*options, error) {
 	fs.DurationVar(&o.sim.Interval, "interval", 0, "--simulate: one row per `D` (default duration/24)")
 	fs.DurationVar(&o.sim.Latency, "latency", 20*time.Millisecond, "--simulate: the vendor's answer time")
 	fs.IntVar(&o.sim.Backlog, "backlog", 0, "--simulate: tasks waiting at all times (default 1.5 s of the vendor's highest rate, at least 50)")
+	fs.StringVar(&retryAfter, "retry-after", "whole", "--simulate: what the vendor's 429 says: `whole` seconds (rounded up), exact (a fractional wait) or none (the worker waits 1 s)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: enqueue --redis URL --type TYPE --url URL --count N [--businesses K] [--queue Q] [--max-retry N]\n"+
 			"       enqueue ... --payload-file FILE\n"+
 			"       enqueue ... --max-waiting N --policy FILE\n"+
 			"       enqueue ... --cron SPEC [--tz ZONE] [--campaign NAME]\n"+
 			"       enqueue ... --dry-run --policy FILE [--task-duration D] [--start TIME]\n"+
-			"       enqueue --simulate --policy FILE --vendor SPEC [--workers N] [--concurrency C] [--duration D] [--interval I]\n\nflags:\n")
+			"       enqueue --simulate --policy FILE --vendor SPEC [--retry-after whole|exact|none] [--workers N] [--concurrency C] [--duration D] [--interval I]\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -289,9 +291,9 @@ func parse(args []string, env stdio) (*options, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	simFlags := []string{"vendor", "workers", "concurrency", "duration", "interval", "latency", "backlog"}
+	simFlags := []string{"vendor", "workers", "concurrency", "duration", "interval", "latency", "backlog", "retry-after"}
 	if o.simulate {
-		return parseSimulate(&o, vendor, set)
+		return parseSimulate(&o, vendor, retryAfter, set)
 	}
 	for _, f := range simFlags {
 		if set[f] {
@@ -446,7 +448,7 @@ func parse(args []string, env stdio) (*options, error) {
 }
 
 // parseSimulate checks the flags of --simulate, which enqueues nothing.
-func parseSimulate(o *options, vendor string, set map[string]bool) (*options, error) {
+func parseSimulate(o *options, vendor, retryAfter string, set map[string]bool) (*options, error) {
 	for _, f := range []string{"redis", "redis-cluster", "redis-sentinel", "redis-password", "redis-tls", "redis-tls-ca", "url", "count", "businesses", "max-retry", "parallel", "cron", "tz", "campaign", "key-prefix", "dry-run", "task-duration", "start"} {
 		if set[f] {
 			return nil, usagef("--%s: not used with --simulate", f)
@@ -461,6 +463,9 @@ func parseSimulate(o *options, vendor string, set map[string]bool) (*options, er
 	v, err := simulate.ParseVendor(vendor)
 	if err != nil {
 		return nil, usagef("--vendor: %v", err)
+	}
+	if v.RetryAfter, err = simulate.ParseRetryAfter(retryAfter); err != nil {
+		return nil, usagef("--retry-after: %v", err)
 	}
 	o.sim.Vendor, o.sim.Type, o.sim.Queue = v, o.spec.Type, o.spec.Queue
 	switch {

@@ -216,6 +216,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--url", "http://x", "--count", "5", "--redis", "rediss://:hunter2@a:1", "--redis-tls-ca", payloads}, "--redis-tls-ca: " + payloads + " holds no PEM certificate"},
 		{[]string{"--url", "http://x", "--count", "5", "--redis", "a:1", "--redis-tls", "--redis-tls-ca", payloads + ".none"}, "--redis-tls-ca: open " + payloads + ".none: no such file"},
 		{[]string{"--simulate", "--policy", policy, "--vendor", "5/s", "--redis-tls-ca", ca}, "--redis-tls-ca: not used with --simulate"},
+		{[]string{"--simulate", "--policy", policy, "--vendor", "5/s", "--retry-after", "soon"}, `--retry-after: retry-after must be whole, exact or none, got "soon"`},
+		{[]string{"--url", "http://x", "--count", "5", "--retry-after", "exact"}, "--retry-after: only used with --simulate"},
 		{[]string{"--url", "http://x", "--count", "5", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--nope"}, "-nope"},
 	} {

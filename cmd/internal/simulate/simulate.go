@@ -524,7 +524,7 @@ func (s *sim) arrive(t *task, leases []quotas.Lease) {
 		}
 		s.rep.Throttled++
 		s.row.Throttled++
-		s.throttled(t, time.Duration(math.Ceil(max(r.RetryAfter.Seconds(), 1)))*time.Second)
+		s.throttled(t, s.spec.Vendor.RetryAfter.wait(r.RetryAfter))
 	})
 }
 
@@ -634,8 +634,8 @@ type PhaseStats struct {
 func (r Report) Write(w io.Writer, spec Spec, took time.Duration) error {
 	spec.defaults() // as Run completed them
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "simulated %v in %v: %d workers x %d slots, backlog %d, vendor %q answering in %v\n",
-		spec.Duration, took.Round(time.Millisecond), spec.Workers, spec.Concurrency, spec.Backlog, spec.Vendor.String(), spec.Latency)
+	fmt.Fprintf(w, "simulated %v in %v: %d workers x %d slots, backlog %d, vendor %q answering in %v, retry-after %s\n",
+		spec.Duration, took.Round(time.Millisecond), spec.Workers, spec.Concurrency, spec.Backlog, spec.Vendor.String(), spec.Latency, spec.Vendor.RetryAfter)
 	fmt.Fprintln(tw, "from\tto\tvendor/s\tlearned/s\tcalls\t429\t429 %\tused %\t")
 	for _, row := range r.Rows {
 		learned := "-"

@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -10,11 +11,55 @@ import (
 )
 
 // Vendor is the remote side's global limit over time: a strict GCRA that
-// answers 429 with Retry-After in whole seconds (rounded up, at least 1),
-// as internal/testkit/fakeapi does. The phases follow each other; the last
-// holds until the end.
+// answers 429 saying when to try again as RetryAfter says (by default in
+// whole seconds, rounded up, at least 1, as internal/testkit/fakeapi
+// does). The phases follow each other; the last holds until the end.
 type Vendor struct {
-	Phases []Phase
+	Phases     []Phase
+	RetryAfter RetryAfter
+}
+
+// RetryAfter is how a vendor's 429 says when to try again.
+type RetryAfter int
+
+const (
+	// WholeSeconds: Retry-After in whole seconds, rounded up, at least 1
+	// (most APIs, and fakeapi).
+	WholeSeconds RetryAfter = iota
+	// Exact: the exact wait, as a fractional Retry-After or a reset
+	// header in milliseconds says it.
+	Exact
+	// NoRetryAfter: nothing; the middleware waits 1 s.
+	NoRetryAfter
+)
+
+// ParseRetryAfter reads whole, exact or none.
+func ParseRetryAfter(s string) (RetryAfter, error) {
+	for r, name := range retryAfterNames {
+		if s == name {
+			return RetryAfter(r), nil
+		}
+	}
+	return 0, fmt.Errorf("retry-after must be whole, exact or none, got %q", s)
+}
+
+var retryAfterNames = []string{"whole", "exact", "none"}
+
+// String is the name ParseRetryAfter reads.
+func (r RetryAfter) String() string { return retryAfterNames[r] }
+
+// wait is how long the middleware waits after a 429 whose exact wait is
+// exact.
+func (r RetryAfter) wait(exact time.Duration) time.Duration {
+	switch r {
+	case Exact:
+		if exact > 0 {
+			return exact
+		}
+	case WholeSeconds:
+		return time.Duration(math.Ceil(max(exact.Seconds(), 1))) * time.Second
+	}
+	return time.Second
 }
 
 // Phase is the vendor's limit for a while.
