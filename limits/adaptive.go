@@ -50,15 +50,18 @@ import (
 //     that fails remembers 3 % less: a limit that comes back is found
 //     within two holds.
 //
-// Throttles less than a second after a cut are the same congestion event
-// (the answers to the calls in flight together) and change nothing; the
-// time a Block holds counts as idle. A cut starts the rule's time afresh
+// A throttle of a call decided before the last cut is the same
+// congestion event (the answers to the calls in flight together) and
+// changes nothing; one of a call decided at or after the cut, at the cut
+// rate, cuts again (quotas.Limiter.BlockCall; an undated Block within a
+// second of a cut is taken for the same event). The time a Block holds
+// counts as idle. A cut starts the rule's time afresh
 // from the block's end: what was booked at the refused rate is dropped
 // (quotas.Limiter.Held reports those bookings, Refund gives nothing back
 // for them).
 //
-// Every failed probe costs the block the remote side asks for (at least a
-// second of the fleet's calls, as a Retry-After is in whole seconds), so
+// Every failed probe costs the block the remote side asks for (a second
+// of the fleet's calls when its Retry-After is in whole seconds), so
 // the hold trades the share of the limit used at a stable limit against
 // how soon a raised limit is found; BENCHMARKS.md has the figures of a
 // simulated day and of the built binaries.

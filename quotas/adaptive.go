@@ -113,10 +113,12 @@ func (p *learnParams) hold(s learned) int64 {
 	return max(h*p.per, learnHoldUnits*intervalOf(s.r))
 }
 
-// cut is learn.lua's ad_cut: the state after a Block at now until till,
-// and whether it cut (rather than taking the block for the same event).
-func (p *learnParams) cut(s learned, now, till int64) (learned, bool) {
-	if s.d > 0 && now-s.d < learnCool {
+// cut is learn.lua's ad_cut: the state after a Block at now until till of
+// a call decided at decided (0: unknown), and whether it cut (rather than
+// taking the block for the same congestion: a call decided before the
+// last cut, or, undated, within learnCool of it).
+func (p *learnParams) cut(s learned, now, till, decided int64) (learned, bool) {
+	if s.d > 0 && (decided > 0 && decided < s.d || decided == 0 && now-s.d < learnCool) {
 		return s, false
 	}
 	c := int64(0)

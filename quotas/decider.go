@@ -27,6 +27,8 @@ type Decider interface {
 	Held(ctx context.Context, s *Set, req Request, d Decision) (bool, error)
 	// Block makes the rules of s admit nothing for req's keys until until.
 	Block(ctx context.Context, s *Set, req Request, until time.Time) (Decision, error)
+	// BlockCall is Block for a throttle of a call decided at decided.
+	BlockCall(ctx context.Context, s *Set, req Request, until, decided time.Time) (Decision, error)
 	// Renew extends a concurrency lease to its Duration from now.
 	Renew(ctx context.Context, lease Lease) (bool, error)
 	// Release gives a concurrency lease's slot back.

@@ -633,14 +633,32 @@ func (l *Limiter) Held(ctx context.Context, s *Set, req Request, d Decision) (bo
 // lives until then), read by every decision, and their counts and slots
 // are left as they are. A block is never shortened by a later, shorter
 // one. until is compared with the server's clock (or Config.Now).
+//
+// An Adaptive rule cuts its learned rate on a Block, once per congestion:
+// a Block within a second of its last cut is taken for the same one. When
+// the call the remote side refused is known, BlockCall says so better.
 func (l *Limiter) Block(ctx context.Context, s *Set, req Request, until time.Time) (Decision, error) {
+	return l.BlockCall(ctx, s, req, until, time.Time{})
+}
+
+// BlockCall is Block for a throttle of a call whose Decision was made at
+// decided (its Now): an Adaptive rule cuts its rate unless the call was
+// decided before its last cut (it went out at the rate that cut
+// answered); a call decided at or after the cut that is throttled too is
+// new evidence, and cuts again at once, however soon. A zero decided is
+// Block. Safe for concurrent use.
+func (l *Limiter) BlockCall(ctx context.Context, s *Set, req Request, until, decided time.Time) (Decision, error) {
 	l.dropPools()
 	calls, err := l.bind(s, req, false)
 	if err != nil {
 		return Decision{}, err
 	}
 	gs := l.groups(calls)
-	rs, err := l.run(ctx, gs, params{op: opBlock, req: req, notBefore: until.UnixMicro()})
+	p := params{op: opBlock, req: req, notBefore: until.UnixMicro()}
+	if !decided.IsZero() {
+		p.decided = decided.UnixMicro()
+	}
+	rs, err := l.run(ctx, gs, p)
 	if err != nil {
 		return Decision{}, err
 	}

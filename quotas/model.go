@@ -126,6 +126,15 @@ func (m *Model) Block(ctx context.Context, s *Set, req Request, until time.Time)
 	return m.BlockAt(now, s, req, until)
 }
 
+// BlockCall is BlockCallAt at the model's clock.
+func (m *Model) BlockCall(ctx context.Context, s *Set, req Request, until, decided time.Time) (Decision, error) {
+	now, err := m.now(ctx)
+	if err != nil {
+		return Decision{}, err
+	}
+	return m.BlockCallAt(now, s, req, until, decided)
+}
+
 // Renew is RenewAt at the model's clock.
 func (m *Model) Renew(ctx context.Context, lease Lease) (bool, error) {
 	now, err := m.now(ctx)
@@ -266,6 +275,12 @@ func (m *Model) charged(now time.Time, s *Set, req Request, d Decision, needHold
 // BlockAt makes the rules of s admit nothing for req's keys until until, as
 // Limiter.Block does at time now, and reports every rule's state after it.
 func (m *Model) BlockAt(now time.Time, s *Set, req Request, until time.Time) (Decision, error) {
+	return m.BlockCallAt(now, s, req, until, time.Time{})
+}
+
+// BlockCallAt is BlockAt for a throttle of a call decided at decided, as
+// Limiter.BlockCall does.
+func (m *Model) BlockCallAt(now time.Time, s *Set, req Request, until, decided time.Time) (Decision, error) {
 	us, err := micros(now)
 	if err != nil {
 		return Decision{}, err
@@ -275,7 +290,11 @@ func (m *Model) BlockAt(now time.Time, s *Set, req Request, until time.Time) (De
 		return Decision{}, err
 	}
 	m.mu.Lock()
-	m.m.block(calls, us, until.UnixMicro())
+	var dec int64
+	if !decided.IsZero() {
+		dec = decided.UnixMicro()
+	}
+	m.m.block(calls, us, until.UnixMicro(), dec)
 	r := m.m.decide(calls, opStatus, us, 0, 0, 0, req.Holder, req.Critical, "")
 	m.mu.Unlock()
 	return m.l.assemble(s, [][]call{calls}, []reply{r}, params{req: req}), nil
@@ -1269,13 +1288,14 @@ func (m *model) settle(calls []call, now int64, acts []int, ats []int64, undo []
 	m.flush()
 }
 
-// block mirrors lua/quotas.lua's block.
-func (m *model) block(calls []call, now, until int64) {
+// block mirrors lua/quotas.lua's block, for a call decided at decided (µs,
+// 0: unknown).
+func (m *model) block(calls []call, now, until, decided int64) {
 	m.housekeep(calls, now)
 	m.learnLoad(calls, now, true)
 	for i, c := range calls {
 		if p := c.c.learn; p != nil {
-			l, cut := p.cut(m.learned(c, now), now, until)
+			l, cut := p.cut(m.learned(c, now), now, until, decided)
 			m.learns[learnKey(c)] = l
 			c.em = intervalOf(l.r)
 			calls[i].em = c.em

@@ -257,8 +257,9 @@ func (d *differ) step(t testing.TB) {
 			}
 		}
 		if d.booking && d.rng.IntN(4) > 0 {
-			// A priority, 0 (the default) to the last level.
-			p := d.rng.IntN(limits.MaxPriority + 1)
+			// A priority: 0 (the default) to the last level, the first and
+			// last most often.
+			p := []int{0, 1, 1, 2, 3, 4, 5, 5}[d.rng.IntN(8)]
 			req.Priorities = make([]int, len(s.rules))
 			for i := range req.Priorities {
 				req.Priorities[i] = p
@@ -342,11 +343,17 @@ func (d *differ) step(t testing.TB) {
 		same("Status", got, want, err)
 	case x < 16:
 		until := d.l.now.Add(time.Duration(d.rng.Int64N(int64(d.scale) * 5)))
-		got, err := d.l.Block(d.ctx, s, req, until)
+		// Half the blocks are of a call decided up to two scales ago
+		// (BlockCall): before or after an adaptive rule's last cut.
+		var decided time.Time
+		if d.rng.IntN(2) == 0 {
+			decided = d.l.now.Add(-time.Duration(d.rng.Int64N(int64(d.scale) * 2))).Truncate(time.Microsecond)
+		}
+		got, err := d.l.BlockCall(d.ctx, s, req, until, decided)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := d.mod.BlockAt(d.l.now, s, req, until)
+		want, err := d.mod.BlockCallAt(d.l.now, s, req, until, decided)
 		same("Block", got, want, err)
 	case len(d.held) == 0:
 	case x < 18 && d.booking && d.rng.IntN(3) == 0:

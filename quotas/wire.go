@@ -213,7 +213,8 @@ type params struct {
 	// values.
 	ats  []int64
 	undo [][2]int64
-	// Held: when the charge was decided (µs, 0: unknown).
+	// Held, refund, settle: when the charge was decided; block: when the
+	// call throttled was (µs, 0: unknown).
 	decided int64
 	// Settle: per rule index, the actual cost.
 	acts []int
@@ -239,7 +240,7 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 	argv = make([]any, 0, na+1)
 	// One request: the script's request count, then the request.
 	horizon := p.horizon.Microseconds()
-	if p.op == opHeld || p.op == opRefund || p.op == opSettle {
+	if p.op == opHeld || p.op == opRefund || p.op == opSettle || p.op == opBlock {
 		horizon = p.decided
 	}
 	argv = argv[:argRules+1]

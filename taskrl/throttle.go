@@ -114,10 +114,13 @@ func (j *job) backOff(te *ThrottledError) error {
 // block stops the task's rules in the throttle scope for every worker
 // until the given time: new decisions through the limiter, and booked
 // tasks through a marker per rule key that they read before their slot.
+// The task's call was decided when its rate charge was (zero without
+// one): an adaptive rule cuts again only for a call decided after its
+// last cut (quotas.Limiter.BlockCall).
 func (j *job) block(until time.Time) error {
 	ctx := context.WithoutCancel(j.ctx)
 	ks := pick(j.keys, j.sp.throttleIdx)
-	if _, err := j.m.limiter.Block(ctx, j.sp.throttle, quotas.Request{Keys: ks}, until); err != nil {
+	if _, err := j.m.limiter.BlockCall(ctx, j.sp.throttle, quotas.Request{Keys: ks}, until, j.charge.Now); err != nil {
 		return err
 	}
 	ttl := max(until.Sub(j.m.cfg.Clock.Now()), 0) + time.Second // the server's clock may lag

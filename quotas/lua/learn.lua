@@ -90,12 +90,21 @@ local function ad_hold(r)
   return max(h * r.lper, learn_hold_units * ad_em(r.lr))
 end
 
--- ad_cut lowers the rate for a block at now until till, unless a cut less
--- than learn_cool ago answered the same congestion, and sets r.em: a
--- failed probe goes back to the last good rate, a good rate is cut. It
--- reports whether it cut.
-local function ad_cut(r, now, till)
-  if r.ld > 0 and now - r.ld < learn_cool then return false end
+-- ad_cut lowers the rate for a block at now until till of a call decided
+-- at decided (0: unknown), and sets r.em: a failed probe goes back to the
+-- last good rate, a good rate is cut. A call decided before the last cut
+-- went out at the rate that cut answered: its throttle is the same
+-- congestion, and cuts nothing; one decided at or after it is new
+-- evidence. With the decision time unknown, a cut less than learn_cool
+-- ago answered it. It reports whether it cut.
+local function ad_cut(r, now, till, decided)
+  if r.ld > 0 then
+    if decided > 0 then
+      if decided < r.ld then return false end
+    elseif now - r.ld < learn_cool then
+      return false
+    end
+  end
   local c = 0
   if r.lg > 0 then
     if r.lh > 0 and r.lr >= r.lh then

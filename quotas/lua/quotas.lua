@@ -43,7 +43,9 @@
 --          joined by commas ("3,1,2"), when they differ (concurrency rules
 --          ignore theirs); refund, held, settle: what the charge charged
 --   HORIZON reserve horizon, microseconds; refund, held, settle: when the
---          charge was decided (0: unknown); allow: how far ahead of now a
+--          charge was decided (0: unknown); block: when the call the
+--          remote side throttled was decided (0: unknown; learn.lua,
+--          ad_cut); allow: how far ahead of now a
 --          batch's GCRA charge is placed (booked.lua; 0 for a request)
 --   HOLDER holder id (concurrency)
 --   CRITICAL 1 if the request may use a concurrency rule's critical reserve
@@ -258,7 +260,7 @@ end
 local function block_rule(r, till)
   local kind = r.kind
   if kind == KIND.GCRA then
-    if r.adapt and ad_cut(r, now, till) then
+    if r.adapt and ad_cut(r, now, till, horizon) then
       ad_reset(r, till, now, ttl_floor)
     else
       gc_block(r, till, now, ttl_floor)

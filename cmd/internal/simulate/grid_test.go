@@ -167,4 +167,4 @@ func TestAdaptiveGrid(t *testing.T) {
 // when the learner last changed (2026-11-27; docs/design.md 1.12), and
 // sampledMissedRace how many of its every fifth cell (36); lower them as
 // the learner gets better.
-const sampledMissed, sampledMissedRace = 147, 20
+const sampledMissed, sampledMissedRace = 124, 16

@@ -531,11 +531,12 @@ func (s *sim) arrive(t *task, leases []quotas.Lease) {
 // throttled is the middleware's backOff: refund, block the scope, mark it
 // for the tasks already charged, reschedule the task after retryAfter.
 func (s *sim) throttled(t *task, retryAfter time.Duration) {
+	decided := t.charge.Now // the call's, as the middleware's block reads it
 	s.refund(t)
 	until := s.now.Add(retryAfter)
 	if s.scope != nil {
 		s.rep.Decisions++
-		_, _ = s.m.Block(s.ctx, s.scope, s.scopReq, until)
+		_, _ = s.m.BlockCall(s.ctx, s.scope, s.scopReq, until, decided)
 		for i, r := range s.scope.Rules() {
 			k := r.Name + "\x00" + s.scopReq.Keys[i]
 			if until.After(s.markers[k]) {
