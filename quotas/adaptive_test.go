@@ -294,3 +294,41 @@ func TestAdaptiveStaleBookings(t *testing.T) {
 		t.Fatalf("%v %v %v", ok, err, err2)
 	}
 }
+
+// TestAdaptiveBlockCall: on explicit times, in Redis and in the model, a
+// throttle of a call decided before the last cut is the same congestion
+// (no cut), an undated Block within a second of the cut too, and a call
+// decided after the cut cuts again at once (a rate not yet good: 0.7).
+func TestAdaptiveBlockCall(t *testing.T) {
+	ctx := context.Background()
+	s := mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 100, Min: 1, Start: 40, Per: time.Second}})
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	l := newClocked(t, redistest.Client(t), redistest.Prefix(t), t0)
+	m := NewModel()
+	for _, step := range []struct {
+		at, decided time.Duration // from t0; decided -1: undated (Block)
+		want        float64
+	}{
+		{0, -1, 28}, // the first cut: 40 to 28
+		{100 * time.Millisecond, -50 * time.Millisecond, 28},   // decided before it: the same congestion
+		{200 * time.Millisecond, -1, 28},                       // undated, within a second of it
+		{300 * time.Millisecond, 150 * time.Millisecond, 19.6}, // decided after it: cut again
+		{400 * time.Millisecond, 350 * time.Millisecond, 13.72},
+	} {
+		l.now = t0.Add(step.at)
+		var decided time.Time
+		if step.decided >= 0 {
+			decided = t0.Add(step.decided)
+		}
+		d, err := l.BlockCall(ctx, s, Request{}, l.now.Add(time.Second), decided)
+		if err != nil {
+			t.Fatal(err)
+		}
+		near(t, fmt.Sprintf("Redis, block at %v of a call decided at %v", step.at, step.decided), rateOf(t, d, 0), step.want)
+		md, err := m.BlockCallAt(l.now, s, Request{}, l.now.Add(time.Second), decided)
+		if err != nil {
+			t.Fatal(err)
+		}
+		near(t, fmt.Sprintf("model, block at %v of a call decided at %v", step.at, step.decided), rateOf(t, md, 0), step.want)
+	}
+}
