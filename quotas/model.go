@@ -873,22 +873,24 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				v := m.books[k][victim]
 				x = v.x
 				m.books[k] = append(m.books[k][:victim:victim], m.books[k][victim+1:]...)
-				// The owner's flow gets its round back (booked.lua).
+				// The owner's flow gets its round back (booked.lua): with
+				// priorities one round from its finish, else its finish
+				// no later than the lost booking's tag.
 				if fs, parts := m.flows[c.keys[2]], strings.Split(v.owner, ":"); fs != nil && len(parts) >= 3 {
 					vw, _ := strconv.ParseInt(parts[len(parts)-2], 10, 64)
 					vf := parts[len(parts)-1]
-					back, ok := fs[vf]
-					back -= n * c.em * m.tags[k].nact / vw
-					for i := int64(1); i <= vw; i++ {
+					to, ok := v.tag, true
+					if c.c.aging > 0 {
+						to, ok = fs[vf]
+						to -= n * c.em * m.tags[k].nact / vw
+					}
+					for i := int64(1); ok && i <= vw; i++ {
 						m := vf
 						if i > 1 {
 							m += "#" + strconv.FormatInt(i, 10)
 						}
-						switch f, in := fs[m]; {
-						case c.c.aging > 0 && ok && in:
-							fs[m] = back
-						case c.c.aging == 0 && in && f > v.tag:
-							fs[m] = v.tag
+						if f, in := fs[m]; in && (c.c.aging > 0 || f > to) {
+							fs[m] = to
 						}
 					}
 				}

@@ -180,7 +180,8 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 	}
 	var rep Report
 	for _, r := range p.Rules() {
-		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: limitText(r, r.Limit, false), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Fair: r.Fair != "" || r.PriorityAging() > 0, Priorities: r.PriorityAging() > 0, Overrides: count[r.Name]}
+		prioritized := r.PriorityAging() > 0
+		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: limitText(r, r.Limit, false), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Fair: r.Fair != "" || prioritized, Priorities: prioritized, Overrides: count[r.Name]}
 		state := func(k string) (KeyState, error) {
 			lim, own := over[[2]string{r.Name, k}]
 			if !own || !out.Keyed {
