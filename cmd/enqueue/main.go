@@ -67,8 +67,8 @@
 // --simulate --policy FILE --vendor SPEC enqueues nothing and needs no
 // Redis: it runs --duration (default 24h) of a fleet's traffic on a virtual
 // clock, --workers (default 3) × --concurrency (default 16) task slots taking
-// tasks of --type on --queue from a backlog that never runs dry (the
-// payload: the first line of --payload-file, else {"business_id":"b1"}),
+// tasks of --type on --queue from a backlog that never runs dry (its
+// payloads: the lines of --payload-file in turn, else {"business_id":"b1"}),
 // admitted under the policy as the worker's middleware admits them, against
 // a vendor whose limit follows SPEC, phases such as
 // "20/s for 1h, 5/s burst 3 for 30m, 20/s" (strict GCRA, 429 with
@@ -76,7 +76,7 @@
 // prints one row per --interval (default a 24th of the duration): the
 // vendor's limit, the rate the policy's first adaptive rule has learned,
 // the calls, the share answered 429 and the share of the vendor's limit
-// used; then the totals.
+// used; then, with several payloads, what each got; then the totals.
 //
 // Exit status: 0 when every task was enqueued (or the scheduler stopped on a
 // signal, or the estimate was printed); 1 when Redis failed or some tasks
@@ -484,13 +484,19 @@ func parseSimulate(o *options, vendor, retryAfter string, set map[string]bool) (
 	case o.sim.Backlog < 0 || set["backlog"] && o.sim.Backlog == 0:
 		return nil, usagef("--backlog: must be at least 1, got %d", o.sim.Backlog)
 	}
-	o.sim.Payload = []byte(`{"business_id":"b1"}`)
+	o.sim.Payloads = [][]byte{[]byte(`{"business_id":"b1"}`)}
 	if o.payloadFile != "" {
 		payloads, err := readPayloads(o.payloadFile)
 		if err != nil {
 			return nil, err
 		}
-		o.sim.Payload = payloads[0]
+		o.sim.Payloads = o.sim.Payloads[:0]
+		for _, p := range payloads {
+			o.sim.Payloads = append(o.sim.Payloads, []byte(p))
+		}
+		if set["backlog"] && o.sim.Backlog < len(payloads) {
+			return nil, usagef("--backlog: %d cannot hold the %d payloads of --payload-file", o.sim.Backlog, len(payloads))
+		}
 	}
 	return o, nil
 }

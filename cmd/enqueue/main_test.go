@@ -624,10 +624,23 @@ rules:
 	if learned, err := strconv.ParseFloat(f[3], 64); f[2] != "5.00" || err != nil || learned < 4.5 || learned > 5 {
 		t.Errorf("last row %q: want the vendor at 5.00 and a learned rate in 4.5-5", lines[5])
 	}
+	// Several payloads: a table of what each got, after the rows.
+	payloads := filepath.Join(dir, "payloads.jsonl")
+	os.WriteFile(payloads, []byte("{\"business_id\":\"b1\"}\n{\"business_id\":\"b2\"}\n"), 0o600)
+	code, out, errOut = enqueue(context.Background(), nil, "--simulate", "--policy", policy, "--vendor", "20/s", "--duration", "1m", "--interval", "1m", "--payload-file", payloads)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	t.Log(out)
+	lines = strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 8 || !strings.Contains(lines[4], "done/s") || !strings.HasSuffix(lines[5], `{"business_id":"b1"}`) || !strings.HasSuffix(lines[6], `{"business_id":"b2"}`) {
+		t.Fatalf("unexpected output:\n%s", out)
+	}
 	for _, c := range []struct {
 		args []string
 		msg  string
 	}{
+		{[]string{"--simulate", "--policy", policy, "--vendor", "20/s", "--payload-file", payloads, "--backlog", "1"}, "--backlog: 1 cannot hold the 2 payloads"},
 		{[]string{"--simulate", "--vendor", "20/s"}, "--policy: required with --simulate"},
 		{[]string{"--simulate", "--policy", policy}, "--vendor: required"},
 		{[]string{"--simulate", "--policy", policy, "--vendor", "20/s, 5/s"}, "--vendor: vendor phase 1: needs a duration"},

@@ -4,7 +4,9 @@
 // and a virtual clock, against a simulated vendor whose limit changes on a
 // schedule (Vendor). It reports, per interval, the vendor's limit, the rate
 // an adaptive rule has learned, the calls, the share answered 429 and the
-// share of the vendor's limit used. enqueue --simulate is its command line.
+// share of the vendor's limit used; with several payloads in the backlog
+// (businesses, weights, plans, priorities), what each one got.
+// enqueue --simulate is its command line.
 //
 // What it models of the middleware (taskrl/admit.go, throttle.go): at
 // every step of a task's admission it asks admission.Plan, the function
@@ -21,7 +23,11 @@
 // worker up to MaxHold, and released at its answer; a task that finds no
 // slot then is rescheduled, its rate charge kept as its booking. Not
 // modelled: asynq's own polling delays, Redis round trips, the throttle
-// budget, deadlines, failure modes.
+// budget, deadlines, failure modes, and setting a backlog aside (a worker
+// moves the tasks whose turn is a minute or more away out of the queue
+// undecided; the simulation books every waiting task, so a backlog of
+// more than a minute of a fair rule's rate is booked in the backlog's
+// order and shares it by arrival rather than by weight).
 //
 // Tool code, imported by cmd/enqueue.
 package simulate
@@ -34,6 +40,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -47,10 +54,15 @@ import (
 // Spec is one simulation.
 type Spec struct {
 	// Policy, Type and Queue: the tasks' rules are Policy.Bind(Type, Queue),
-	// which must bind some rule. Payload is every task's payload (nil: {}).
+	// which must bind some rule, with the policy's overrides and the plans
+	// payloads name applied as the middleware applies them.
 	Policy      *policy.Policy
 	Type, Queue string
-	Payload     []byte
+	// Payloads are the backlog's payloads: its task i has Payloads[i mod
+	// len(Payloads)], and a task answered 200 is replaced by one with the
+	// same payload, so each payload keeps its part of the backlog (a payload
+	// given twice has twice the tasks waiting). Empty: every task has {}.
+	Payloads [][]byte
 	// Vendor is the remote side's limit over time; required.
 	Vendor Vendor
 	// Workers × Concurrency task slots (defaults 3 and 16).
@@ -70,7 +82,8 @@ type Spec struct {
 	Interval time.Duration
 	// Backlog is how many tasks wait at all times: each task answered 200
 	// is replaced by a new one. Default: 1.5 s of the vendor's highest
-	// rate, at least 50 (always more work than the vendor allows).
+	// rate, at least 50 and at least len(Payloads) (always more work than
+	// the vendor allows). It must hold every payload.
 	Backlog int
 	// MaxHold and MaxReserve as in taskrl.Config (defaults 500ms and 1h).
 	MaxHold, MaxReserve time.Duration
@@ -84,8 +97,8 @@ type Row struct {
 	// Limit is the vendor's rate per second at the end of the interval.
 	Limit float64
 	// Learned is the rate per second the first adaptive rule (its global
-	// key, or the payload's) had learned at the end of the interval; 0
-	// without one.
+	// key, or the first payload's) had learned at the end of the interval;
+	// 0 without one.
 	Learned float64
 	// Calls made to the vendor, and those answered 429.
 	Calls, Throttled int
@@ -103,6 +116,18 @@ type Report struct {
 	// Decisions counts the limiter operations (decide, refund, block,
 	// held, slots) the middleware would have made of Redis.
 	Decisions int
+	// Payloads has the totals of each distinct payload of Spec.Payloads,
+	// in their first order.
+	Payloads []PayloadStats
+}
+
+// PayloadStats is what the tasks of one payload got.
+type PayloadStats struct {
+	Payload string
+	// Waiting is the payload's tasks in the backlog.
+	Waiting int
+	// Calls, Throttled, Done and Archived as in Report.
+	Calls, Throttled, Done, Archived int
 }
 
 // ThrottledShare is Throttled/Calls (0 without calls).
@@ -147,7 +172,7 @@ func (s *Spec) defaults() error {
 		for _, p := range s.Vendor.Phases {
 			peak = max(peak, p.Limit.Rate/p.Limit.Period.Seconds())
 		}
-		s.Backlog = max(50, int(math.Ceil(1.5*peak)))
+		s.Backlog = max(50, int(math.Ceil(1.5*peak)), len(s.Payloads))
 	}
 	if s.MaxHold == 0 {
 		s.MaxHold = 500 * time.Millisecond
@@ -158,12 +183,14 @@ func (s *Spec) defaults() error {
 	if s.Start.IsZero() {
 		s.Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	}
-	if s.Payload == nil {
-		s.Payload = []byte("{}")
+	if len(s.Payloads) == 0 {
+		s.Payloads = [][]byte{[]byte("{}")}
 	}
 	switch {
 	case s.Workers < 1 || s.Concurrency < 1 || s.Backlog < 1:
 		return errors.New("simulate: workers, concurrency and backlog must be at least 1")
+	case s.Backlog < len(s.Payloads):
+		return fmt.Errorf("simulate: a backlog of %d cannot hold %d payloads", s.Backlog, len(s.Payloads))
 	case s.Latency < 0 || s.Interval < 0 || s.MaxHold < 0 || s.MaxReserve < 0:
 		return errors.New("simulate: durations must not be negative")
 	case s.Duration/s.Interval > 100_000:
@@ -174,6 +201,7 @@ func (s *Spec) defaults() error {
 
 // task is one task in the simulation.
 type task struct {
+	f      *flow
 	booked time.Time       // the task's booked slot; zero: none
 	charge quotas.Decision // the rate charge it runs or is booked under
 	taken  int             // decisions again after a booking was not held
@@ -213,19 +241,27 @@ type sim struct {
 	pending []*task
 	free    int
 	markers map[string]time.Time
+	flows   []*flow // one per payload of the spec, repeated ones shared
 
-	rates, slots, scope       *quotas.Set
-	rateReq, slotReq, scopReq quotas.Request
-	rateNames                 []string
-	fair, adaptive            bool
-	learned                   int // index in rates of the reported adaptive rule; -1 none
-	horizon                   time.Duration
-	lim                       admission.Limits // what admission.Plan reads
-	lease                     time.Duration    // the longest lease of the slots
+	fair, adaptive bool
+	horizon        time.Duration
+	lim            admission.Limits // what admission.Plan reads
+	lease          time.Duration    // the longest lease of the slots
 
 	rep Report
 	row *Row
 	rng *rand.Rand
+}
+
+// flow is the rules and requests of one payload, split as the middleware
+// splits them: rate and window rules, concurrency rules, and the throttle
+// scope.
+type flow struct {
+	stats                     *PayloadStats
+	rates, slots, scope       *quotas.Set
+	rateReq, slotReq, scopReq quotas.Request
+	rateNames                 []string
+	learned                   int // index in rates of the reported adaptive rule; -1 none
 }
 
 // Run runs spec and returns its report.
@@ -234,7 +270,7 @@ func Run(spec Spec) (Report, error) {
 		return Report{}, err
 	}
 	s := &sim{spec: spec, ctx: context.Background(), vendor: &gcra.Model{}, now: spec.Start, free: spec.Workers * spec.Concurrency,
-		markers: map[string]time.Time{}, learned: -1, rng: rand.New(rand.NewPCG(1, 2))}
+		markers: map[string]time.Time{}, rng: rand.New(rand.NewPCG(1, 2))}
 	s.m = quotas.NewModelOn(func() time.Time { return s.now })
 	if err := s.bind(); err != nil {
 		return Report{}, err
@@ -246,7 +282,9 @@ func Run(spec Spec) (Report, error) {
 	}
 	s.at(end, s.endRow)
 	for i := 0; i < spec.Backlog; i++ {
-		s.ready(&task{})
+		f := s.flows[i%len(s.flows)]
+		f.stats.Waiting++
+		s.ready(&task{f: f})
 	}
 	for len(s.q) > 0 {
 		e := heap.Pop(&s.q).(event)
@@ -257,20 +295,51 @@ func Run(spec Spec) (Report, error) {
 		e.fn()
 		s.dispatch()
 	}
+	for _, f := range s.flows {
+		if f.stats.Waiting > 0 && !slices.ContainsFunc(s.rep.Payloads, func(p PayloadStats) bool { return p.Payload == f.stats.Payload }) {
+			s.rep.Payloads = append(s.rep.Payloads, *f.stats)
+		}
+	}
 	return s.rep, nil
 }
 
-// bind splits the bound rules as the middleware does: rate and window
-// rules, concurrency rules, and the throttle scope.
+// bind builds a flow for each distinct payload.
 func (s *sim) bind() error {
 	b := s.spec.Policy.Bind(s.spec.Type, s.spec.Queue)
 	if b == nil {
 		return fmt.Errorf("simulate: no rule of the policy matches type %q in queue %q", s.spec.Type, s.spec.Queue)
 	}
-	req, err := b.Request(s.spec.Payload)
-	if err != nil {
-		return fmt.Errorf("simulate: the payload: %w", err)
+	s.horizon = s.spec.MaxReserve
+	s.lim = admission.Limits{MaxHold: s.spec.MaxHold, Early: admission.EarlyBooking(paceLead, s.spec.MaxHold)}
+	seen := map[string]*flow{}
+	for i, p := range s.spec.Payloads {
+		f := seen[string(p)]
+		if f == nil {
+			var err error
+			if f, err = s.bindPayload(b, p); err != nil {
+				if len(s.spec.Payloads) > 1 {
+					return fmt.Errorf("simulate: payload %d: %w", i+1, err)
+				}
+				return fmt.Errorf("simulate: the payload: %w", err)
+			}
+			seen[string(p)] = f
+		}
+		s.flows = append(s.flows, f)
 	}
+	if s.adaptive {
+		s.horizon = min(s.horizon, admission.AdaptiveReserve)
+	}
+	return nil
+}
+
+// bindPayload splits b's rules for payload as the middleware does.
+func (s *sim) bindPayload(b *policy.Binding, payload []byte) (*flow, error) {
+	req, err := b.Request(payload)
+	if err != nil {
+		return nil, err
+	}
+	b = b.ForPayload(req.Keys, payload)
+	f := &flow{stats: &PayloadStats{Payload: string(payload)}, learned: -1}
 	named := map[string]bool{}
 	for _, n := range s.spec.Policy.Throttle() {
 		named[n] = true
@@ -278,32 +347,28 @@ func (s *sim) bind() error {
 	var rates, slots, scoped, adaptive []quotas.Rule
 	var rateIdx, slotIdx, scopedIdx, adaptiveIdx []int
 	for i, r := range b.Rules() {
+		if b.Exempt(i) {
+			continue // an unlimited override: the rule does not apply
+		}
 		if named[r.Name] {
 			scoped, scopedIdx = append(scoped, r), append(scopedIdx, i)
 		}
 		switch r.Limit.(type) {
 		case quotas.Concurrency:
 			slots, slotIdx = append(slots, r), append(slotIdx, i)
+			s.lease = max(s.lease, r.Limit.(quotas.Concurrency).Lease)
 			continue
 		case quotas.Adaptive:
-			if s.learned < 0 {
-				s.learned = len(rates)
+			if f.learned < 0 {
+				f.learned = len(rates)
 			}
 			adaptive, adaptiveIdx = append(adaptive, r), append(adaptiveIdx, i)
 		}
 		s.fair = s.fair || r.Fair
 		rates, rateIdx = append(rates, r), append(rateIdx, i)
-		s.rateNames = append(s.rateNames, r.Name)
+		f.rateNames = append(f.rateNames, r.Name)
 	}
-	s.adaptive = len(adaptive) > 0
-	s.lim = admission.Limits{MaxHold: s.spec.MaxHold, Early: admission.EarlyBooking(paceLead, s.spec.MaxHold)}
-	for _, r := range slots {
-		s.lease = max(s.lease, r.Limit.(quotas.Concurrency).Lease)
-	}
-	s.horizon = s.spec.MaxReserve
-	if s.adaptive {
-		s.horizon = min(s.horizon, admission.AdaptiveReserve)
-	}
+	s.adaptive = s.adaptive || len(adaptive) > 0
 	switch {
 	case len(scoped) > 0:
 	case len(adaptive) > 0:
@@ -335,16 +400,16 @@ func (s *sim) bind() error {
 		idx   []int
 		set   **quotas.Set
 		req   *quotas.Request
-	}{{rates, rateIdx, &s.rates, &s.rateReq}, {slots, slotIdx, &s.slots, &s.slotReq}, {scoped, scopedIdx, &s.scope, &s.scopReq}} {
+	}{{rates, rateIdx, &f.rates, &f.rateReq}, {slots, slotIdx, &f.slots, &f.slotReq}, {scoped, scopedIdx, &f.scope, &f.scopReq}} {
 		if len(x.rules) == 0 {
 			continue
 		}
 		if *x.set, err = quotas.NewSet(x.rules...); err != nil {
-			return err
+			return nil, err
 		}
 		*x.req = sub(x.idx)
 	}
-	return nil
+	return f, nil
 }
 
 func (s *sim) at(t time.Time, fn func()) {
@@ -392,7 +457,7 @@ func outcome(d quotas.Decision) admission.Decision {
 }
 
 func (s *sim) start(t *task) {
-	if t.booked.IsZero() || s.rates == nil {
+	if t.booked.IsZero() || t.f.rates == nil {
 		s.decide(t)
 		return
 	}
@@ -412,20 +477,20 @@ func (s *sim) start(t *task) {
 }
 
 func (s *sim) refund(t *task) {
-	if s.rates != nil && t.charge.Allowed {
+	if t.f.rates != nil && t.charge.Allowed {
 		s.rep.Decisions++
-		_ = s.m.Refund(s.ctx, s.rates, s.rateReq, t.charge)
+		_ = s.m.Refund(s.ctx, t.f.rates, t.f.rateReq, t.charge)
 	}
 	t.charge = quotas.Decision{}
 }
 
 func (s *sim) decide(t *task) {
-	if s.rates == nil {
+	if t.f.rates == nil {
 		s.call(t, s.now.Add(s.spec.MaxHold))
 		return
 	}
 	s.rep.Decisions++
-	d, err := s.m.Reserve(s.ctx, s.rates, s.rateReq, s.horizon)
+	d, err := s.m.Reserve(s.ctx, t.f.rates, t.f.rateReq, s.horizon)
 	if err != nil {
 		panic(err) // the request is built from a binding; it cannot be wrong
 	}
@@ -444,8 +509,9 @@ func (s *sim) decide(t *task) {
 		s.reschedule(t, s.now.Add(a.Wait), a.Booked)
 	default: // Refuse: the task can never pass
 		s.rep.Archived++
+		t.f.stats.Archived++
 		s.release()
-		s.ready(&task{})
+		s.ready(&task{f: t.f})
 	}
 }
 
@@ -454,7 +520,7 @@ func (s *sim) decide(t *task) {
 func (s *sim) check(t *task) {
 	if s.fair || s.adaptive {
 		s.rep.Decisions++
-		if ok, _ := s.m.Held(s.ctx, s.rates, s.rateReq, t.charge); !ok {
+		if ok, _ := s.m.Held(s.ctx, t.f.rates, t.f.rateReq, t.charge); !ok {
 			s.refund(t)
 			if t.taken++; t.taken <= 3 {
 				s.decide(t)
@@ -465,8 +531,8 @@ func (s *sim) check(t *task) {
 		}
 	}
 	var until time.Time
-	for i, n := range s.rateNames {
-		if u := s.markers[n+"\x00"+s.rateReq.Keys[i]]; u.After(until) {
+	for i, n := range t.f.rateNames {
+		if u := s.markers[n+"\x00"+t.f.rateReq.Keys[i]]; u.After(until) {
 			until = u
 		}
 	}
@@ -482,9 +548,9 @@ func (s *sim) check(t *task) {
 // until holdEnd, and calls the vendor.
 func (s *sim) call(t *task, holdEnd time.Time) {
 	var leases []quotas.Lease
-	if s.slots != nil {
+	if t.f.slots != nil {
 		s.rep.Decisions++
-		d, _ := s.m.Allow(s.ctx, s.slots, s.slotReq)
+		d, _ := s.m.Allow(s.ctx, t.f.slots, t.f.slotReq)
 		a := s.plan(admission.Step{Stage: admission.Slots, Decision: outcome(d), Charged: t.charge.Allowed, HoldEnd: holdEnd, Lease: s.lease})
 		switch a.Verb {
 		case admission.Wait:
@@ -498,6 +564,7 @@ func (s *sim) call(t *task, holdEnd time.Time) {
 		leases = d.Leases
 	}
 	s.rep.Calls++
+	t.f.stats.Calls++
 	s.row.Calls++
 	var jitter time.Duration
 	if s.spec.Jitter > 0 {
@@ -518,11 +585,13 @@ func (s *sim) arrive(t *task, leases []quotas.Lease) {
 		t.taken = 0
 		if r.Allowed {
 			s.rep.Done++
+			t.f.stats.Done++
 			s.release()
-			s.ready(&task{})
+			s.ready(&task{f: t.f})
 			return
 		}
 		s.rep.Throttled++
+		t.f.stats.Throttled++
 		s.row.Throttled++
 		s.throttled(t, s.spec.Vendor.RetryAfter.wait(r.RetryAfter))
 	})
@@ -534,11 +603,11 @@ func (s *sim) throttled(t *task, retryAfter time.Duration) {
 	decided := t.charge.Now // the call's, as the middleware's block reads it
 	s.refund(t)
 	until := s.now.Add(retryAfter)
-	if s.scope != nil {
+	if t.f.scope != nil {
 		s.rep.Decisions++
-		_, _ = s.m.BlockCall(s.ctx, s.scope, s.scopReq, until, decided)
-		for i, r := range s.scope.Rules() {
-			k := r.Name + "\x00" + s.scopReq.Keys[i]
+		_, _ = s.m.BlockCall(s.ctx, t.f.scope, t.f.scopReq, until, decided)
+		for i, r := range t.f.scope.Rules() {
+			k := r.Name + "\x00" + t.f.scopReq.Keys[i]
 			if until.After(s.markers[k]) {
 				s.markers[k] = until
 			}
@@ -574,9 +643,9 @@ func (s *sim) closeRow(r *Row) {
 	r.Used = done / capacity
 	l, _ := s.spec.Vendor.At(r.To - 1)
 	r.Limit = l.Rate / l.Period.Seconds()
-	if s.learned >= 0 {
-		d, _ := s.m.Status(s.ctx, s.rates, s.rateReq)
-		r.Learned = float64(time.Second) / float64(d.Rules[s.learned].Interval)
+	if f := s.flows[0]; f.learned >= 0 {
+		d, _ := s.m.Status(s.ctx, f.rates, f.rateReq)
+		r.Learned = float64(time.Second) / float64(d.Rules[f.learned].Interval)
 	}
 }
 
@@ -651,6 +720,18 @@ func (r Report) Write(w io.Writer, spec Spec, took time.Duration) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(r.Payloads) > 1 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "waiting\tcalls\t429\tdone\tdone/s\tdone %\t  payload")
+		for _, p := range r.Payloads {
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%.2f\t%.1f\t  %s\n", p.Waiting, p.Calls, p.Throttled, p.Done,
+				float64(p.Done)/spec.Duration.Seconds(), 100*float64(p.Done)/float64(max(r.Done, 1)), p.Payload)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 	perCall := 0.0
 	if r.Calls > 0 {
