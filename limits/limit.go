@@ -101,14 +101,50 @@ const MaxSliding = 100_000
 // slots (a load shedder that always leaves room for critical work). Its two
 // keys (holders and fencing tokens) live until the last lease ends, at most
 // a quarter Lease longer, so that most acquires leave their TTLs alone.
+//
+// With Adaptive the number of slots L is learned for the whole fleet,
+// between Min and Max, from the latency of the calls the slots were taken
+// for, reported when a slot is released (quotas.Lease.Outcome). L is one
+// value in the rule's state per entity, kept a day after its last change,
+// so a fleet that restarts goes on from what was learned, and a change of
+// Min or Max keeps it within the new bounds. It starts at Min. The rule is Vegas-style, on the ratio of the recent latency to the
+// latency without load:
+//
+//   - the no-load latency is the lowest the calls show: it falls a tenth of
+//     the way to each faster call, and rises a tenth of the way to each
+//     slower one only while L is at Min and the calls are still slow (the
+//     service itself became slower);
+//   - the recent ratio averages each call's latency over the no-load one,
+//     each call weighing a fifth;
+//   - while the ratio is at most 1.2 and at least half of L is in use, L
+//     grows: by 1 per call until its first decrease (slow start), then by
+//     k/(4L) per call, k being 1 up to the L of the last decrease and 1
+//     more for each slot above it (a quarter slot per L calls near the
+//     limit found last, faster the further above it);
+//   - when the ratio reaches 1.5, L falls to max(0.5, min(0.9, 1.3/ratio))
+//     of itself, and when a call reports overload (the remote side
+//     throttled it, or it ran out of time) to 0.7 of itself, by at least
+//     one slot and never below Min. Calls that started before the fall had
+//     taken effect (L times the recent latency after it) decrease it no
+//     further: the answers to the calls in flight together are one
+//     congestion event.
+//
+// Calls of one adaptive rule should be alike (one endpoint, key it by
+// endpoint): it learns one no-load latency for all of them.
 type Concurrency struct {
-	// Max is the number of slots, at least 1.
+	// Max is the number of slots, at least 1; with Adaptive, the most the
+	// learned number reaches.
 	Max int
 	// Lease is how long a slot is held without renewal, at least 1s.
 	Lease time.Duration
 	// Reserved slots are usable only by critical requests; 0 (the default)
-	// to Max-1.
+	// to Max-1. Not with Adaptive.
 	Reserved int
+	// Adaptive learns the number of slots; false (the default): Max.
+	Adaptive bool
+	// Min is the fewest slots an adaptive limit learns, 1 to Max; 0 (the
+	// default) without Adaptive.
+	Min int
 }
 
 // String describes the limit, e.g. "18/1s burst 3 (GCRA)".
@@ -221,8 +257,12 @@ func (w CalendarWindow) check() *RuleError {
 	return nil
 }
 
-// String describes the limit, e.g. "8 at once, lease 30s (concurrency)".
+// String describes the limit, e.g. "8 at once, lease 30s (concurrency)",
+// "2-50 at once, learned, lease 30s (adaptive concurrency)".
 func (c Concurrency) String() string {
+	if c.Adaptive {
+		return fmt.Sprintf("%d-%d at once, learned, lease %v (adaptive concurrency)", c.Min, c.Max, c.Lease)
+	}
 	if c.Reserved > 0 {
 		return fmt.Sprintf("%d at once, lease %v, %d reserved for critical (concurrency)", c.Max, c.Lease, c.Reserved)
 	}
@@ -239,6 +279,12 @@ func (c Concurrency) check() *RuleError {
 		return badLimit("Lease", "lease", "must be at most 7 days, got %v", c.Lease)
 	case c.Reserved < 0 || c.Reserved >= c.Max:
 		return badLimit("Reserved", "reserved", "must be between 0 and max-1 (%d), got %d", c.Max-1, c.Reserved)
+	case c.Adaptive && (c.Min < 1 || c.Min > c.Max):
+		return badLimit("Min", "min", "must be between 1 and max (%d), got %d", c.Max, c.Min)
+	case c.Adaptive && c.Reserved > 0:
+		return badLimit("Reserved", "reserved", "is not for an adaptive limit, got %d", c.Reserved)
+	case !c.Adaptive && c.Min != 0:
+		return badLimit("Min", "min", "is only for an adaptive limit, got %d", c.Min)
 	}
 	return nil
 }

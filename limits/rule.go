@@ -23,7 +23,7 @@ type Rule struct {
 	// every request is a booking of its own: about 10 µs more Redis time
 	// per decision than a plain rule (BENCHMARKS.md).
 	//
-	// Fair, for a Concurrency rule, hands its slots to the flows waiting
+	// Fair, for a Concurrency rule (not an adaptive one), hands its slots to the flows waiting
 	// for them in turn, by weight: a flow of weight w holding h slots
 	// comes before the flows holding more per weight ((h+1)/w lower). A
 	// request finding slots free takes one unless at least as many other
@@ -153,8 +153,8 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 	_, fixed := r.Limit.(FixedWindow)
 	_, calendar := r.Limit.(CalendarWindow)
 	_, sliding := r.Limit.(SlidingWindow)
-	_, slots := r.Limit.(Concurrency)
-	if r.Fair && !plain && !slots {
+	cc, slots := r.Limit.(Concurrency)
+	if r.Fair && (!plain && !slots || cc.Adaptive) {
 		msg := fmt.Sprintf("only a GCRA or Concurrency rule can be fair, not a %s", r.Limit)
 		return fail(&RuleError{Field: "Rule.Fair", Reason: msg, msg: msg})
 	}
@@ -183,6 +183,8 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 			return bad("is only for a GCRA rule, a window or concurrency, not %s", r.Limit)
 		case r.Fair:
 			return bad("is not for a fair rule: each request of a fair rule is decided in turn with the other flows'")
+		case cc.Adaptive:
+			return bad("is not for an adaptive concurrency rule: each slot's call teaches it")
 		case r.Prefetch < time.Microsecond || r.Prefetch > MaxPrefetch:
 			return bad("must be between 1µs and %v, got %v", MaxPrefetch, r.Prefetch)
 		}

@@ -304,7 +304,7 @@ func readOverride(r *yamldoc.Reader, b *yamldoc.Block[overrideEntry], line int) 
 	default:
 		o.Limit = od.Limits.read(r, b.Keys, "an override has exactly one limit")
 		if o.Limit == nil {
-			r.Fail("", b.Line, "no limit; add the key's own gcra, adaptive, quota, sliding or concurrency, tier: PLAN to put it on one of the rule's plans, or unlimited: true to exempt it from the rule")
+			r.Fail("", b.Line, "no limit; add the key's own gcra, adaptive, quota, sliding, concurrency or adaptive_concurrency, tier: PLAN to put it on one of the rule's plans, or unlimited: true to exempt it from the rule")
 		}
 	}
 	return o

@@ -47,7 +47,15 @@ func TestParseErrors(t *testing.T) {
 		{"rules not a list", "rules: {a: 1}\n", `policy: line 1: rules: must be a list of rules, got a mapping`},
 		{"bad redis_unavailable", "redis_unavailable: maybe\n" + doc("gcra: {rate: 1, per: 1s}"), `policy: line 1: redis_unavailable: must be open, closed or local, got "maybe"`},
 		{"rule not a mapping", "rules: [5]\n", `policy: line 1: rule 1: must be a mapping, got the integer 5`},
-		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, fair, tier, priority, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
+		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, fair, tier, priority, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding, concurrency or adaptive_concurrency`},
+		{"adaptive concurrency min 0", doc("adaptive_concurrency: {min: 0, max: 64, lease: 30s}"), `policy: line 4: rule "a": adaptive_concurrency.min: must be between 1 and max (64), got 0`},
+		{"adaptive concurrency min above max", doc("adaptive_concurrency: {min: 80, max: 64, lease: 30s}"), `policy: line 4: rule "a": adaptive_concurrency.min: must be between 1 and max (64), got 80`},
+		{"adaptive concurrency no lease", doc("adaptive_concurrency: {max: 64}"), `policy: line 4: rule "a": adaptive_concurrency.lease: missing; adaptive_concurrency needs max and lease`},
+		{"adaptive concurrency short lease", doc("adaptive_concurrency: {max: 64, lease: 1s}"), `policy: line 4: rule "a": adaptive_concurrency.lease: must be at least 30s, asynq's own task lease`},
+		{"adaptive concurrency reserved", doc("adaptive_concurrency: {max: 64, lease: 30s, reserved: 2}"), `policy: line 4: rule "a": adaptive_concurrency.reserved: unknown field; expected min, max or lease`},
+		{"adaptive concurrency fair", doc("adaptive_concurrency: {max: 64, lease: 30s}\n    fair: \"{{.b}}\""), `policy: line 5: rule "a": fair: an adaptive concurrency rule learns one number of slots for all its tasks; it cannot be shared fairly (remove fair, or use concurrency)`},
+		{"adaptive concurrency prefetch", doc("adaptive_concurrency: {max: 64, lease: 30s}\n    prefetch: 1s"), `policy: line 5: rule "a": prefetch: is not for an adaptive concurrency rule: each slot's call teaches it`},
+		{"adaptive concurrency beside concurrency", doc("adaptive_concurrency: {max: 64, lease: 30s}\n    concurrency: {max: 3, lease: 30s}"), `policy: line 5: rule "a": has both adaptive_concurrency and concurrency; a rule has exactly one limit`},
 		{"soft concurrency", doc("concurrency: {max: 2, lease: 30s}\n    soft: 10%"), `policy: line 5: rule "a": soft: only a gcra rate, a fixed quota window or a sliding window can be soft; this rule's limit is 2 at once, lease 30s (concurrency)`},
 		{"soft adaptive", doc("adaptive: {max: 40, per: 1s}\n    soft: 0.1"), `policy: line 5: rule "a": soft: only a gcra rate, a fixed quota window or a sliding window can be soft; this rule's limit is learned 0.4-40 per 1s (adaptive)`},
 		{"soft negative", doc("gcra: {rate: 1, per: 1s}\n    soft: -5%"), `policy: line 5: rule "a": soft: must be a share between 0 and 1000% (10), got -0.05`},
@@ -87,7 +95,7 @@ func TestParseErrors(t *testing.T) {
 		{"unknown limit field", doc("gcra: {rate: 1, per: 1s, brust: 2}"), `policy: line 4: rule "a": gcra.brust: unknown field; expected rate, per or burst`},
 		{"unknown match field", "rules:\n  - name: a\n    match: {tpye: x}\n    gcra: {rate: 1, per: 1s}\n", `policy: line 3: rule "a": match.tpye: unknown field; expected type or queue`},
 		{"two limits", doc("gcra: {rate: 1, per: 1s}\n    quota: {limit: 5, every: 1s}"), `policy: line 5: rule "a": has both gcra and quota; a rule has exactly one limit`},
-		{"no limit", "rules:\n  - name: a\n    match: {type: x}\n", `policy: line 2: rule "a": no limit; add one of gcra, adaptive, quota, sliding or concurrency`},
+		{"no limit", "rules:\n  - name: a\n    match: {type: x}\n", `policy: line 2: rule "a": no limit; add one of gcra, adaptive, quota, sliding, concurrency or adaptive_concurrency`},
 		{"adaptive missing max", doc("adaptive: {per: 1s}"), `policy: line 4: rule "a": adaptive.max: missing; adaptive needs max and per`},
 		{"adaptive min above max", doc("adaptive: {max: 5, min: 6, per: 1s}"), `policy: line 4: rule "a": adaptive.min: must be between 0 and max (5), got 6`},
 		{"adaptive start", doc("adaptive: {max: 40, start: 0.1, per: 1s}"), `policy: line 4: rule "a": adaptive.start: must be between min (0.4) and max (40), got 0.1`},
@@ -934,7 +942,7 @@ func TestCostPolicyErrors(t *testing.T) {
 		{"default_cost zero or less", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: -1"), `policy: line 6: rule "a": default_cost: must be a whole number of at least 1, got -1`},
 		{"default_cost above burst", doc("gcra: {rate: 30, per: 1s, burst: 3}\n    cost: \"{{.u}}\"\n    default_cost: 4"), `policy: line 6: rule "a": default_cost: 4 is above the rule's burst of 3: no task could ever pass`},
 		{"default_cost not whole", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    default_cost: 1.5"), `policy: line 6: rule "a": default_cost: must be a whole number`},
-		{"settle_header is the worker's", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    settle_header: X-Cost"), `policy: line 6: rule "a": settle_header: unknown field; expected name, match, key, default_key, fair, tier, priority, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding or concurrency`},
+		{"settle_header is the worker's", doc("gcra: {rate: 30, per: 1s}\n    cost: \"{{.u}}\"\n    settle_header: X-Cost"), `policy: line 6: rule "a": settle_header: unknown field; expected name, match, key, default_key, fair, tier, priority, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding, concurrency or adaptive_concurrency`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.doc))
@@ -964,5 +972,38 @@ func TestPrefetchOff(t *testing.T) {
 		if got := p.Bind("http:call", "q").Rules()[0].Prefetch; got != 0 {
 			t.Errorf("prefetch: %s: the bound rule has prefetch %v, want 0", v, got)
 		}
+	}
+}
+
+// TestAdaptiveConcurrency: adaptive_concurrency is a limits.Concurrency
+// that learns, min 1 by default; a key makes one learned limit per key.
+func TestAdaptiveConcurrency(t *testing.T) {
+	p, err := Parse([]byte(`
+rules:
+  - name: search
+    match: {type: "search:*"}
+    key: "{{.endpoint}}"
+    adaptive_concurrency: {max: 64, lease: 30s}
+  - name: index
+    match: {type: "index"}
+    adaptive_concurrency: {min: 4, max: 8, lease: 1m}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		typ  string
+		want limits.Concurrency
+	}{
+		{"search:q", limits.Concurrency{Adaptive: true, Min: 1, Max: 64, Lease: 30 * time.Second}},
+		{"index", limits.Concurrency{Adaptive: true, Min: 4, Max: 8, Lease: time.Minute}},
+	} {
+		rules := p.Bind(c.typ, "default").Rules()
+		if len(rules) != 1 || rules[0].Limit != c.want {
+			t.Errorf("%s: %+v, want %+v", c.typ, rules, c.want)
+		}
+	}
+	if got := (limits.Concurrency{Adaptive: true, Min: 4, Max: 8, Lease: time.Minute}).String(); got != "4-8 at once, learned, lease 1m0s (adaptive concurrency)" {
+		t.Errorf("String: %q", got)
 	}
 }

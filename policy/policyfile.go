@@ -60,6 +60,9 @@ import (
 //	    match: {type: "http:call"}
 //	    key: "{{.business_id}}"
 //	    concurrency: {max: 2, lease: 30s, reserved: 0}
+//	  - name: search-backend
+//	    match: {type: "search:*"}
+//	    adaptive_concurrency: {min: 2, max: 64, lease: 30s}  # learned from latency
 //	overrides:                           # optional: see Policy.WithOverrides
 //	  - {rule: per-business, key: b7, gcra: {rate: 5, per: 1s, burst: 2}}
 //	shed:                                # optional: see Shed and Policy.WithShed
@@ -83,7 +86,11 @@ import (
 //   - sliding: limit and every: limits.SlidingWindow;
 //   - concurrency: max, lease (a duration, at least 30s: asynq's own task
 //     lease; the middleware renews it every third of it while the task runs)
-//     and reserved (default 0): limits.Concurrency.
+//     and reserved (default 0): limits.Concurrency;
+//   - adaptive_concurrency: max and lease as concurrency's, optional min
+//     (default 1): a limits.Concurrency with Adaptive, whose number of
+//     slots the fleet learns between min and max from the latency of the
+//     tasks' calls; it may have a key, but not fair, prefetch or reserved.
 //
 // An override gives one key of a rule with a payload key its own limit, of
 // the same kind as the rule's; the key is as the rule's key template
@@ -518,7 +525,7 @@ func readTiers(r *yamldoc.Reader, m *yamldoc.Map[yamldoc.Block[limitsDoc]]) map[
 			tr.At("", b.Keys)
 			out[name] = ld.read(tr, b.Keys, "a plan has exactly one limit")
 			if out[name] == nil && tr.First == nil {
-				tr.Fail("", b.Line, "no limit; give the plan's gcra, adaptive, quota, sliding or concurrency")
+				tr.Fail("", b.Line, "no limit; give the plan's gcra, adaptive, quota, sliding, concurrency or adaptive_concurrency")
 			}
 		}
 		if tr.First != nil {
@@ -540,6 +547,9 @@ type limitsDoc struct {
 	Quota       yamldoc.Block[quotaDoc]       `yaml:"quota"`
 	Sliding     yamldoc.Block[slidingDoc]     `yaml:"sliding"`
 	Concurrency yamldoc.Block[concurrencyDoc] `yaml:"concurrency"`
+	// AdaptiveConcurrency is a concurrency limit whose number of slots
+	// is learned.
+	AdaptiveConcurrency yamldoc.Block[adaptiveConcurrencyDoc] `yaml:"adaptive_concurrency"`
 }
 
 // given returns the names of the blocks given, in the order of their
@@ -555,6 +565,7 @@ func (l *limitsDoc) given(keys map[string]int) []string {
 		{"gcra", l.GCRA.Set, l.GCRA.Line}, {"adaptive", l.Adaptive.Set, l.Adaptive.Line},
 		{"quota", l.Quota.Set, l.Quota.Line}, {"sliding", l.Sliding.Set, l.Sliding.Line},
 		{"concurrency", l.Concurrency.Set, l.Concurrency.Line},
+		{"adaptive_concurrency", l.AdaptiveConcurrency.Set, l.AdaptiveConcurrency.Line},
 	} {
 		if g.set {
 			out = append(out, g.name)
@@ -569,7 +580,7 @@ func (l *limitsDoc) given(keys map[string]int) []string {
 // there must be one.
 func (l *limitsDoc) read(r *yamldoc.Reader, keys map[string]int, one string) limits.Limit {
 	given := l.given(keys)
-	for _, name := range []string{"gcra", "adaptive", "quota", "sliding", "concurrency"} {
+	for _, name := range []string{"gcra", "adaptive", "quota", "sliding", "concurrency", "adaptive_concurrency"} {
 		if keys[name] > 0 && !slices.Contains(given, name) { // written, but null
 			r.Fail(name, keys[name], "must be a mapping, got null (an empty value)")
 			return nil
@@ -591,6 +602,8 @@ func (l *limitsDoc) read(r *yamldoc.Reader, keys map[string]int, one string) lim
 		return limitOf(r, "quota", &l.Quota)
 	case "sliding":
 		return limitOf(r, "sliding", &l.Sliding)
+	case "adaptive_concurrency":
+		return limitOf(r, "adaptive_concurrency", &l.AdaptiveConcurrency)
 	}
 	return limitOf(r, "concurrency", &l.Concurrency)
 }
@@ -724,4 +737,25 @@ func (d *concurrencyDoc) limit(r *yamldoc.Reader, line int) limits.Limit {
 		return nil
 	}
 	return limits.Concurrency{Max: maxSlots, Lease: lease, Reserved: reserved}
+}
+
+// adaptiveConcurrencyDoc is the limit block adaptive_concurrency: a
+// limits.Concurrency with Adaptive; min defaults to 1.
+type adaptiveConcurrencyDoc struct {
+	Min   yamldoc.Val[int]           `yaml:"min"`
+	Max   yamldoc.Val[int]           `yaml:"max"`
+	Lease yamldoc.Val[time.Duration] `yaml:"lease"`
+}
+
+func (d *adaptiveConcurrencyDoc) limit(r *yamldoc.Reader, line int) limits.Limit {
+	minSlots, okMin := yamldoc.Get(r, "adaptive_concurrency.min", d.Min)
+	maxSlots, okMax := yamldoc.Get(r, "adaptive_concurrency.max", d.Max)
+	lease, okLease := yamldoc.Get(r, "adaptive_concurrency.lease", d.Lease)
+	if r.First != nil || !need(r, "adaptive_concurrency", line, []string{"max", "lease"}, okMax, okLease) {
+		return nil
+	}
+	if !okMin {
+		minSlots = 1
+	}
+	return limits.Concurrency{Max: maxSlots, Min: minSlots, Lease: lease, Adaptive: true}
 }

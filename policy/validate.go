@@ -198,8 +198,12 @@ func compileRule(r Rule) (c *crule, field, msg string) {
 		if err != nil {
 			return nil, "fair", "bad template " + err.Error()
 		}
-		switch lim.(type) {
-		case limits.GCRA, limits.Concurrency:
+		switch l := lim.(type) {
+		case limits.GCRA:
+		case limits.Concurrency:
+			if l.Adaptive {
+				return nil, "fair", "an adaptive concurrency rule learns one number of slots for all its tasks; it cannot be shared fairly (remove fair, or use concurrency)"
+			}
 		default:
 			return nil, "fair", "only a gcra rate or a concurrency cap can be shared fairly; this rule's limit is " + lim.String()
 		}
@@ -476,12 +480,15 @@ func checkLimit(name string, l limits.Limit) (out limits.Limit, field, msg strin
 		block = "sliding"
 	case limits.Concurrency:
 		block = "concurrency"
+		if v.Adaptive {
+			block = "adaptive_concurrency"
+		}
 		if v.Lease < minLease {
-			return nil, "concurrency.lease", fmt.Sprintf("must be at least %v, asynq's own task lease (a shorter one could free the slot of a task still running on a stalled worker), got %v", minLease, v.Lease)
+			return nil, block + ".lease", fmt.Sprintf("must be at least %v, asynq's own task lease (a shorter one could free the slot of a task still running on a stalled worker), got %v", minLease, v.Lease)
 		}
 	}
 	if block == "" {
-		return nil, "", "no limit; add one of gcra, adaptive, quota, sliding or concurrency"
+		return nil, "", "no limit; add one of gcra, adaptive, quota, sliding, concurrency or adaptive_concurrency"
 	}
 	err := limits.Rule{Name: name, Limit: l}.Validate()
 	if err == nil {

@@ -41,7 +41,7 @@ func sameDecision(a, b Decision) bool {
 		d.nonce = ""
 		d.Leases = append([]Lease(nil), d.Leases...)
 		for i := range d.Leases {
-			d.Leases[i].zkey, d.Leases[i].hkey = "", ""
+			d.Leases[i].zkey, d.Leases[i].hkey, d.Leases[i].lkey = "", "", ""
 		}
 		return d
 	}

@@ -99,7 +99,7 @@ func TestClusterMatchesStandalone(t *testing.T) {
 			d.ats = nil // the times the slots decided at; a denial charges none
 		}
 		for i := range d.Leases {
-			d.Leases[i].Token, d.Leases[i].zkey, d.Leases[i].hkey = 0, "", ""
+			d.Leases[i].Token, d.Leases[i].zkey, d.Leases[i].hkey, d.Leases[i].lkey = 0, "", "", ""
 		}
 		return d
 	}

@@ -10,7 +10,8 @@
 //     such as a day resetting at midnight in the vendor's zone;
 //   - SlidingWindow: Limit in any interval, an exact log;
 //   - Concurrency: at most Max holders, with leases, renewal, fencing tokens
-//     and a reserve for critical work.
+//     and a reserve for critical work; or, Adaptive, a number of holders
+//     learned from the latency each release reports (Lease.Outcome).
 //
 // Reserve books the earliest moment every rule admits a request, for work
 // that will run then (a rescheduled task). A booking takes each rule's

@@ -101,6 +101,36 @@ func ExampleLimiter_Release() {
 	// t3 true
 }
 
+// An adaptive concurrency rule learns how many calls a backend takes at
+// once from the latency each call reports when its slot is released.
+func ExampleLease_Outcome() {
+	now := monday9
+	limiter := exampleLimiter(&now)
+	ctx := context.Background()
+	set, _ := quotas.NewSet(quotas.Rule{Name: "backend", Limit: quotas.Concurrency{Adaptive: true, Min: 1, Max: 50, Lease: 30 * time.Second}})
+	slots := func() int {
+		d, _ := limiter.Status(ctx, set, quotas.Request{Holder: "-"})
+		return d.Rules[0].Slots
+	}
+	fmt.Println("slots at the start:", slots())
+	// Calls one at a time, answered in 40 ms: slow start adds a slot per
+	// call while at least half the slots are in use (1 of 1, 1 of 2).
+	for i := 0; i < 3; i++ {
+		d, _ := limiter.Allow(ctx, set, quotas.Request{Holder: "t"})
+		now = now.Add(40 * time.Millisecond)
+		limiter.Release(ctx, d.Leases[0].Outcome(40*time.Millisecond, false))
+	}
+	fmt.Println("after three fast calls:", slots())
+	d, _ := limiter.Allow(ctx, set, quotas.Request{Holder: "t"})
+	now = now.Add(time.Second)
+	limiter.Release(ctx, d.Leases[0].Outcome(time.Second, true)) // the backend shed it
+	fmt.Println("after an overload:", slots())
+	// Output:
+	// slots at the start: 1
+	// after three fast calls: 3
+	// after an overload: 2
+}
+
 func ExampleLimiter_Renew() {
 	now := monday9
 	limiter := exampleLimiter(&now)

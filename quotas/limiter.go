@@ -98,6 +98,9 @@ type RuleStatus struct {
 	// decision used: for an Adaptive rule, the learned one (the rate is
 	// one unit per Interval). Zero for other kinds.
 	Interval time.Duration
+	// Slots is, for an adaptive Concurrency rule, the number of slots it
+	// has learned (limits.Concurrency.Adaptive); 0 for other rules.
+	Slots int
 	// Next, for a fair Concurrency rule that refused the request with no
 	// slot free and no Block in force, says that the request's flow is the
 	// next to get one of several flows waiting: a task of it had better
@@ -122,12 +125,38 @@ type Lease struct {
 	wkey, ekey string     // a fair rule's waiting set and waits hash, else ""
 	kept       *slotGrant // a kept slot's grant (Rule.Prefetch), or nil
 	gen        uint64     // the grant's hand-out this lease is of
+	// An adaptive rule's learned state and Min and Max (amin 0: not
+	// adaptive), and what Outcome reported: the call's latency, µs, and
+	// whether it reported overload.
+	lkey       string
+	amin, amax int64
+	lat        int64
+	over       bool
+}
+
+// Outcome returns ls carrying what the call made under its slot showed: it
+// took latency, and overloaded says the remote side reported overload (it
+// throttled the call, or the call ran out of time). Releasing the returned
+// lease teaches an adaptive Concurrency rule (limits.Concurrency.Adaptive)
+// from it; other rules ignore it. A latency of 0 without overload reports
+// nothing, as for a slot given back without a call. Call it only for a
+// call that was made: a slot given back unused would teach the rule a
+// latency no call has.
+func (ls Lease) Outcome(latency time.Duration, overloaded bool) Lease {
+	ls.lat, ls.over = max(latency.Microseconds(), 0), overloaded
+	if latency > 0 && ls.lat == 0 {
+		ls.lat = 1
+	}
+	return ls
 }
 
 // keys are the lease script's keys for ls (lease.lua).
 func (ls Lease) keys() []string {
-	if ls.wkey != "" {
+	switch {
+	case ls.wkey != "":
 		return []string{ls.zkey, ls.hkey, ls.wkey, ls.ekey}
+	case ls.lkey != "":
+		return []string{ls.zkey, ls.hkey, ls.lkey}
 	}
 	return []string{ls.zkey, ls.hkey}
 }
@@ -718,7 +747,7 @@ func (l *Limiter) lease(ctx context.Context, ls Lease, op int) (bool, error) {
 // (lease.lua).
 func (ls Lease) args(op int, tm timing) ([]string, []any) {
 	keys := ls.keys()
-	return keys, []any{op, tm.now, tm.floor, holderField(ls.Holder), ls.Token, ls.Duration.Microseconds(), len(keys)}
+	return keys, []any{op, tm.now, tm.floor, holderField(ls.Holder), ls.Token, ls.Duration.Microseconds(), len(keys), ls.amin, ls.amax, ls.lat, b2i(ls.over)}
 }
 
 // leaseDone reads one lease's reply: whether it was renewed, released or

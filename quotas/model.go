@@ -324,7 +324,25 @@ func (m *Model) lease(now time.Time, ls Lease, release bool) (bool, error) {
 	defer m.mu.Unlock()
 	m.m.expire(ls.zkey, us)
 	if release {
-		return m.m.release(ls.zkey, ls.Holder, ls.Token), nil
+		inflight := int64(len(m.m.holders[ls.zkey]))
+		done := m.m.release(ls.zkey, ls.Holder, ls.Token)
+		if done && ls.amin > 0 && (ls.lat > 0 || ls.over) {
+			// (A release that reports nothing leaves the state as it is,
+			// absent included: rules.lua's cl_sample writes nothing.)
+			st, ok := m.m.slotLearns[ls.lkey]
+			if !ok {
+				st = slotStart(ls.amin)
+			}
+			next := st.sample(ls.amin, ls.amax, ls.lat, ls.over, inflight, us)
+			switch {
+			case next.l > st.l:
+				m.m.slotRaised++
+			case next.l < st.l:
+				m.m.slotCut++
+			}
+			m.m.slotLearns[ls.lkey] = next
+		}
+		return done, nil
 	}
 	return m.m.renew(ls.zkey, ls.Holder, ls.Token, ls.Duration.Microseconds(), us), nil
 }
@@ -366,6 +384,23 @@ type model struct {
 	tills map[string]int64
 	// Adaptive rules: per learn key, the learned state.
 	learns map[string]learned
+	// Adaptive concurrency rules: per learn key, the learned state, and
+	// how many releases raised and lowered a learned limit (for tests).
+	slotLearns          map[string]slotLearned
+	slotRaised, slotCut int
+}
+
+// slotCap is concurrency rule c's number of slots: Max, or for an
+// adaptive rule the learned number (rules.lua's cl_load).
+func (m *model) slotCap(c call) int64 {
+	if c.c.amin == 0 {
+		return c.c.max
+	}
+	st, ok := m.slotLearns[c.keys[2]]
+	if !ok {
+		st = slotStart(c.c.amin)
+	}
+	return st.slots(c.c.amin, c.c.max)
 }
 
 // booking is an interval [x, e) of a GCRA rule's virtual time booked by a
@@ -436,7 +471,7 @@ func newModel() *model {
 		blocks: map[string]int64{}, flows: map[string]map[string]int64{}, tags: map[string]fairTag{}, wins: map[string]map[int64]int64{}, logs: map[string][]logEntry{},
 		holders: map[string]map[string]int64{}, tokens: map[string]map[string]int64{}, seq: map[string]int64{}, tills: map[string]int64{},
 		flowOf: map[string]map[string]string{}, slotsOf: map[string]map[string]int64{}, waits: map[string]map[string]ccWait{},
-		learns: map[string]learned{}}
+		learns: map[string]learned{}, slotLearns: map[string]slotLearned{}}
 }
 
 func (m *model) window(c call, t int64) (int64, int64) {
@@ -495,7 +530,7 @@ func (m *model) earliest(c call, t, n, now, ahead int64, holder string, critical
 // slotFree mirrors rules.lua's cc_earliest: whether concurrency rule c
 // gives holder a slot (one it holds is replaced).
 func (m *model) slotFree(c call, now int64, holder string, critical bool) bool {
-	capacity := c.c.max
+	capacity := m.slotCap(c)
 	if !critical {
 		capacity -= c.c.reserved
 	}
@@ -660,7 +695,7 @@ func (m *model) status(c call, now int64) (used, rem, reset int64) {
 		}
 		reset = first - now
 	}
-	return int64(len(hs)), max(0, c.c.max-int64(len(hs))), reset
+	return int64(len(hs)), max(0, m.slotCap(c)-int64(len(hs))), reset
 }
 
 func (m *model) housekeep(calls []call, now int64) {
@@ -717,9 +752,12 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 		for j, c := range calls {
 			u, rem, reset := m.status(c, now)
 			var em int64
-			if c.c.kind == kindGCRA {
+			switch {
+			case c.c.kind == kindGCRA:
 				em = c.em
-			} else {
+			case c.c.amin > 0:
+				em = m.slotCap(c)
+			default:
 				em = next[j]
 			}
 			r.rules = append(r.rules, [replyRule]int64{u, rem, reset, undo[j][0], undo[j][1], em})

@@ -95,6 +95,10 @@ const (
 	largToken  // fencing token
 	largLength // renew: new lease length, µs
 	largKeys   // the lease's number of keys
+	largAmin   // an adaptive rule's Min, else 0
+	largAmax   // an adaptive rule's Max, else 0
+	largLat    // release: the call's latency, µs (0: none)
+	largOver   // release: 1 if the call reported overload
 	leaseArgs
 )
 
@@ -119,7 +123,8 @@ var protocolConsts = []struct {
 	{"REPLY", "HEAD", replyHead}, {"REPLY", "RULE", replyRule},
 	{"LEASE", "RENEW", leaseRenew}, {"LEASE", "RELEASE", leaseRelease}, {"LEASE", "DROP", leaseDrop},
 	{"LARG", "OP", largOp}, {"LARG", "NOW", largNow}, {"LARG", "FLOOR", largFloor}, {"LARG", "HOLDER", largHolder},
-	{"LARG", "TOKEN", largToken}, {"LARG", "LENGTH", largLength}, {"LARG", "KEYS", largKeys}, {"LARG", "N", leaseArgs},
+	{"LARG", "TOKEN", largToken}, {"LARG", "LENGTH", largLength}, {"LARG", "KEYS", largKeys},
+	{"LARG", "AMIN", largAmin}, {"LARG", "AMAX", largAmax}, {"LARG", "LAT", largLat}, {"LARG", "OVER", largOver}, {"LARG", "N", leaseArgs},
 }
 
 //go:embed lua/*.lua

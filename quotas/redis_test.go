@@ -81,6 +81,9 @@ func randomRule(rng *rand.Rand, name string, scale time.Duration) Rule {
 		if c := l.(Concurrency); c.Reserved >= c.Max {
 			l = Concurrency{Max: c.Max, Lease: c.Lease}
 		}
+		if rng.IntN(3) == 0 {
+			l = randomAdaptiveSlots(rng)
+		}
 	}
 	return Rule{Name: name, Limit: l}
 }
@@ -435,6 +438,7 @@ func (d *differ) step(t testing.TB) {
 			got, err = d.l.Renew(d.ctx, ls)
 			want, merr = d.mod.RenewAt(d.l.now, ls)
 		} else {
+			ls = d.outcome(ls)
 			got, err = d.l.Release(d.ctx, ls)
 			want, merr = d.mod.ReleaseAt(d.l.now, ls)
 		}
@@ -564,6 +568,28 @@ func TestDifferentialBookings(t *testing.T) {
 	}
 }
 
+// randomAdaptiveSlots is an adaptive concurrency limit of 1-8 slots at
+// most, learning from 1-3 up.
+func randomAdaptiveSlots(rng *rand.Rand) Concurrency {
+	most := 1 + rng.IntN(8)
+	return Concurrency{Adaptive: true, Min: 1 + rng.IntN(min(most, 3)), Max: most, Lease: time.Duration(1+rng.IntN(10)) * time.Second}
+}
+
+// outcome is what a call made under a slot showed, drawn for a release:
+// mostly a latency near 50 ms, now and then up to four times that, or
+// overload; a fifth of releases report nothing.
+func (d *differ) outcome(ls Lease) Lease {
+	switch x := d.rng.IntN(20); {
+	case x < 4:
+		return ls
+	case x < 5:
+		return ls.Outcome(time.Duration(d.rng.Int64N(int64(time.Second))), true)
+	default:
+		u := d.rng.Float64()
+		return ls.Outcome(time.Duration(float64(50*time.Millisecond)*(1+3*u*u*u)), false)
+	}
+}
+
 // newSlotsDiffer is a differ whose sets have a fair concurrency rule of 1-5
 // slots, alone or with another rule (a plain concurrency rule, a GCRA or a
 // fixed window), whose requests come from 16 holders of weighted flows,
@@ -590,6 +616,46 @@ func newSlotsDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed u
 		d.sets = append(d.sets, mustSet(rules...))
 	}
 	return d
+}
+
+// newSlotLearnDiffer is a slots differ whose sets have an adaptive
+// concurrency rule, beside another rule half the time, and whose releases
+// mostly report a call's latency (outcome).
+func newSlotLearnDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64) *differ {
+	d := newDiffer(t, c, prefix, seed)
+	d.slots, d.scale = true, time.Second
+	d.sets = d.sets[:0]
+	for i := 0; i < 4; i++ {
+		rules := []Rule{{Name: "ac", Limit: randomAdaptiveSlots(d.rng)}}
+		switch d.rng.IntN(4) {
+		case 0:
+			rules = append(rules, Rule{Name: "c", Limit: Concurrency{Max: 1 + d.rng.IntN(6), Lease: 5 * time.Second}})
+		case 1:
+			rules = append(rules, Rule{Name: "g", Limit: GCRA(gcra.Limit{Rate: float64(2 + d.rng.IntN(6)), Period: time.Second, Burst: 1 + d.rng.IntN(4)})})
+		}
+		if d.rng.IntN(2) == 0 {
+			slices.Reverse(rules)
+		}
+		d.sets = append(d.sets, mustSet(rules...))
+	}
+	return d
+}
+
+// TestDifferentialSlotLearning runs adaptive concurrency rules through the
+// Lua scripts and the Go model, releases reporting latencies and
+// overloads, and requires identical decisions and learned slots (Status
+// replies them); it fails unless the learned limits both rose and fell
+// many times.
+func TestDifferentialSlotLearning(t *testing.T) {
+	var raised, cut atomic.Int64
+	runDiffers(t, newSlotLearnDiffer, 900, 3000, func(d *differ) {
+		raised.Add(int64(d.mod.m.slotRaised))
+		cut.Add(int64(d.mod.m.slotCut))
+	})
+	t.Logf("learned limits raised %d times, lowered %d times", raised.Load(), cut.Load())
+	if raised.Load() < 100 || cut.Load() < 50 {
+		t.Errorf("learned limits raised %d and lowered %d times: too few to compare", raised.Load(), cut.Load())
+	}
 }
 
 // TestDifferentialFairSlots runs fair concurrency rules through the Lua

@@ -50,6 +50,7 @@ type compiled struct {
 	every     int64 // fixed, sliding: µs
 	sched     *calendar.Schedule
 	max       int64 // concurrency
+	amin      int64 // an adaptive concurrency rule's Min; 0: not adaptive
 	reserved  int64
 	lease     int64 // µs
 	// args are the rule's script arguments that never change, boxed once.
@@ -89,7 +90,7 @@ func (c compiled) withArgs() compiled {
 	case kindCalendar:
 		c.ticks = &tickCache{}
 	case kindConcurrency:
-		c.args = []any{kindConcurrency, c.max, c.reserved, c.lease, b2i(c.cfair)}
+		c.args = []any{kindConcurrency, c.max, c.reserved, c.lease, b2i(c.cfair), c.amin}
 	}
 	return c
 }
@@ -125,6 +126,9 @@ func compile(r Rule) compiled {
 		c = compiled{kind: kindCalendar, suffix: "calendar:" + hex.EncodeToString(h[:4]), limit: int64(l.Limit), sched: s}
 	case Concurrency:
 		c = compiled{kind: kindConcurrency, max: int64(l.Max), reserved: int64(l.Reserved), lease: l.Lease.Microseconds(), cfair: r.Fair}
+		if l.Adaptive {
+			c.amin = int64(l.Min)
+		}
 	}
 	if c.kind == kindFixed || c.kind == kindCalendar || c.kind == kindConcurrency {
 		// A window's units are handed out before its end only, and a
@@ -182,6 +186,10 @@ func NewSet(rules ...Rule) (*Set, error) {
 			if c.cfair {
 				// The flows waiting, by rank, and until when (cc_wait).
 				c.tails = append(c.tails, ":"+r.Name+":waiting", ":"+r.Name+":waits")
+			}
+			if c.amin > 0 {
+				// The learned number of slots (cl_load).
+				c.tails = append(c.tails, ":"+r.Name+":slots:learn")
 			}
 		case kindGCRA:
 			c.tails = []string{":" + r.Name + ":" + c.suffix, ":" + r.Name + ":" + c.suffix + ":booked"}

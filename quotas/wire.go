@@ -538,6 +538,9 @@ func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
 				if c.c.cfair {
 					ls.wkey, ls.ekey = c.keys[2], c.keys[3]
 				}
+				if c.c.amin > 0 {
+					ls.lkey, ls.amin, ls.amax = c.keys[2], c.c.amin, c.c.max
+				}
 				d.Leases = append(d.Leases, ls)
 			}
 		}
@@ -549,13 +552,17 @@ func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
 }
 
 // status is rule c's status from its reply fields st; the last is a GCRA
-// rule's interval, or whether a fair concurrency rule that refused gives
-// the request's flow the next slot.
+// rule's interval, an adaptive concurrency rule's learned slots, or
+// whether a fair concurrency rule that refused gives the request's flow
+// the next slot.
 func status(s *Set, c call, st [replyRule]int64) RuleStatus {
 	rs := RuleStatus{Name: s.rules[c.i].Name, Key: c.key, Used: int(st[0]), Remaining: int(st[1]), ResetAfter: time.Duration(st[2]) * time.Microsecond}
-	if c.c.kind == kindConcurrency {
+	switch {
+	case c.c.amin > 0:
+		rs.Slots = int(st[5])
+	case c.c.kind == kindConcurrency:
 		rs.Next = st[5] == 1
-	} else {
+	default:
 		rs.Interval = time.Duration(st[5]) * time.Microsecond
 	}
 	return rs

@@ -438,17 +438,43 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		j.observe(admit)
 	}
 	renewing := m.renew.add(d.Leases)
+	began := time.Now()
+	var err error
+	ran := false // the handler returned (did not panic)
 	defer func() {
 		m.renew.remove(renewing)
+		var took time.Duration
+		var over bool
+		if ran {
+			took, over = callOutcome(err, time.Since(began))
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(j.ctx), 5*time.Second)
 		defer cancel()
 		for _, ls := range d.Leases {
-			if _, rerr := m.limiter.Release(rctx, ls); rerr != nil {
+			if _, rerr := m.limiter.Release(rctx, ls.Outcome(took, over)); rerr != nil {
 				m.cfg.Logger.Warn("taskrl: releasing a concurrency slot failed; it frees itself when its lease ends", "rule", ls.Rule, "err", rerr)
 			}
 		}
 	}()
-	return next.ProcessTask(j.ctx, j.t)
+	err = next.ProcessTask(j.ctx, j.t)
+	ran = true
+	return err
+}
+
+// callOutcome is what a handler's run under concurrency slots teaches an
+// adaptive concurrency rule (quotas.Lease.Outcome): its latency when it
+// succeeded; overload when the remote side throttled it (Throttled) or it
+// ran out of time; nothing for another error, whose latency says nothing
+// about load (a bad request answered at once).
+func callOutcome(err error, took time.Duration) (time.Duration, bool) {
+	var te *ThrottledError
+	switch {
+	case err == nil:
+		return max(took, time.Microsecond), false
+	case errors.As(err, &te) || errors.Is(err, context.DeadlineExceeded):
+		return took, true
+	}
+	return 0, false
 }
 
 // hold waits d in the worker, or until ctx ends.

@@ -417,8 +417,9 @@ func withAutoPrefetch(b *policy.Binding, rules []quotas.Rule, idx []int) []quota
 		case quotas.CalendarWindow:
 			auto = autoIf(l.Limit >= autoMin)
 		case quotas.Concurrency:
-			// A fair rule's slots go to the flows in turn, never kept.
-			auto = autoIf(l.Max >= autoSlots && !r.Fair)
+			// A fair rule's slots go to the flows in turn, never kept;
+			// an adaptive rule's slot teaches it at its release.
+			auto = autoIf(l.Max >= autoSlots && !r.Fair && !l.Adaptive)
 		case quotas.GCRA:
 			if !r.Fair {
 				auto = autoGCRA(l)
@@ -467,6 +468,10 @@ func atShare(r quotas.Rule, share int) quotas.Rule {
 	case quotas.Concurrency:
 		l.Max = part(l.Max)
 		l.Reserved = min(l.Reserved/share, l.Max-1)
+		if l.Adaptive {
+			// A share of the bounds; what the fleet learned is in Redis.
+			l.Min = min(part(l.Min), l.Max)
+		}
 		r.Limit = l
 	}
 	return r

@@ -72,11 +72,15 @@
 // admitted under the policy as the worker's middleware admits them, against
 // a vendor whose limit follows SPEC, phases such as
 // "20/s for 1h, 5/s burst 3 for 30m, 20/s" (strict GCRA, 429 with
-// Retry-After in whole seconds), answering in --latency (default 20ms). It
-// prints one row per --interval (default a 24th of the duration): the
-// vendor's limit, the rate the policy's first adaptive rule has learned,
-// the calls, the share answered 429 and the share of the vendor's limit
-// used; then, with several payloads, what each got; then the totals.
+// Retry-After in whole seconds) or "20 at once for 1m, 10 at once" (a
+// service that slows down above that many calls at once), answering in
+// --latency (default 20ms). It prints one row per --interval (default a
+// 24th of the duration): the vendor's limit, the rate the policy's first
+// adaptive rule has learned, the calls, the share answered 429 and the
+// share of the vendor's limit used (for a service: its slots, the slots
+// the first adaptive concurrency rule learned, the calls in service and
+// the latency's p99); then, with several payloads, what each got; then
+// the totals.
 //
 // Exit status: 0 when every task was enqueued (or the scheduler stopped on a
 // signal, or the estimate was printed); 1 when Redis failed or some tasks
@@ -257,7 +261,7 @@ func parse(args []string, env stdio) (*options, error) {
 	fs.DurationVar(&o.taskDuration, "task-duration", estimate.DefaultTaskDuration, "how long each task runs, for concurrency rules in --dry-run")
 	fs.StringVar(&start, "start", "", "--dry-run: when the campaign starts, RFC 3339 (default now)")
 	fs.BoolVar(&o.simulate, "simulate", false, "enqueue nothing: simulate a fleet under --policy against --vendor")
-	fs.StringVar(&vendor, "vendor", "", "--simulate: the vendor's limit over time, e.g. `\"20/s for 1h, 5/s\"`")
+	fs.StringVar(&vendor, "vendor", "", "--simulate: the vendor's limit over time, e.g. `\"20/s for 1h, 5/s\"` (or \"20 at once for 1m, 10 at once\": a service that slows down)")
 	fs.IntVar(&o.sim.Workers, "workers", 3, "--simulate: worker processes")
 	fs.IntVar(&o.sim.Concurrency, "concurrency", 16, "--simulate: task slots per worker")
 	fs.DurationVar(&o.sim.Duration, "duration", 24*time.Hour, "--simulate: simulated time")

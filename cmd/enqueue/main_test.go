@@ -624,6 +624,22 @@ rules:
 	if learned, err := strconv.ParseFloat(f[3], 64); f[2] != "5.00" || err != nil || learned < 4.5 || learned > 5 {
 		t.Errorf("last row %q: want the vendor at 5.00 and a learned rate in 4.5-5", lines[5])
 	}
+	// A service that slows down, under an adaptive concurrency rule: the
+	// table of its slots and the learned ones.
+	backend := filepath.Join(dir, "backend.yaml")
+	os.WriteFile(backend, []byte("rules:\n  - name: backend\n    match: {type: \"http:call\"}\n    adaptive_concurrency: {max: 100, lease: 30s}\n"), 0o600)
+	code, out, errOut = enqueue(context.Background(), nil, "--simulate", "--policy", backend, "--vendor", "10 at once", "--duration", "1m", "--interval", "30s", "--latency", "50ms")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	t.Log(out)
+	lines = strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 5 || !strings.Contains(lines[1], "slots  learned  in flight  p99 ms") {
+		t.Fatalf("unexpected output:\n%s", out)
+	}
+	if f := strings.Fields(lines[3]); f[2] != "10" || !between(f[3], 8, 12) {
+		t.Errorf("last row %q: want 10 slots and 8-12 learned", lines[3])
+	}
 	// Several payloads: a table of what each got, after the rows.
 	payloads := filepath.Join(dir, "payloads.jsonl")
 	os.WriteFile(payloads, []byte("{\"business_id\":\"b1\"}\n{\"business_id\":\"b2\"}\n"), 0o600)
@@ -655,4 +671,10 @@ rules:
 			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", c.args, code, errOut, c.msg)
 		}
 	}
+}
+
+// between reports whether s is a whole number from lo to hi.
+func between(s string, lo, hi int) bool {
+	n, err := strconv.Atoi(s)
+	return err == nil && n >= lo && n <= hi
 }

@@ -6,7 +6,7 @@
 --
 -- KEYS     per lease, its rule's holders sorted set and tokens hash, then,
 --          for a fair rule, its waiting set and waits hash (rules.lua,
---          cc_wait)
+--          cc_wait), for an adaptive one its learned state (cl_sample)
 -- ARGV[1]  number of leases; then per lease LARG.N arguments, the lease's
 --          at ARGV[a + LARG.OP] and so on (a = 2 for the first):
 --   OP     LEASE.RENEW, LEASE.RELEASE or LEASE.DROP (release whatever the
@@ -17,7 +17,13 @@
 --   HOLDER holder id
 --   TOKEN  fencing token the holder got when it acquired
 --   LENGTH renew: new lease length, microseconds
---   KEYS   how many keys the lease has (2, or 4 for a fair rule)
+--   KEYS   how many keys the lease has (2; 4 for a fair rule, 3 for an
+--          adaptive one)
+--   AMIN, AMAX  an adaptive rule's Min and Max (0, 0: not adaptive)
+--   LAT, OVER   release: the latency of the call made under the slot, µs
+--          (0: none), and 1 if it reported overload, else 0: an adaptive
+--          rule learns from them (cl_sample) when the release is the
+--          holder's
 --
 -- Reply: per lease {1} if it was renewed / released / dropped, {0} if the
 -- holder no longer holds it under that token (expired and reclaimed, or
@@ -46,7 +52,14 @@ local function lease(k, a)
     return 1
   end
   -- LEASE.RELEASE: a release reclaims what it needs to itself (cc_release).
-  return cc_release(zkey, hkey, holder, tonumber(ARGV[a + LARG.TOKEN]), now, ttl_floor, fk)
+  local amin, inflight = tonumber(ARGV[a + LARG.AMIN]), 0
+  if amin > 0 then inflight = call('ZCOUNT', zkey, '(' .. fmt(now), '+inf') end
+  local done = cc_release(zkey, hkey, holder, tonumber(ARGV[a + LARG.TOKEN]), now, ttl_floor, fk)
+  if done == 1 and amin > 0 then
+    cl_sample(KEYS[k + 2], amin, tonumber(ARGV[a + LARG.AMAX]), tonumber(ARGV[a + LARG.LAT]),
+      tonumber(ARGV[a + LARG.OVER]), inflight, now)
+  end
+  return done
 end
 
 -- run_call serves the call's leases in order. Everything above only

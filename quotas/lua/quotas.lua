@@ -15,7 +15,8 @@
 --          counts, which keeps a Block's end too (field "~blk",
 --          win_block); for concurrency the holders sorted set and tokens
 --          hash (which keeps a Block's end in "~blk", cc_block), and
---          for a fair one its waiting set and waits hash (cc_wait); for a
+--          for a fair one its waiting set and waits hash (cc_wait), for
+--          an adaptive one its learned state (cl_load); for a
 --          sliding window its sorted set, then its block key (a string:
 --          until when a Block holds it, µs)
 -- ARGV[1]  number of requests; then per request, whose arguments follow
@@ -65,7 +66,9 @@
 --            KIND.CALENDAR     limit, k, tick_1 .. tick_k
 --            KIND.SLIDING      limit, every
 --            KIND.CONCURRENCY  max, reserved, lease, fair (1 slots handed
---                              to the waiting flows in turn, rules.lua)
+--                              to the waiting flows in turn, rules.lua),
+--                              amin (above 0: the number of slots is
+--                              learned between amin and max, cl_load)
 --            KIND.ADAPTIVE     min, max, start, per, burst (a GCRA rule
 --                              whose em is learned: learn.lua)
 --          and, for a refund, held or settle only, per rule the two undo
@@ -99,7 +102,8 @@
 --           its own -x and its tag (booked.lua); a concurrency rule's
 --           fencing token; else 0
 --   em      a GCRA rule's emission interval in this decision (learned, for
---           an adaptive rule); for a fair concurrency rule that refused, 1
+--           an adaptive rule); an adaptive concurrency rule's number of
+--           slots (learned); for a fair concurrency rule that refused, 1
 --           if none is free and the request's flow is the next of several
 --           waiting (cc_earliest); else 0
 --
@@ -301,6 +305,10 @@ local function take_keys(r, k)
         r.fk = {r.wkey, r.ekey}
         k = k + 2
       end
+      if r.amin > 0 then
+        r.lkey = KEYS[k]
+        k = k + 1
+      end
     end
     -- A fixed or calendar window keeps its block in its own hash
     -- (win_block), a concurrency rule in its tokens hash (cc_block).
@@ -348,8 +356,8 @@ local function read_rule(a)
     return r, a + 3 + cnt
   end
   r.max, r.reserved, r.lease = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  r.cfair = ARGV[a + 4] == '1'
-  return r, a + 5
+  r.cfair, r.amin, r.amax = ARGV[a + 4] == '1', tonumber(ARGV[a + 5]), r.max
+  return r, a + 6
 end
 
 -- request reads the request whose arguments follow ARGV[a0] and whose keys
@@ -465,6 +473,8 @@ local function reply(st, wait, rule, t, charged)
     local em = 0
     if r.kind == KIND.GCRA then
       em = r.em
+    elseif r.amin and r.amin > 0 then
+      em = r.max
     elseif r.next then
       em = 1
     end

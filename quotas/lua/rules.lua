@@ -358,6 +358,72 @@ local function cc_reclaim(zkey, hkey, now, fk)
   if fk then cc_forget(hkey, fk, gone) end
 end
 
+-- An adaptive concurrency rule (r.amin > 0) learns its number of slots
+-- from the latency of the calls (limits.Concurrency states the rule;
+-- quotas/slotlearn.go mirrors these functions operation for operation, so
+-- both compute the same doubles). Its state is the string at r.lkey,
+-- "l:b:q:h:s:m": the limit l in millionths of a slot, the no-load latency
+-- b (µs, 0: none seen), the recent latency ratio q (millionths), h, until
+-- when calls that started decrease l no further (µs), s, 1 until the first
+-- decrease (slow start), and m, l before the last decrease. Absent:
+-- {amin x 10^6, 0, 10^6, 0, 1, 0}. The key lives a day after its last
+-- change.
+
+-- cl_load returns the learned state at lkey and the number of slots it
+-- allows, between amin and amax.
+local function cl_load(lkey, amin, amax)
+  local f = {amin * 1000000, 0, 1000000, 0, 1, 0}
+  local v = call('GET', lkey)
+  if v then
+    local i = 0
+    for p in string.gmatch(v, '[^:]+') do
+      i = i + 1
+      f[i] = tonumber(p)
+    end
+  end
+  return f, max(amin, math.min(amax, floor(f[1] / 1000000)))
+end
+
+-- cl_sample learns from one call made under a slot of the rule whose
+-- state is at lkey, answered at now after lat µs (0: no latency), over 1
+-- when it reported overload; inflight slots were held then, its own
+-- included.
+local function cl_sample(lkey, amin, amax, lat, over, inflight, now)
+  if lat <= 0 and over ~= 1 then return end
+  local f = cl_load(lkey, amin, amax)
+  local l, b, q, h, s, m = f[1], f[2], f[3], f[4], f[5], f[6]
+  local cut = 0
+  if over == 1 then
+    cut = 0.7
+  else
+    if b == 0 then
+      b = lat
+    elseif lat < b then
+      b = b - floor((b - lat) * 0.1)
+    elseif l <= amin * 1000000 and q >= 1500000 then
+      b = b + floor((lat - b) * 0.1)
+    end
+    q = q + floor((floor(lat * 1000000 / b) - q) * 0.2)
+    if q >= 1500000 then
+      cut = max(0.5, math.min(0.9, 1300000 / q))
+    elseif q <= 1200000 and inflight * 2000000 >= l then
+      if s == 1 then
+        l = l + 1000000
+      else
+        -- A quarter slot per l calls, faster the further above m.
+        l = l + floor(2.5e11 * max(1, floor((l - m) / 1000000) + 1) / l)
+      end
+      l = math.min(l, amax * 1000000)
+    end
+  end
+  if cut > 0 and now - lat >= h then
+    m = l
+    l = max(amin * 1000000, math.min(l - 1000000, floor(l * cut)))
+    s, h = 0, now + floor(b * q / 1000000)
+  end
+  call('SET', lkey, fmt(l) .. ':' .. fmt(b) .. ':' .. fmt(q) .. ':' .. fmt(h) .. ':' .. fmt(s) .. ':' .. fmt(m), 'PX', '86400000')
+end
+
 local function cc_load(r, now)
   local st
   if r.cfair then
@@ -376,6 +442,10 @@ local function cc_load(r, now)
   r.held = tonumber(st[4]) or 0
   r.count = 0
   if r.oldest then r.count = call('ZCARD', r.key) end
+  if r.amin > 0 then
+    local _
+    _, r.max = cl_load(r.lkey, r.amin, r.amax)
+  end
 end
 
 -- cc_ahead reports whether at least free flows other than the request's

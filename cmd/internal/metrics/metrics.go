@@ -47,6 +47,10 @@
 //	    The rate per second each GCRA or adaptive rule decided at, as of
 //	    its last decision: for an adaptive rule, the rate the fleet has
 //	    learned (for a keyed one, the last decided key's).
+//	taskrl_rule_slots{rule}                      gauge
+//	    The slots each adaptive concurrency rule allowed as of its last
+//	    decision: the number the fleet has learned (for a keyed one, the
+//	    last decided key's).
 //	taskrl_policy_reloads_total{result}           counter
 //	    Policy file reloads (SIGHUP or a change of the file): result "ok"
 //	    when the new policy took effect, "error" when it was refused (it
@@ -114,6 +118,7 @@ type Metrics struct {
 	redisErrors    prometheus.Counter
 	quotaRemaining *prometheus.GaugeVec
 	ruleRate       *prometheus.GaugeVec
+	ruleSlots      *prometheus.GaugeVec
 	httpCalls      *prometheus.CounterVec
 	reloads        *prometheus.CounterVec
 	overrides      *prometheus.GaugeVec
@@ -184,6 +189,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "taskrl_rule_rate",
 			Help: "Rate per second each GCRA or adaptive rule decided at as of its last decision (adaptive: the learned rate).",
 		}, []string{"rule"}),
+		ruleSlots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "taskrl_rule_slots",
+			Help: "Slots each adaptive concurrency rule allowed as of its last decision: the number the fleet has learned.",
+		}, []string{"rule"}),
 		httpCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "taskrl_http_calls_total",
 			Help: "Requests sent by the http:call handler by result class (2xx, 429, 4xx, 5xx, other, error, refused: the egress policy refused it, nothing was sent).",
@@ -223,7 +232,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "taskrl_shed_level",
 		Help: "The shed level: class k of the shed section is deferred with probability level-k, clipped to [0, 1].",
 	}, shedValue(true))
-	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.httpCalls, m.reloads, m.overrides, m.roundTrip, shedSignal, shedLevel, flowsCollector{m}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.ruleSlots, m.httpCalls, m.reloads, m.overrides, m.roundTrip, shedSignal, shedLevel, flowsCollector{m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -264,6 +273,9 @@ func (m *Metrics) Observe(e taskrl.Event) {
 		m.gauge(m.quotaRemaining, r.Name).Set(float64(r.Remaining))
 		if r.Interval > 0 {
 			m.gauge(m.ruleRate, r.Name).Set(float64(time.Second) / float64(r.Interval))
+		}
+		if r.Slots > 0 {
+			m.gauge(m.ruleSlots, r.Name).Set(float64(r.Slots))
 		}
 	}
 }

@@ -48,6 +48,7 @@ var documented = []string{
 	"taskrl_redis_errors_total",
 	"taskrl_quota_remaining",
 	"taskrl_rule_rate",
+	"taskrl_rule_slots",
 	"taskrl_http_calls_total",
 	"taskrl_policy_reloads_total",
 	"taskrl_fair_flows",
@@ -194,6 +195,22 @@ taskrl_rule_rate{rule="vendor-learned"} 20
 	}
 }
 
+// TestRuleSlots: the slots an adaptive concurrency rule allowed, from its
+// latest decision; other rules have none.
+func TestRuleSlots(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Rules: []quotas.RuleStatus{{Name: "backend", Slots: 12}, {Name: "cap", Remaining: 3}}})
+	m.Observe(taskrl.Event{Outcome: taskrl.Rescheduled, Rules: []quotas.RuleStatus{{Name: "backend", Slots: 9}}})
+	want := `
+# HELP taskrl_rule_slots Slots each adaptive concurrency rule allowed as of its last decision: the number the fleet has learned.
+# TYPE taskrl_rule_slots gauge
+taskrl_rule_slots{rule="backend"} 9
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "taskrl_rule_slots"); err != nil {
+		t.Error(err)
+	}
+}
+
 func TestHTTPCalls(t *testing.T) {
 	m, reg := newMetrics(t)
 	// Every class is exposed from the start, at 0.
@@ -224,7 +241,7 @@ taskrl_http_calls_total{code="refused"} 0
 // registered and that the doc lists every registered one.
 func TestDocumented(t *testing.T) {
 	m, reg := newMetrics(t)
-	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Rules: []quotas.RuleStatus{{Name: "r", Interval: time.Second}}})
+	m.Observe(taskrl.Event{Outcome: taskrl.Admitted, Rules: []quotas.RuleStatus{{Name: "r", Interval: time.Second}, {Name: "s", Slots: 4}}})
 	m.WatchFlows(func() []FairFlows { return []FairFlows{{Rule: "r", Levels: map[int]int{}}} })
 	mfs, err := reg.Gather()
 	if err != nil {

@@ -103,8 +103,17 @@ type Row struct {
 	// Calls made to the vendor, and those answered 429.
 	Calls, Throttled int
 	// Used is the calls answered 200 over what the vendor's limits allowed
-	// in the interval (its rate times the time each limit was in force).
+	// in the interval (its rate times the time each limit was in force);
+	// for a service (Phase.Slots), InFlight over Slots.
 	Used float64
+	// A service's (Phase.Slots) at the end of the interval: its slots;
+	// the slots the first adaptive concurrency rule (the first payload's
+	// key) had learned; the calls in service on average over the
+	// interval; and the 99th percentile of the latencies of the calls
+	// answered in it.
+	Slots, LearnedSlots int
+	InFlight            float64
+	P99                 time.Duration
 }
 
 // Report is a simulation's outcome.
@@ -170,6 +179,11 @@ func (s *Spec) defaults() error {
 	if s.Backlog == 0 {
 		peak := 0.0
 		for _, p := range s.Vendor.Phases {
+			if p.Slots > 0 {
+				// A service: its slots at its unloaded latency.
+				peak = max(peak, float64(p.Slots)/s.Latency.Seconds())
+				continue
+			}
 			peak = max(peak, p.Limit.Rate/p.Limit.Period.Seconds())
 		}
 		s.Backlog = max(50, int(math.Ceil(1.5*peak)), len(s.Payloads))
@@ -202,6 +216,7 @@ func (s *Spec) defaults() error {
 // task is one task in the simulation.
 type task struct {
 	f      *flow
+	holder string          // the task's holder of concurrency slots
 	booked time.Time       // the task's booked slot; zero: none
 	charge quotas.Decision // the rate charge it runs or is booked under
 	taken  int             // decisions again after a booking was not held
@@ -251,6 +266,15 @@ type sim struct {
 	rep Report
 	row *Row
 	rng *rand.Rand
+
+	// A service (Phase.Slots): the calls in service, the time their
+	// count was last changed, and since the row began its integral over
+	// time (call-seconds) and the latencies of the calls answered.
+	busy      int
+	busySince time.Time
+	busyArea  float64
+	latencies []time.Duration
+	holders   int // the holders named so far (task.holder)
 }
 
 // flow is the rules and requests of one payload, split as the middleware
@@ -262,6 +286,7 @@ type flow struct {
 	rateReq, slotReq, scopReq quotas.Request
 	rateNames                 []string
 	learned                   int // index in rates of the reported adaptive rule; -1 none
+	learnedSlots              int // index in slots of the reported adaptive concurrency rule; -1 none
 }
 
 // Run runs spec and returns its report.
@@ -339,7 +364,7 @@ func (s *sim) bindPayload(b *policy.Binding, payload []byte) (*flow, error) {
 		return nil, err
 	}
 	b = b.ForPayload(req.Keys, payload)
-	f := &flow{stats: &PayloadStats{Payload: string(payload)}, learned: -1}
+	f := &flow{stats: &PayloadStats{Payload: string(payload)}, learned: -1, learnedSlots: -1}
 	named := map[string]bool{}
 	for _, n := range s.spec.Policy.Throttle() {
 		named[n] = true
@@ -355,6 +380,9 @@ func (s *sim) bindPayload(b *policy.Binding, payload []byte) (*flow, error) {
 		}
 		switch r.Limit.(type) {
 		case quotas.Concurrency:
+			if c := r.Limit.(quotas.Concurrency); c.Adaptive && f.learnedSlots < 0 {
+				f.learnedSlots = len(slots)
+			}
 			slots, slotIdx = append(slots, r), append(slotIdx, i)
 			s.lease = max(s.lease, r.Limit.(quotas.Concurrency).Lease)
 			continue
@@ -550,7 +578,13 @@ func (s *sim) call(t *task, holdEnd time.Time) {
 	var leases []quotas.Lease
 	if t.f.slots != nil {
 		s.rep.Decisions++
-		d, _ := s.m.Allow(s.ctx, t.f.slots, t.f.slotReq)
+		if t.holder == "" {
+			s.holders++
+			t.holder = "task" + strconv.Itoa(s.holders)
+		}
+		req := t.f.slotReq
+		req.Holder = t.holder
+		d, _ := s.m.Allow(s.ctx, t.f.slots, req)
 		a := s.plan(admission.Step{Stage: admission.Slots, Decision: outcome(d), Charged: t.charge.Allowed, HoldEnd: holdEnd, Lease: s.lease})
 		switch a.Verb {
 		case admission.Wait:
@@ -570,20 +604,38 @@ func (s *sim) call(t *task, holdEnd time.Time) {
 	if s.spec.Jitter > 0 {
 		jitter = time.Duration(s.rng.Int64N(int64(s.spec.Jitter)))
 	}
-	s.after(jitter, func() { s.arrive(t, leases) })
+	called := s.now
+	s.after(jitter, func() { s.arrive(t, leases, called) })
 }
 
-// arrive is a call reaching the vendor, which answers after the latency.
-func (s *sim) arrive(t *task, leases []quotas.Lease) {
-	limit, _ := s.spec.Vendor.At(s.now.Sub(s.spec.Start))
-	r, _ := s.vendor.AllowN(s.now, "vendor", limit, 1)
-	s.after(s.spec.Latency, func() {
+// arrive is a call, made at called, reaching the vendor, which answers
+// after the latency (longer above a service's slots). The call's slots are
+// released with what it showed, as the middleware releases them.
+func (s *sim) arrive(t *task, leases []quotas.Lease, called time.Time) {
+	limit, i := s.spec.Vendor.At(s.now.Sub(s.spec.Start))
+	latency, allowed, retry := s.spec.Latency, true, time.Duration(0)
+	if n := s.spec.Vendor.Phases[i].Slots; n > 0 {
+		s.serve(1)
+		if s.busy > n {
+			latency = time.Duration(float64(latency) * (1 + 4*float64(s.busy-n)/float64(n)))
+		}
+		latency = time.Duration(float64(latency) * (0.9 + 0.2*s.rng.Float64()))
+	} else {
+		r, _ := s.vendor.AllowN(s.now, "vendor", limit, 1)
+		allowed, retry = r.Allowed, r.RetryAfter
+	}
+	s.after(latency, func() {
+		if s.spec.Vendor.Phases[i].Slots > 0 {
+			s.serve(-1)
+			s.latencies = append(s.latencies, latency)
+		}
+		took := s.now.Sub(called)
 		for _, l := range leases {
 			s.rep.Decisions++
-			_, _ = s.m.Release(s.ctx, l)
+			_, _ = s.m.Release(s.ctx, l.Outcome(took, !allowed))
 		}
 		t.taken = 0
-		if r.Allowed {
+		if allowed {
 			s.rep.Done++
 			t.f.stats.Done++
 			s.release()
@@ -593,8 +645,15 @@ func (s *sim) arrive(t *task, leases []quotas.Lease) {
 		s.rep.Throttled++
 		t.f.stats.Throttled++
 		s.row.Throttled++
-		s.throttled(t, s.spec.Vendor.RetryAfter.wait(r.RetryAfter))
+		s.throttled(t, s.spec.Vendor.RetryAfter.wait(retry))
 	})
+}
+
+// serve changes the calls in service by d, counting the time at the
+// count before.
+func (s *sim) serve(d int) {
+	s.busyArea += float64(s.busy) * s.now.Sub(s.busySince).Seconds()
+	s.busy, s.busySince = s.busy+d, s.now
 }
 
 // throttled is the middleware's backOff: refund, block the scope, mark it
@@ -617,6 +676,9 @@ func (s *sim) throttled(t *task, retryAfter time.Duration) {
 }
 
 func (s *sim) startRow(from, to time.Duration) {
+	if len(s.rep.Rows) > 0 {
+		s.serviceRow(s.row)
+	}
 	s.rep.Rows = append(s.rep.Rows, Row{From: from, To: to})
 	s.row = &s.rep.Rows[len(s.rep.Rows)-1]
 	s.row.Used = -float64(s.rep.Done) // completed at the row's end
@@ -625,7 +687,23 @@ func (s *sim) startRow(from, to time.Duration) {
 	}
 }
 
-func (s *sim) endRow() { s.closeRow(s.row) }
+func (s *sim) endRow() {
+	s.serviceRow(s.row)
+	s.closeRow(s.row)
+}
+
+// serviceRow fills in what a row of a service knows at its end: the mean
+// calls in service and the latencies' 99th percentile; then starts the
+// next row's.
+func (s *sim) serviceRow(r *Row) {
+	s.serve(0)
+	r.InFlight = s.busyArea / (r.To - r.From).Seconds()
+	if len(s.latencies) > 0 {
+		slices.Sort(s.latencies)
+		r.P99 = s.latencies[(len(s.latencies)*99+99)/100-1]
+	}
+	s.busyArea, s.latencies = 0, s.latencies[:0]
+}
 
 // closeRow fills in what a row knows at its end.
 func (s *sim) closeRow(r *Row) {
@@ -637,15 +715,26 @@ func (s *sim) closeRow(r *Row) {
 		if end := s.phaseEnd(i); end > t && end < next {
 			next = end
 		}
-		capacity += l.Rate / l.Period.Seconds() * (next - t).Seconds()
+		if l.Rate > 0 {
+			capacity += l.Rate / l.Period.Seconds() * (next - t).Seconds()
+		}
 		t = next
 	}
 	r.Used = done / capacity
-	l, _ := s.spec.Vendor.At(r.To - 1)
-	r.Limit = l.Rate / l.Period.Seconds()
-	if f := s.flows[0]; f.learned >= 0 {
+	l, i := s.spec.Vendor.At(r.To - 1)
+	if r.Slots = s.spec.Vendor.Phases[i].Slots; r.Slots > 0 {
+		r.Used = r.InFlight / float64(r.Slots)
+	} else {
+		r.Limit = l.Rate / l.Period.Seconds()
+	}
+	f := s.flows[0]
+	if f.learned >= 0 {
 		d, _ := s.m.Status(s.ctx, f.rates, f.rateReq)
 		r.Learned = float64(time.Second) / float64(d.Rules[f.learned].Interval)
+	}
+	if f.learnedSlots >= 0 {
+		d, _ := s.m.Status(s.ctx, f.slots, f.slotReq)
+		r.LearnedSlots = d.Rules[f.learnedSlots].Slots
 	}
 }
 
@@ -706,8 +795,28 @@ func (r Report) Write(w io.Writer, spec Spec, took time.Duration) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "simulated %v in %v: %d workers x %d slots, backlog %d, vendor %q answering in %v, retry-after %s\n",
 		spec.Duration, took.Round(time.Millisecond), spec.Workers, spec.Concurrency, spec.Backlog, spec.Vendor.String(), spec.Latency, spec.Vendor.RetryAfter)
-	fmt.Fprintln(tw, "from\tto\tvendor/s\tlearned/s\tcalls\t429\t429 %\tused %\t")
+	if spec.Vendor.service() {
+		// A service that slows down: its slots against the learned ones.
+		fmt.Fprintln(tw, "from\tto\tslots\tlearned\tin flight\tp99 ms\tcalls\t429\t")
+		for _, row := range r.Rows {
+			slots, learned := "-", "-"
+			if row.Slots > 0 {
+				slots = strconv.Itoa(row.Slots)
+			}
+			if row.LearnedSlots > 0 {
+				learned = strconv.Itoa(row.LearnedSlots)
+			}
+			fmt.Fprintf(tw, "%v\t%v\t%s\t%s\t%.1f\t%.0f\t%d\t%d\t\n", row.From, row.To, slots, learned, row.InFlight,
+				float64(row.P99)/float64(time.Millisecond), row.Calls, row.Throttled)
+		}
+	}
+	if !spec.Vendor.service() {
+		fmt.Fprintln(tw, "from\tto\tvendor/s\tlearned/s\tcalls\t429\t429 %\tused %\t")
+	}
 	for _, row := range r.Rows {
+		if spec.Vendor.service() {
+			break
+		}
 		learned := "-"
 		if row.Learned > 0 {
 			learned = strconv.FormatFloat(row.Learned, 'f', 2, 64)

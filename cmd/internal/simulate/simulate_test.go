@@ -59,20 +59,30 @@ func TestParseVendor(t *testing.T) {
 	if l, i := v.At(time.Hour); i != 2 || l.Rate != 0.5 {
 		t.Errorf("At(1h): %v %d", l, i)
 	}
+	if v := mustVendor(t, "20 at once for 90s,10 at once"); v.String() != "20 at once for 1m30s, 10 at once" || v.Phases[1].Slots != 10 || !v.service() {
+		t.Errorf("a service: %+v %q", v, v.String())
+	}
 	for spec, msg := range map[string]string{
-		"":                     "empty",
-		"20":                   "RATE/PER",
-		"x/s":                  `bad rate "x"`,
-		"20/fortnight":         `bad period "fortnight"`,
-		"20/s for":             `"for" needs a value`,
-		"20/s for -1s":         `bad duration "-1s"`,
-		"20/s burst 0":         "burst",
-		"20/s every 2s":        `unknown word "every"`,
-		"20/s, 5/s for 1m":     "phase 1: needs a duration",
-		"-3/s":                 "rate",
-		"20/s for 1m,, 5/s":    "phase 2",
-		"20/s for 1m burst x":  `bad burst "x"`,
-		"20/s for 1m burst 2 ": "",
+		"":                       "empty",
+		"20":                     "RATE/PER",
+		"x/s":                    `bad rate "x"`,
+		"20/fortnight":           `bad period "fortnight"`,
+		"20/s for":               `"for" needs a value`,
+		"20/s for -1s":           `bad duration "-1s"`,
+		"20/s burst 0":           "burst",
+		"20/s every 2s":          `unknown word "every"`,
+		"20/s, 5/s for 1m":       "phase 1: needs a duration",
+		"-3/s":                   "rate",
+		"20/s for 1m,, 5/s":      "phase 2",
+		"20/s for 1m burst x":    `bad burst "x"`,
+		"20/s for 1m burst 2 ":   "",
+		"20 at once for 1m, 5/s": "",
+		"0 at once":              `bad number of calls at once "0"`,
+		"x at once":              `bad number of calls at once "x"`,
+		"20 at once for":         "expected N at once [for DURATION]",
+		"20 at once burst 2":     "expected N at once [for DURATION]",
+		"20 at once for -1s":     `bad duration "-1s"`,
+		"20 at once, 5/s":        "phase 1: needs a duration",
 	} {
 		_, err := ParseVendor(spec)
 		switch {
@@ -242,5 +252,61 @@ rules:
 	t.Logf("burst 1, per second: %.2f", got)
 	if got[0] < want[0]/2 || got[0] > want[0]*1.01 {
 		t.Errorf("burst 1, the pro key: %.2f/s, want 3-6/s", got[0])
+	}
+}
+
+// TestAdaptiveConcurrency: an adaptive concurrency rule that knows only
+// 1-200 learns how many calls a service takes at once from the latency of
+// the calls, for services of 10 to 80 slots whose slots halve and then
+// triple (N unknown to the policy), answering in 50 ms or 400 ms without
+// load, with 3 or 6 workers of 40 slots. The bars (issue 31), from 10 s
+// after each change: the calls in service average within 20 % of N, and
+// the 99th percentile of the latency stays within twice the unloaded one
+// (the latency at no load, at most 10 % more with the service's jitter).
+// Below 5 slots the service's latency doubles with one call too many, so
+// no learner keeps its p99 within 2x (N 2: 164 ms, measured).
+func TestAdaptiveConcurrency(t *testing.T) {
+	p := mustPolicy(t, `
+rules:
+  - name: backend
+    match: {type: "http:call"}
+    adaptive_concurrency: {min: 1, max: 200, lease: 30s}
+`)
+	for _, c := range []struct {
+		n, workers int
+		latency    time.Duration
+	}{{10, 3, 50 * time.Millisecond}, {10, 6, 50 * time.Millisecond}, {20, 3, 50 * time.Millisecond}, {20, 6, 400 * time.Millisecond},
+		{40, 3, 50 * time.Millisecond}, {40, 6, 400 * time.Millisecond}, {80, 6, 50 * time.Millisecond}} {
+		unloaded := c.latency + c.latency/10
+		v := Vendor{Phases: []Phase{{Slots: c.n, For: time.Minute}, {Slots: c.n / 2, For: time.Minute}, {Slots: 3 * c.n / 2}}}
+		rep, err := Run(Spec{Policy: p, Type: "http:call", Vendor: v, Duration: 3 * time.Minute, Interval: 5 * time.Second,
+			Latency: c.latency, Workers: c.workers, Concurrency: 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var from time.Duration
+		for i, ph := range v.Phases {
+			to := from + ph.For
+			if i == len(v.Phases)-1 {
+				to = 3 * time.Minute
+			}
+			var area, span float64
+			var p99 time.Duration
+			for _, r := range rep.Rows {
+				if r.From >= from+10*time.Second && r.To <= to {
+					d := (r.To - r.From).Seconds()
+					area, span, p99 = area+r.InFlight*d, span+d, max(p99, r.P99)
+				}
+			}
+			inFlight := area / span
+			t.Logf("N %d, %d workers, %v: phase %d (%d at once): %.1f in service, p99 %v", c.n, c.workers, c.latency, i+1, ph.Slots, inFlight, p99.Round(time.Millisecond))
+			if !within(inFlight, float64(ph.Slots), 0.2) {
+				t.Errorf("N %d, %d workers, %v, phase %d: %.1f calls in service, want %d within 20%%", c.n, c.workers, c.latency, i+1, inFlight, ph.Slots)
+			}
+			if p99 > 2*unloaded {
+				t.Errorf("N %d, %d workers, %v, phase %d: p99 latency %v, want at most %v", c.n, c.workers, c.latency, i+1, p99, 2*unloaded)
+			}
+			from = to
+		}
 	}
 }

@@ -13,7 +13,9 @@ import (
 // Vendor is the remote side's global limit over time: a strict GCRA that
 // answers 429 saying when to try again as RetryAfter says (by default in
 // whole seconds, rounded up, at least 1, as internal/testkit/fakeapi
-// does). The phases follow each other; the last holds until the end.
+// does), or a service that never refuses but slows down above a number of
+// calls at once (Phase.Slots). The phases follow each other; the last
+// holds until the end.
 type Vendor struct {
 	Phases     []Phase
 	RetryAfter RetryAfter
@@ -64,7 +66,14 @@ func (r RetryAfter) wait(exact time.Duration) time.Duration {
 
 // Phase is the vendor's limit for a while.
 type Phase struct {
+	// Limit is the vendor's rate; unset (zero) in a phase of Slots.
 	Limit gcra.Limit
+	// Slots, when set, makes the vendor a service that answers every call
+	// and slows down above Slots calls at once: with c calls in service, a
+	// call takes Spec.Latency x (1 + 4 (c - Slots) / Slots) when c is
+	// above Slots (a quarter more calls, twice as long), each call
+	// 10 % faster or slower at random.
+	Slots int
 	// For is how long the phase lasts; 0 in the last phase: until the end.
 	For time.Duration
 }
@@ -85,6 +94,14 @@ func (v Vendor) At(d time.Duration) (gcra.Limit, int) {
 func (v Vendor) String() string {
 	var parts []string
 	for _, p := range v.Phases {
+		if p.Slots > 0 {
+			s := strconv.Itoa(p.Slots) + " at once"
+			if p.For > 0 {
+				s += " for " + p.For.String()
+			}
+			parts = append(parts, s)
+			continue
+		}
 		s := rateString(p.Limit)
 		if p.Limit.Burst > 1 {
 			s += " burst " + strconv.Itoa(p.Limit.Burst)
@@ -113,7 +130,9 @@ func rateString(l gcra.Limit) string {
 // ParseVendor reads a vendor spec: phases separated by commas, each
 // "RATE/PER [burst B] [for DURATION]", e.g. "20/s for 1m, 5/s for 1m,
 // 20/s" (PER is s, m, h or a Go duration such as 10s; burst defaults to 1;
-// every phase but the last needs a duration).
+// every phase but the last needs a duration), or "N at once [for
+// DURATION]", a service that slows down above N calls at once
+// (Phase.Slots).
 func ParseVendor(spec string) (Vendor, error) {
 	var v Vendor
 	for i, raw := range strings.Split(spec, ",") {
@@ -124,9 +143,27 @@ func ParseVendor(spec string) (Vendor, error) {
 		if len(f) == 0 {
 			return bad("empty")
 		}
+		if len(f) >= 3 && f[1] == "at" && f[2] == "once" {
+			n, err := strconv.Atoi(f[0])
+			if err != nil || n < 1 {
+				return bad("bad number of calls at once %q", f[0])
+			}
+			p := Phase{Slots: n}
+			switch {
+			case len(f) == 3:
+			case len(f) == 5 && f[3] == "for":
+				if p.For, err = time.ParseDuration(f[4]); err != nil || p.For <= 0 {
+					return bad("bad duration %q", f[4])
+				}
+			default:
+				return bad("expected N at once [for DURATION]")
+			}
+			v.Phases = append(v.Phases, p)
+			continue
+		}
 		rate, per, ok := strings.Cut(f[0], "/")
 		if !ok {
-			return bad("the rate must be RATE/PER, e.g. 20/s")
+			return bad("the rate must be RATE/PER, e.g. 20/s, or N at once")
 		}
 		r, err := strconv.ParseFloat(rate, 64)
 		if err != nil {
@@ -173,4 +210,14 @@ func ParseVendor(spec string) (Vendor, error) {
 		}
 	}
 	return v, nil
+}
+
+// service reports whether v has a phase of Slots.
+func (v Vendor) service() bool {
+	for _, p := range v.Phases {
+		if p.Slots > 0 {
+			return true
+		}
+	}
+	return false
 }

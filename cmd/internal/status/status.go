@@ -87,6 +87,9 @@ type KeyState struct {
 	// Rate is the rate per second a GCRA rule decides at: its limit, or,
 	// adaptive, what the fleet learned.
 	Rate float64 `json:"rate,omitempty"`
+	// Slots is the number of slots an adaptive concurrency rule allows:
+	// what the fleet learned.
+	Slots int `json:"slots,omitempty"`
 	// Waiting is the tasks waiting under the rule for this key
 	// (taskrl.Waiting), filled by AddWaiting.
 	Waiting int `json:"waiting,omitempty"`
@@ -313,6 +316,7 @@ func keyState(ctx context.Context, c redis.UniversalClient, l *quotas.Limiter, p
 	if st.Interval > 0 {
 		ks.Rate = float64(time.Second) / float64(st.Interval)
 	}
+	ks.Slots = st.Slots
 	if q.Fair {
 		fs, err := l.Flows(ctx, set, quotas.Request{Keys: []string{key}})
 		if err != nil {
@@ -402,6 +406,9 @@ func Text(rep Report) string {
 		limit := r.Limit
 		if ks.Override != "" {
 			limit = ks.Override + " (override)"
+		}
+		if ks.Slots > 0 {
+			limit += fmt.Sprintf(", %d learned", ks.Slots)
 		}
 		if r.Shadow {
 			limit += " [shadow]"

@@ -167,6 +167,38 @@ func TestCollectSoft(t *testing.T) {
 	}
 }
 
+// TestCollectAdaptiveSlots: an adaptive concurrency rule's report shows
+// the slots the fleet learned (3, from a start at 1: slow start adds one
+// per fast call released) in JSON and in its limit's text (the worker's
+// metrics: metrics.TestRuleSlots).
+func TestCollectAdaptiveSlots(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	p, l := parseWithLimiter(t, c, prefix, "rules:\n  - name: backend\n    match: {type: job}\n    adaptive_concurrency: {max: 8, lease: 30s}\n")
+	_, set := jobSet(t, p)
+	for i := 0; i < 2; i++ {
+		d, err := l.Allow(ctx, set, quotas.Request{Holder: "h"})
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if ok, err := l.Release(ctx, d.Leases[0].Outcome(50*time.Millisecond, false)); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	}
+	rep, err := Collect(ctx, c, prefix, p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rep.Rules[0]
+	if r.KeyState == nil || r.Slots != 3 || r.Remaining != 3 || r.Kind != "concurrency" {
+		t.Fatalf("%+v %+v", r, r.KeyState)
+	}
+	if text := Text(rep); !strings.Contains(text, "1-8 at once, learned, lease 30s (adaptive concurrency), 3 learned") {
+		t.Errorf("text:\n%s", text)
+	}
+}
+
 // TestCollectPrefetch: a prefetching rule's state is read from its own
 // key (whose name holds the prefetch), and its limit says so.
 func TestCollectPrefetch(t *testing.T) {

@@ -15,6 +15,9 @@
 //     Limits.ActualCost is set, the answer carries X-Actual-Cost, what the
 //     request really cost, and the difference is given back at once.
 //
+// It can also be a service that never refuses but slows down above a
+// number of calls at once (Limits.Slots), as internal services do.
+//
 // A request is admitted only if every limit admits it, and then every limit is
 // charged; a 429 charges nothing. Decisions use the API's own clock (the local
 // clock by default: it is the remote side), under one mutex, with GCRA
@@ -97,6 +100,12 @@ type Limits struct {
 	// has decided (so the decision is made at arrival). Default 0. A request
 	// whose client goes away while it waits is still recorded as decided.
 	Latency time.Duration
+	// Slots, when above 0, makes every admitted request slower when more
+	// than Slots are in service at once (this one included, c of them):
+	// it takes Latency x (1 + 4 (c - Slots) / Slots), a quarter more calls
+	// taking twice as long. 0 (default): Latency whatever the load.
+	// SetSlots changes it.
+	Slots int
 	// Now is the API's clock. Default time.Now. Tests set it to drive
 	// window resets and GCRA refills without sleeping.
 	Now func() time.Time
@@ -136,6 +145,9 @@ func (l Limits) Validate() error {
 	if l.Latency < 0 {
 		errs = append(errs, fmt.Errorf("fakeapi: Limits.Latency: must not be negative, got %v", l.Latency))
 	}
+	if l.Slots < 0 {
+		errs = append(errs, fmt.Errorf("fakeapi: Limits.Slots: must not be negative, got %d", l.Slots))
+	}
 	return errors.Join(errs...)
 }
 
@@ -158,6 +170,11 @@ type Call struct {
 	// Cost is the points the request asked (X-Cost, default 1); Actual
 	// what it really cost (Limits.ActualCost; Cost without it), on a 200.
 	Cost, Actual int
+	// InFlight is, on a 200, the requests in service when it arrived, its
+	// own included; Took how long it was served (its latency; known once
+	// answered).
+	InFlight int
+	Took     time.Duration
 }
 
 // Second is one bucket of the per-second histogram: the calls that arrived
@@ -211,6 +228,7 @@ type API struct {
 	window      int64 // start of the quota's current window, Unix ns
 	windowUsed  int
 	forcedUntil time.Time
+	inService   int // requests admitted and not yet answered
 	calls       []Call
 	okCount     map[string]int
 	perSecond   map[int64]*Second
@@ -303,6 +321,19 @@ func (a *API) SetGlobal(l Limit) error {
 	return nil
 }
 
+// SetSlots changes Limits.Slots from now on (0: no slowdown), as a
+// service whose capacity changes does. It fails, changing nothing, if n is
+// negative.
+func (a *API) SetSlots(n int) error {
+	if n < 0 {
+		return fmt.Errorf("fakeapi: SetSlots: must not be negative, got %d", n)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.limits.Slots = n
+	return nil
+}
+
 // Stats returns a snapshot of what the API has seen so far.
 func (a *API) Stats() Stats {
 	a.mu.Lock()
@@ -329,13 +360,22 @@ func (a *API) Calls() []Call {
 
 // ServeHTTP decides and answers one request (see the package doc).
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	c := a.decide(r)
-	if c.Status == http.StatusOK && a.limits.Latency > 0 {
-		t := time.NewTimer(a.limits.Latency)
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
+	c, i, latency := a.decide(r)
+	if c.Status == http.StatusOK {
+		began := time.Now()
+		if latency > 0 {
+			t := time.NewTimer(latency)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+			}
+		}
+		a.mu.Lock()
+		a.inService--
+		a.calls[i].Took = time.Since(began)
+		a.mu.Unlock()
+		if r.Context().Err() != nil {
 			return
 		}
 	}
@@ -368,8 +408,9 @@ func retryAfterSeconds(d time.Duration) int64 {
 	return max(s, 1)
 }
 
-// decide makes the decision for r at arrival and records it.
-func (a *API) decide(r *http.Request) Call {
+// decide makes the decision for r at arrival and records it; it returns
+// the record, its index in a.calls and, for a 200, how long to take.
+func (a *API) decide(r *http.Request) (Call, int, time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.now()
@@ -390,7 +431,13 @@ func (a *API) decide(r *http.Request) Call {
 	default:
 		c.Status, c.Scope, c.RetryAfter = a.admit(now, c.Business, c.Cost)
 	}
+	var latency time.Duration
 	if c.Status == http.StatusOK {
+		a.inService++
+		c.InFlight, latency = a.inService, a.limits.Latency
+		if n := a.limits.Slots; n > 0 && c.InFlight > n {
+			latency = time.Duration(float64(latency) * (1 + 4*float64(c.InFlight-n)/float64(n)))
+		}
 		c.Actual = c.Cost
 		if a.limits.ActualCost != nil {
 			c.Actual = a.limits.ActualCost(c.Cost)
@@ -400,7 +447,7 @@ func (a *API) decide(r *http.Request) Call {
 		}
 	}
 	a.record(c)
-	return c
+	return c, len(a.calls) - 1, latency
 }
 
 // admit decides a request of business at now against every limit, charging

@@ -495,3 +495,50 @@ func TestPoints(t *testing.T) {
 		t.Errorf("recorded %+v", cs[0])
 	}
 }
+
+// TestSlots: above Slots requests at once each takes longer (4 in service
+// of 2: three times the latency), the records say how many were in
+// service and how long each took, and SetSlots changes it.
+func TestSlots(t *testing.T) {
+	a, err := New(Limits{Latency: 20 * time.Millisecond, Slots: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			call(a, fmt.Sprint("k", i), "")
+		}()
+		time.Sleep(2 * time.Millisecond) // in order: 1, 2, 3, 4 in service
+	}
+	wg.Wait()
+	var inFlight []int
+	for _, c := range a.Calls() {
+		inFlight = append(inFlight, c.InFlight)
+		want := 20 * time.Millisecond
+		if c.InFlight > 2 {
+			want = time.Duration(float64(want) * (1 + 4*float64(c.InFlight-2)/2))
+		}
+		if c.Status != 200 || c.Took < want || c.Took > want+200*time.Millisecond {
+			t.Errorf("%+v: want 200 taking %v", c, want)
+		}
+	}
+	if fmt.Sprint(inFlight) != "[1 2 3 4]" {
+		t.Errorf("in service at arrival: %v, want [1 2 3 4]", inFlight)
+	}
+	if err := a.SetSlots(-1); err == nil {
+		t.Error("SetSlots(-1) accepted")
+	}
+	if err := a.SetSlots(0); err != nil {
+		t.Fatal(err)
+	}
+	call(a, "k9", "")
+	if c := lastCall(a); c.Took > 200*time.Millisecond {
+		t.Errorf("without slots: %+v", c)
+	}
+	if _, err := New(Limits{Slots: -1}); err == nil {
+		t.Error("Limits.Slots -1 accepted")
+	}
+}
