@@ -105,9 +105,10 @@ const MaxSliding = 100_000
 // With Adaptive the number of slots L is learned for the whole fleet,
 // between Min and Max, from the latency of the calls the slots were taken
 // for, reported when a slot is released (quotas.Lease.Outcome). L is one
-// value in the rule's state per entity, kept a day after its last change,
-// so a fleet that restarts goes on from what was learned, and a change of
-// Min or Max keeps it within the new bounds. It starts at Min. The rule is Vegas-style, on the ratio of the recent latency to the
+// value in the rule's state per entity, kept a day after the last call
+// that reported, so a fleet that restarts goes on from what was learned,
+// and a change of Min or Max keeps it within the new bounds. It starts at
+// Min. The rule is Vegas-style, on the ratio of the recent latency to the
 // latency without load:
 //
 //   - the no-load latency is the lowest the calls show: it falls a tenth of
@@ -123,17 +124,16 @@ const MaxSliding = 100_000
 //     limit found last, faster the further above it);
 //   - when the ratio reaches 1.5, L falls to max(0.5, min(0.9, 1.3/ratio))
 //     of itself, and when a call reports overload (the remote side
-//     throttled it, or it ran out of time) to 0.7 of itself, by at least
-//     one slot and never below Min. Calls that started before the fall had
-//     taken effect (L times the recent latency after it) decrease it no
-//     further: the answers to the calls in flight together are one
-//     congestion event.
+//     throttled it) to 0.7 of itself, by at least one slot and never below
+//     Min. Calls that started before the fall had taken effect (one recent
+//     latency after it) decrease it no further: the answers to the calls
+//     in flight together are one congestion event.
 //
 // Calls of one adaptive rule should be alike (one endpoint, key it by
 // endpoint): it learns one no-load latency for all of them.
 type Concurrency struct {
 	// Max is the number of slots, at least 1; with Adaptive, the most the
-	// learned number reaches.
+	// learned number reaches, at most MaxAdaptiveSlots.
 	Max int
 	// Lease is how long a slot is held without renewal, at least 1s.
 	Lease time.Duration
@@ -257,6 +257,10 @@ func (w CalendarWindow) check() *RuleError {
 	return nil
 }
 
+// MaxAdaptiveSlots bounds an adaptive Concurrency's Max: its learned state
+// counts millionths of a slot in doubles, exact below 2^53.
+const MaxAdaptiveSlots = 1_000_000
+
 // String describes the limit, e.g. "8 at once, lease 30s (concurrency)",
 // "2-50 at once, learned, lease 30s (adaptive concurrency)".
 func (c Concurrency) String() string {
@@ -279,6 +283,8 @@ func (c Concurrency) check() *RuleError {
 		return badLimit("Lease", "lease", "must be at most 7 days, got %v", c.Lease)
 	case c.Reserved < 0 || c.Reserved >= c.Max:
 		return badLimit("Reserved", "reserved", "must be between 0 and max-1 (%d), got %d", c.Max-1, c.Reserved)
+	case c.Adaptive && c.Max > MaxAdaptiveSlots:
+		return badLimit("Max", "max", "must be at most %d for an adaptive limit, got %d", MaxAdaptiveSlots, c.Max)
 	case c.Adaptive && (c.Min < 1 || c.Min > c.Max):
 		return badLimit("Min", "min", "must be between 1 and max (%d), got %d", c.Max, c.Min)
 	case c.Adaptive && c.Reserved > 0:

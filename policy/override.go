@@ -126,7 +126,7 @@ func (p *Policy) checkOverrides(overrides []Override, at []yamldoc.Lines) ([]Ove
 		default:
 			var f, msg string
 			lim, f, msg = checkLimit(o.Rule, o.Limit)
-			if msg == "" && reflect.TypeOf(lim) != reflect.TypeOf(r.Limit) {
+			if msg == "" && !sameKind(lim, r.Limit) {
 				f, msg = blockOf(lim), fmt.Sprintf("is %s; rule %q is %s, and an override keeps the kind of limit (the key's state carries over)", lim, o.Rule, r.Limit)
 			}
 			if msg != "" {
@@ -196,8 +196,23 @@ func (p *Policy) rule(name string) *crule {
 	return nil
 }
 
+// sameKind reports whether a and b are limits of one kind: one type, and
+// for concurrency both adaptive or neither (an override or a plan keeps the
+// kind of limit: the key's state carries over).
+func sameKind(a, b limits.Limit) bool {
+	ca, okA := a.(limits.Concurrency)
+	cb, okB := b.(limits.Concurrency)
+	if okA && okB {
+		return ca.Adaptive == cb.Adaptive
+	}
+	return reflect.TypeOf(a) == reflect.TypeOf(b)
+}
+
 // blockOf names the policy file's block of a limit (gcra, quota, ...).
 func blockOf(l limits.Limit) string {
+	if c, ok := l.(limits.Concurrency); ok && c.Adaptive {
+		return "adaptive_concurrency"
+	}
 	switch l.(type) {
 	case limits.GCRA:
 		return "gcra"
@@ -215,8 +230,8 @@ func blockOf(l limits.Limit) string {
 //
 //	gcra: {rate: 5, per: 1s, burst: 2}
 //
-// or quota: {...}, sliding: {...}, concurrency: {...}, adaptive: {...}
-// (see Parse), and validates it. Errors name the field, e.g.
+// or quota: {...}, sliding: {...}, concurrency: {...}, adaptive: {...},
+// adaptive_concurrency: {...} (see Parse), and validates it. Errors name the field, e.g.
 // `policy: line 1: gcra.rate: must be a positive number, got -1`.
 func ParseLimit(yaml []byte) (limits.Limit, error) {
 	var b yamldoc.Block[limitsDoc]

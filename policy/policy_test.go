@@ -49,6 +49,7 @@ func TestParseErrors(t *testing.T) {
 		{"rule not a mapping", "rules: [5]\n", `policy: line 1: rule 1: must be a mapping, got the integer 5`},
 		{"unknown rule field", doc("gcra: {rate: 1, per: 1s}\n    limit: 5"), `policy: line 5: rule "a": limit: unknown field; expected name, match, key, default_key, fair, tier, priority, tiers, mode, soft, borrow, prefetch, cost, default_cost, gcra, adaptive, quota, sliding, concurrency or adaptive_concurrency`},
 		{"adaptive concurrency min 0", doc("adaptive_concurrency: {min: 0, max: 64, lease: 30s}"), `policy: line 4: rule "a": adaptive_concurrency.min: must be between 1 and max (64), got 0`},
+		{"adaptive concurrency max too large", doc("adaptive_concurrency: {max: 2000000, lease: 30s}"), `policy: line 4: rule "a": adaptive_concurrency.max: must be at most 1000000 for an adaptive limit, got 2000000`},
 		{"adaptive concurrency min above max", doc("adaptive_concurrency: {min: 80, max: 64, lease: 30s}"), `policy: line 4: rule "a": adaptive_concurrency.min: must be between 1 and max (64), got 80`},
 		{"adaptive concurrency no lease", doc("adaptive_concurrency: {max: 64}"), `policy: line 4: rule "a": adaptive_concurrency.lease: missing; adaptive_concurrency needs max and lease`},
 		{"adaptive concurrency short lease", doc("adaptive_concurrency: {max: 64, lease: 1s}"), `policy: line 4: rule "a": adaptive_concurrency.lease: must be at least 30s, asynq's own task lease`},
@@ -1005,5 +1006,17 @@ rules:
 	}
 	if got := (limits.Concurrency{Adaptive: true, Min: 4, Max: 8, Lease: time.Minute}).String(); got != "4-8 at once, learned, lease 1m0s (adaptive concurrency)" {
 		t.Errorf("String: %q", got)
+	}
+	// An override or a plan keeps the kind of limit: adaptive or not.
+	keyed := "rules:\n  - name: c\n    match: {type: job}\n    key: \"{{.b}}\"\n    fair: \"{{.f}}\"\n    concurrency: {max: 4, lease: 30s}\n"
+	for _, c := range []struct{ doc, want string }{
+		{keyed + "overrides:\n  - {rule: c, key: b1, adaptive_concurrency: {max: 9, lease: 30s}}\n",
+			`overrides[1].adaptive_concurrency: is 1-9 at once, learned, lease 30s (adaptive concurrency); rule "c" is 4 at once, lease 30s (concurrency)`},
+		{strings.Replace(keyed, "    concurrency:", "    tiers: {pro: {adaptive_concurrency: {max: 9, lease: 30s}}}\n    concurrency:", 1),
+			`tiers.pro.adaptive_concurrency: is 1-9 at once, learned, lease 30s (adaptive concurrency); the rule is 4 at once, lease 30s (concurrency), and a plan keeps the kind of limit`},
+	} {
+		if _, err := Parse([]byte(c.doc)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want %q", c.doc, err, c.want)
+		}
 	}
 }

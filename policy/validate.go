@@ -6,7 +6,6 @@ import (
 	"maps"
 	"math"
 	"path"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -397,7 +396,7 @@ func (c *crule) compileTiers() (field, msg string) {
 		if msg != "" {
 			return yamldoc.Join(f, lf), msg
 		}
-		if reflect.TypeOf(lim) != reflect.TypeOf(c.Limit) {
+		if !sameKind(lim, c.Limit) {
 			return yamldoc.Join(f, blockOf(lim)), fmt.Sprintf("is %s; the rule is %s, and a plan keeps the kind of limit", lim, c.Limit)
 		}
 		if err := (limits.Rule{Name: c.Name, Limit: c.Raised(lim)}).Validate(); err != nil {

@@ -136,7 +136,8 @@ type Lease struct {
 
 // Outcome returns ls carrying what the call made under its slot showed: it
 // took latency, and overloaded says the remote side reported overload (it
-// throttled the call, or the call ran out of time). Releasing the returned
+// throttled the call; a call that ran out of time is a slow one, not an
+// overload signal). Releasing the returned
 // lease teaches an adaptive Concurrency rule (limits.Concurrency.Adaptive)
 // from it; other rules ignore it. A latency of 0 without overload reports
 // nothing, as for a slot given back without a call. Call it only for a

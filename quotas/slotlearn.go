@@ -31,7 +31,9 @@ func (st slotLearned) slots(amin, amax int64) int64 {
 // caller does not sample), with inflight slots held then, its own
 // included.
 func (st slotLearned) sample(amin, amax, lat int64, over bool, inflight, now int64) slotLearned {
-	l, b, q, h, s, m := st.l, st.b, st.q, st.h, st.s, st.m
+	b, q, h, s, m := st.b, st.q, st.h, st.s, st.m
+	// Within the bounds (they may have changed since it was stored).
+	l := math.Max(float64(amin)*1000000, math.Min(float64(amax)*1000000, st.l))
 	cut := 0.0
 	if over {
 		cut = 0.7

@@ -403,12 +403,11 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 			if err != nil {
 				return err
 			}
-			defer func() {
+			return runReporting(j, next, func(took time.Duration, over bool) {
 				for _, ls := range leases {
-					_, _ = m.local.Release(context.WithoutCancel(j.ctx), ls)
+					_, _ = m.local.Release(context.WithoutCancel(j.ctx), ls.Outcome(took, over))
 				}
-			}()
-			return next.ProcessTask(j.ctx, j.t)
+			})
 		case admission.Retry:
 			if herr := hold(j.ctx, backoff); herr != nil {
 				return herr
@@ -438,16 +437,8 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		j.observe(admit)
 	}
 	renewing := m.renew.add(d.Leases)
-	began := time.Now()
-	var err error
-	ran := false // the handler returned (did not panic)
-	defer func() {
+	return runReporting(j, next, func(took time.Duration, over bool) {
 		m.renew.remove(renewing)
-		var took time.Duration
-		var over bool
-		if ran {
-			took, over = callOutcome(err, time.Since(began))
-		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(j.ctx), 5*time.Second)
 		defer cancel()
 		for _, ls := range d.Leases {
@@ -455,6 +446,22 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 				m.cfg.Logger.Warn("taskrl: releasing a concurrency slot failed; it frees itself when its lease ends", "rule", ls.Rule, "err", rerr)
 			}
 		}
+	})
+}
+
+// runReporting runs the task's handler, then release with what the run
+// showed (callOutcome), also when the handler panics (then nothing: 0,
+// false), and returns the handler's error.
+func runReporting(j *job, next asynq.Handler, release func(took time.Duration, over bool)) (err error) {
+	began := time.Now()
+	ran := false
+	defer func() {
+		var took time.Duration
+		var over bool
+		if ran {
+			took, over = callOutcome(err, time.Since(began))
+		}
+		release(took, over)
 	}()
 	err = next.ProcessTask(j.ctx, j.t)
 	ran = true
@@ -463,16 +470,18 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 
 // callOutcome is what a handler's run under concurrency slots teaches an
 // adaptive concurrency rule (quotas.Lease.Outcome): its latency when it
-// succeeded; overload when the remote side throttled it (Throttled) or it
-// ran out of time; nothing for another error, whose latency says nothing
-// about load (a bad request answered at once).
+// succeeded or ran out of time (the task's deadline also covers its wait
+// for a slot, so a timeout is a slow call, not an overload signal of its
+// own); overload when the remote side throttled it (Throttled); nothing
+// for another error, whose latency says nothing about load (a bad request
+// answered at once).
 func callOutcome(err error, took time.Duration) (time.Duration, bool) {
 	var te *ThrottledError
 	switch {
-	case err == nil:
+	case err == nil || errors.Is(err, context.DeadlineExceeded):
 		return max(took, time.Microsecond), false
-	case errors.As(err, &te) || errors.Is(err, context.DeadlineExceeded):
-		return took, true
+	case errors.As(err, &te):
+		return max(took, time.Microsecond), true
 	}
 	return 0, false
 }

@@ -36,7 +36,7 @@ local function lease(k, a)
   local ttl_floor, holder = tonumber(ARGV[a + LARG.FLOOR]), ARGV[a + LARG.HOLDER]
   local zkey, hkey = KEYS[k], KEYS[k + 1]
   local fk = false
-  if tonumber(ARGV[a + LARG.KEYS]) > 2 then fk = {KEYS[k + 2], KEYS[k + 3]} end
+  if tonumber(ARGV[a + LARG.KEYS]) == 4 then fk = {KEYS[k + 2], KEYS[k + 3]} end
   if op == LEASE.RENEW then
     -- Expired leases are reclaimed first, as on every look.
     local r = {key = zkey, hkey = hkey, oldest = false}
@@ -52,12 +52,12 @@ local function lease(k, a)
     return 1
   end
   -- LEASE.RELEASE: a release reclaims what it needs to itself (cc_release).
-  local amin, inflight = tonumber(ARGV[a + LARG.AMIN]), 0
-  if amin > 0 then inflight = call('ZCOUNT', zkey, '(' .. fmt(now), '+inf') end
+  local lat, over = tonumber(ARGV[a + LARG.LAT]), tonumber(ARGV[a + LARG.OVER])
+  local learn, inflight = tonumber(ARGV[a + LARG.AMIN]) > 0 and (lat > 0 or over == 1), 0
+  if learn then inflight = call('ZCOUNT', zkey, '(' .. fmt(now), '+inf') end
   local done = cc_release(zkey, hkey, holder, tonumber(ARGV[a + LARG.TOKEN]), now, ttl_floor, fk)
-  if done == 1 and amin > 0 then
-    cl_sample(KEYS[k + 2], amin, tonumber(ARGV[a + LARG.AMAX]), tonumber(ARGV[a + LARG.LAT]),
-      tonumber(ARGV[a + LARG.OVER]), inflight, now)
+  if done == 1 and learn then
+    cl_sample(KEYS[k + 2], tonumber(ARGV[a + LARG.AMIN]), tonumber(ARGV[a + LARG.AMAX]), lat, over, inflight, now)
   end
   return done
 end

@@ -391,7 +391,9 @@ end
 local function cl_sample(lkey, amin, amax, lat, over, inflight, now)
   if lat <= 0 and over ~= 1 then return end
   local f = cl_load(lkey, amin, amax)
-  local l, b, q, h, s, m = f[1], f[2], f[3], f[4], f[5], f[6]
+  local b, q, h, s, m = f[2], f[3], f[4], f[5], f[6]
+  -- Within the bounds (they may have changed since it was stored).
+  local l = max(amin * 1000000, math.min(amax * 1000000, f[1]))
   local cut = 0
   if over == 1 then
     cut = 0.7

@@ -21,7 +21,7 @@ import (
 // twice the unloaded one, and nothing is archived, lost or answered twice.
 func TestAdaptiveConcurrency(t *testing.T) {
 	const (
-		phase    = 15 * time.Second
+		phase    = 12 * time.Second
 		settle   = 5 * time.Second
 		unloaded = 100 * time.Millisecond
 	)

@@ -169,8 +169,13 @@ func Run(p *policy.Policy, c Campaign, opt Options) (*Report, error) {
 		templates[r.Name] = r.Key
 	}
 	rules := b.Rules()
-	for _, r := range rules {
+	for j, r := range rules {
 		rep.Rules = append(rep.Rules, RuleReport{Name: r.Name, Limit: r.Limit.String(), Key: templates[r.Name]})
+		if c, ok := r.Limit.(quotas.Concurrency); ok && c.Adaptive {
+			// What a service takes is learned from its calls alone: an
+			// adaptive concurrency rule is estimated at its max.
+			rules[j].Limit = quotas.Concurrency{Max: c.Max, Lease: c.Lease}
+		}
 	}
 
 	// Render every task's keys (and costs, policy.Rule.Cost) once; nil

@@ -201,6 +201,23 @@ rules:
 	}
 }
 
+// TestAdaptiveConcurrency: an adaptive concurrency rule is estimated at
+// its max (what the service takes is learned from the calls alone): 2
+// slots, tasks of 1 s, 10 tasks in 5 pairs.
+func TestAdaptiveConcurrency(t *testing.T) {
+	p := parse(t, `
+rules:
+  - name: backend
+    match: {type: "http:call"}
+    adaptive_concurrency: {min: 1, max: 2, lease: 30s}
+`)
+	r := run(t, p, 10, roundRobin(1), Options{})
+	check(t, r, 4*time.Second, "backend")
+	if r.Rules[0].Limit != "1-2 at once, learned, lease 30s (adaptive concurrency)" {
+		t.Errorf("limit %q", r.Rules[0].Limit)
+	}
+}
+
 func TestCalendarWindow(t *testing.T) {
 	p := parse(t, `
 rules:

@@ -629,7 +629,7 @@ func (s *sim) arrive(t *task, leases []quotas.Lease, called time.Time) {
 			s.serve(-1)
 			s.latencies = append(s.latencies, latency)
 		}
-		took := s.now.Sub(called)
+		took := max(s.now.Sub(called), time.Microsecond) // as the middleware reports it
 		for _, l := range leases {
 			s.rep.Decisions++
 			_, _ = s.m.Release(s.ctx, l.Outcome(took, !allowed))
@@ -799,33 +799,26 @@ func (r Report) Write(w io.Writer, spec Spec, took time.Duration) error {
 		// A service that slows down: its slots against the learned ones.
 		fmt.Fprintln(tw, "from\tto\tslots\tlearned\tin flight\tp99 ms\tcalls\t429\t")
 		for _, row := range r.Rows {
-			slots, learned := "-", "-"
-			if row.Slots > 0 {
-				slots = strconv.Itoa(row.Slots)
-			}
+			learned := "-"
 			if row.LearnedSlots > 0 {
 				learned = strconv.Itoa(row.LearnedSlots)
 			}
-			fmt.Fprintf(tw, "%v\t%v\t%s\t%s\t%.1f\t%.0f\t%d\t%d\t\n", row.From, row.To, slots, learned, row.InFlight,
+			fmt.Fprintf(tw, "%v\t%v\t%d\t%s\t%.1f\t%.0f\t%d\t%d\t\n", row.From, row.To, row.Slots, learned, row.InFlight,
 				float64(row.P99)/float64(time.Millisecond), row.Calls, row.Throttled)
 		}
-	}
-	if !spec.Vendor.service() {
+	} else {
 		fmt.Fprintln(tw, "from\tto\tvendor/s\tlearned/s\tcalls\t429\t429 %\tused %\t")
-	}
-	for _, row := range r.Rows {
-		if spec.Vendor.service() {
-			break
+		for _, row := range r.Rows {
+			learned := "-"
+			if row.Learned > 0 {
+				learned = strconv.FormatFloat(row.Learned, 'f', 2, 64)
+			}
+			share := 0.0
+			if row.Calls > 0 {
+				share = 100 * float64(row.Throttled) / float64(row.Calls)
+			}
+			fmt.Fprintf(tw, "%v\t%v\t%.2f\t%s\t%d\t%d\t%.2f\t%.1f\t\n", row.From, row.To, row.Limit, learned, row.Calls, row.Throttled, share, 100*row.Used)
 		}
-		learned := "-"
-		if row.Learned > 0 {
-			learned = strconv.FormatFloat(row.Learned, 'f', 2, 64)
-		}
-		share := 0.0
-		if row.Calls > 0 {
-			share = 100 * float64(row.Throttled) / float64(row.Calls)
-		}
-		fmt.Fprintf(tw, "%v\t%v\t%.2f\t%s\t%d\t%d\t%.2f\t%.1f\t\n", row.From, row.To, row.Limit, learned, row.Calls, row.Throttled, share, 100*row.Used)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

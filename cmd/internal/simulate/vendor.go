@@ -132,7 +132,7 @@ func rateString(l gcra.Limit) string {
 // 20/s" (PER is s, m, h or a Go duration such as 10s; burst defaults to 1;
 // every phase but the last needs a duration), or "N at once [for
 // DURATION]", a service that slows down above N calls at once
-// (Phase.Slots).
+// (Phase.Slots); the phases of one vendor are all rates or all services.
 func ParseVendor(spec string) (Vendor, error) {
 	var v Vendor
 	for i, raw := range strings.Split(spec, ",") {
@@ -207,6 +207,11 @@ func ParseVendor(spec string) (Vendor, error) {
 	for i, p := range v.Phases[:len(v.Phases)-1] {
 		if p.For == 0 {
 			return Vendor{}, fmt.Errorf("vendor phase %d: needs a duration (for ...): only the last phase lasts until the end", i+1)
+		}
+	}
+	for i, p := range v.Phases {
+		if (p.Slots > 0) != (v.Phases[0].Slots > 0) {
+			return Vendor{}, fmt.Errorf("vendor phase %d: a vendor is rates (RATE/PER) or a service (N at once), not both", i+1)
 		}
 	}
 	return v, nil
