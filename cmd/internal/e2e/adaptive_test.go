@@ -82,6 +82,27 @@ func (r *run) feed(backlog int) (enqueued *atomic.Int64, stop func()) {
 	return enqueued, func() { cancel(); <-fed }
 }
 
+// noneLost fails the test unless each of the enqueued tasks fed was
+// answered 2xx once or is still queued, and none was archived.
+func (r *run) noneLost(enqueued int) {
+	t := r.t
+	t.Helper()
+	st := r.api.Stats()
+	if st.Duplicates != 0 {
+		t.Errorf("%d keys were answered 2xx more than once", st.Duplicates)
+	}
+	info, err := r.insp.GetQueueInfo(r.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Archived != 0 || info.Retry != 0 {
+		t.Errorf("queue: %d archived, %d retrying", info.Archived, info.Retry)
+	}
+	if live := info.Pending + info.Scheduled + info.Active; st.DistinctKeys+live != enqueued {
+		t.Errorf("%d enqueued, %d answered 2xx and %d still queued: %d lost or doubled", enqueued, st.DistinctKeys, live, enqueued-st.DistinctKeys-live)
+	}
+}
+
 // TestAdaptiveCeiling (TASKRL_LONG=1) measures what an oracle could reach
 // in TestAdaptive's phases: a fixed GCRA rule (burst 1) set just under the
 // strict API's limit, which the oracle knows, on 3 workers; 40 s measured
@@ -187,21 +208,7 @@ func runAdaptive(t *testing.T, workers int, maxRate float64, limits []float64, p
 			t.Errorf("phase %d (%.0f/s): %.1f%% of the API's rate used, want at least %.0f%%", i+1, l, 100*used, 100*bar)
 		}
 	}
-	if st.Duplicates != 0 {
-		t.Errorf("%d keys were answered 2xx more than once", st.Duplicates)
-	}
-	// Nothing lost: every task enqueued was answered 2xx or has a copy
-	// still queued; nothing was archived.
-	info, err := r.insp.GetQueueInfo(r.queue)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.Archived != 0 || info.Retry != 0 {
-		t.Errorf("queue: %d archived, %d retrying", info.Archived, info.Retry)
-	}
-	if live := info.Pending + info.Scheduled + info.Active; st.DistinctKeys+live != int(enqueued.Load()) {
-		t.Errorf("%d enqueued, %d answered 2xx and %d still queued: %d lost or doubled", enqueued.Load(), st.DistinctKeys, live, int(enqueued.Load())-st.DistinctKeys-live)
-	}
+	r.noneLost(int(enqueued.Load()))
 
 	// The simulator on the same spec.
 	p, err := policy.Parse([]byte(yaml))
