@@ -103,6 +103,15 @@ Flags (--name and -name are the same; values as --name=V or --name V):
                            not validate is refused (each error logged; the running policy stays).
   --check                  validate the --policy file, print its rules and exit (0: valid, 2: not);
                            connects to nothing, needs no other flag. For CI and deploy hooks.
+                           With a Redis named by a flag (--redis..., --limits-redis...), also reports
+                           its settings that break the limits (eviction policy, persistence), each
+                           master of a Cluster (1 with --require-noeviction when one may evict).
+  --require-noeviction     refuse to start (exit 1) when a Redis the worker uses may evict the
+                           limits' keys: a maxmemory-policy other than noeviction with maxmemory set,
+                           or one that cannot be read. Without it such a Redis is a warning, logged,
+                           in worker status, the live page, /healthz and taskrl_redis_settings.
+  --redis-check-interval D how often a running worker reads the Redis settings again (a failover
+                           may bring other ones). Default 1m.
   --concurrency N          tasks processed at once by this worker, at least 1. Default 10.
   --queues LIST            queues to serve with their weights, NAME=WEIGHT,... (weights positive
                            integers; a bare NAME has weight 1). Default "default=1".
@@ -184,10 +193,15 @@ type config struct {
 	allowHosts      *egress.Policy // --allow-hosts; nil: the policy file's http.allow_hosts (httpConf)
 	logFormat       string
 	logLevel        slog.Level
-	check           bool   // --check: validate the policy file and exit
-	shadow          bool   // --shadow: decide every rule, enforce none
-	keepOrder       bool   // --keep-order: no sweep
-	policyData      []byte // the policy file as read at start
+	check           bool // --check: validate the policy file and exit
+	// checkRedis: --check with a Redis given (the flags of either):
+	// report its settings too.
+	checkRedis        bool
+	requireNoEviction bool          // --require-noeviction
+	redisCheck        time.Duration // --redis-check-interval
+	shadow            bool          // --shadow: decide every rule, enforce none
+	keepOrder         bool          // --keep-order: no sweep
+	policyData        []byte        // the policy file as read at start
 }
 
 // errVersion is parseFlags' answer to --version.
@@ -277,6 +291,9 @@ func cli(ctx context.Context, args []string, getenv func(string) string, stdout,
 			hosts = ", http.allow_hosts: " + strings.Join(hc.allowHosts, ", ")
 		}
 		fmt.Fprintf(stdout, "policy %s: ok, %d rules (%s), redis_unavailable: %s%s\n", cfg.policyPath, len(names), strings.Join(names, ", "), pol.FailureMode(), hosts)
+		if cfg.checkRedis {
+			return checkSettings(ctx, cfg, stdout, stderr)
+		}
 		return exitOK
 	}
 	logger := newLogger(stderr, cfg.logFormat, cfg.logLevel)
@@ -311,29 +328,45 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		return nil, errVersion
 	}
 	cfg := &config{
-		policyPath:      *f.policy,
-		concurrency:     *f.concurrency,
-		strictPriority:  *f.strict,
-		metricsAddr:     *f.metricsAddr,
-		shutdownTimeout: *f.shutdown,
-		maxHold:         *f.maxHold,
-		taskCheck:       *f.taskCheck,
-		throttleBudget:  *f.budget,
-		localShare:      *f.localShare,
-		prefix:          *f.prefix,
-		httpTimeout:     *f.httpTimeout,
-		logFormat:       *f.logFormat,
-		check:           *f.check,
-		shadow:          *f.shadow,
-		keepOrder:       *f.keepOrder,
+		policyPath:        *f.policy,
+		concurrency:       *f.concurrency,
+		strictPriority:    *f.strict,
+		metricsAddr:       *f.metricsAddr,
+		shutdownTimeout:   *f.shutdown,
+		maxHold:           *f.maxHold,
+		taskCheck:         *f.taskCheck,
+		throttleBudget:    *f.budget,
+		localShare:        *f.localShare,
+		prefix:            *f.prefix,
+		httpTimeout:       *f.httpTimeout,
+		logFormat:         *f.logFormat,
+		check:             *f.check,
+		requireNoEviction: *f.noEviction,
+		redisCheck:        *f.redisCheck,
+		shadow:            *f.shadow,
+		keepOrder:         *f.keepOrder,
 	}
+	var err error
 	if cfg.check {
 		if cfg.policyPath == "" {
 			return nil, usagef("--check needs --policy FILE: the policy file to validate")
 		}
+		// A Redis named on the command line is checked too.
+		named := false
+		fs.Visit(func(fl *flag.Flag) {
+			named = named || strings.HasPrefix(fl.Name, "redis") && fl.Name != "redis-check-interval" || strings.HasPrefix(fl.Name, "limits-redis")
+		})
+		if named {
+			if cfg.redis, _, err = f.redis.target(fs); err != nil {
+				return nil, err
+			}
+			if cfg.limits, cfg.ownLimits, err = f.limits.target(fs); err != nil {
+				return nil, err
+			}
+			cfg.checkRedis = true
+		}
 		return cfg, nil
 	}
-	var err error
 	if cfg.redis, _, err = f.redis.target(fs); err != nil {
 		return nil, err
 	}
@@ -358,6 +391,7 @@ func parseFlags(args []string, getenv func(string) string) (*config, error) {
 		{"--max-hold", cfg.maxHold, false},
 		{"--task-check-interval", cfg.taskCheck, false},
 		{"--throttle-budget", cfg.throttleBudget, true},
+		{"--redis-check-interval", cfg.redisCheck, false},
 		{"--http-timeout", cfg.httpTimeout, false},
 	} {
 		if d.v < 0 || (d.v == 0 && !d.zero) {
@@ -515,8 +549,9 @@ type flagValues struct {
 	policy, queues, metricsAddr, prefix, logFormat, logLevel *string
 	maxPayload, allowHosts                                   *string
 	concurrency, localShare                                  *int
-	strict, check, shadow, version, keepOrder                *bool
+	strict, check, shadow, version, keepOrder, noEviction    *bool
 	shutdown, maxHold, taskCheck, budget, httpTimeout        *time.Duration
+	redisCheck                                               *time.Duration
 }
 
 // newFlagSet defines the worker's flags; getenv supplies REDIS_URL, the
@@ -533,6 +568,8 @@ func newFlagSet(getenv func(string) string) (*flag.FlagSet, *flagValues) {
 		queues:      fs.String("queues", "default=1", ""),
 		strict:      fs.Bool("strict-priority", false, ""),
 		check:       fs.Bool("check", false, ""),
+		noEviction:  fs.Bool("require-noeviction", false, ""),
+		redisCheck:  fs.Duration("redis-check-interval", time.Minute, ""),
 		shadow:      fs.Bool("shadow", false, ""),
 		keepOrder:   fs.Bool("keep-order", false, ""),
 		version:     fs.Bool("version", false, ""),

@@ -66,6 +66,14 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 	if limits != client {
 		limits.AddHook(m.RedisHook())
 	}
+	// The Redis settings that break the limits' promises: at start (a
+	// refusal with --require-noeviction), then every --redis-check-interval.
+	settings := &settingsWatch{queues: client, limits: limits, logger: logger, report: m.RedisSettings}
+	if rep := settings.check(ctx); cfg.requireNoEviction {
+		if err := refuseEviction(rep); err != nil {
+			return err
+		}
+	}
 
 	mw, err := taskrl.New(taskrl.Config{
 		Policy:         policy,
@@ -117,7 +125,7 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		lh := &limitsHandler{client: limits, prefix: cfg.prefix, policy: mw.Policy}
+		lh := &limitsHandler{client: limits, prefix: cfg.prefix, policy: mw.Policy, warnings: settings.Warnings}
 		mux.Handle("/limits", lh)
 		m.WatchFlows(lh.flows)
 		mux.HandleFunc("/", servePage)
@@ -126,7 +134,12 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 				http.Error(w, "redis: "+(*e).Error(), http.StatusServiceUnavailable)
 				return
 			}
-			w.Write([]byte("ok\n"))
+			// Healthy; the settings' warnings are details.
+			body := "ok\n"
+			for _, s := range settings.Warnings() {
+				body += "warning: " + s + "\n"
+			}
+			w.Write([]byte(body))
 		})
 		metricsSrv = metricsServer(mux)
 		go func() { metricsDone <- metricsSrv.Serve(l) }()
@@ -177,6 +190,7 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 		logger.Warn("policy rules match queues this worker does not serve", "queues", q)
 	}
 	go rl.run(rctx, reloadSignals, policyCheckInterval)
+	go settings.run(rctx, cfg.redisCheck)
 
 	var runErr error
 	select {

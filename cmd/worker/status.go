@@ -171,6 +171,9 @@ func statusCLI(ctx context.Context, args []string, getenv func(string) string, s
 		// The waiting index is on the queues' Redis.
 		err = status.AddWaiting(ctx, client, *prefix, &rep)
 	}
+	if err == nil {
+		rep.Warnings = redisSettings(ctx, client, limits).Warnings()
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "worker status: %v\n", err)
 		return exitRuntime
@@ -184,9 +187,10 @@ var statusPage []byte
 // limitsHandler serves the running policy's state as JSON (/limits), read
 // at most once a second however many clients ask.
 type limitsHandler struct {
-	client redis.UniversalClient
-	prefix string
-	policy func() *policy.Policy
+	client   redis.UniversalClient
+	prefix   string
+	policy   func() *policy.Policy
+	warnings func() []string // the Redis settings' (settingsWatch)
 
 	mu   sync.Mutex
 	at   time.Time
@@ -206,6 +210,7 @@ func (h *limitsHandler) report(ctx context.Context) (status.Report, []byte, erro
 		if err != nil {
 			return status.Report{}, nil, err
 		}
+		rep.Warnings = h.warnings()
 		body, err := json.Marshal(rep)
 		if err != nil {
 			return status.Report{}, nil, err

@@ -47,6 +47,13 @@
 //	    The rate per second each GCRA or adaptive rule decided at, as of
 //	    its last decision: for an adaptive rule, the rate the fleet has
 //	    learned (for a keyed one, the last decided key's).
+//	taskrl_redis_settings{problem}               gauge
+//	    The Redis masters the worker uses whose settings break the limits'
+//	    promises, as last read (at start and every --redis-check-interval):
+//	    "eviction" (a maxmemory-policy that can evict the limits' keys),
+//	    "unread" (the policy could not be read), "persistence" (neither
+//	    AOF nor RDB snapshots: a restart forgets every window). 0 when
+//	    Redis is set up as the limits need.
 //	taskrl_rule_slots{rule}                      gauge
 //	    The slots each adaptive concurrency rule allowed as of its last
 //	    decision: the number the fleet has learned (for a keyed one, the
@@ -102,6 +109,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/taskrl/taskrl/cmd/internal/httpcall"
+	"github.com/taskrl/taskrl/internal/redisconf"
 	"github.com/taskrl/taskrl/limits"
 	"github.com/taskrl/taskrl/quotas"
 	"github.com/taskrl/taskrl/taskrl"
@@ -119,6 +127,7 @@ type Metrics struct {
 	quotaRemaining *prometheus.GaugeVec
 	ruleRate       *prometheus.GaugeVec
 	ruleSlots      *prometheus.GaugeVec
+	settings       *prometheus.GaugeVec
 	httpCalls      *prometheus.CounterVec
 	reloads        *prometheus.CounterVec
 	overrides      *prometheus.GaugeVec
@@ -193,6 +202,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "taskrl_rule_slots",
 			Help: "Slots each adaptive concurrency rule allowed as of its last decision: the number the fleet has learned.",
 		}, []string{"rule"}),
+		settings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "taskrl_redis_settings",
+			Help: "Redis masters whose settings break the limits' promises, as last read: eviction (maxmemory-policy can evict the limits' keys), unread (the policy could not be read), persistence (no AOF, no RDB).",
+		}, []string{"problem"}),
 		httpCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "taskrl_http_calls_total",
 			Help: "Requests sent by the http:call handler by result class (2xx, 429, 4xx, 5xx, other, error, refused: the egress policy refused it, nothing was sent).",
@@ -232,7 +245,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "taskrl_shed_level",
 		Help: "The shed level: class k of the shed section is deferred with probability level-k, clipped to [0, 1].",
 	}, shedValue(true))
-	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.ruleSlots, m.httpCalls, m.reloads, m.overrides, m.roundTrip, shedSignal, shedLevel, flowsCollector{m}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.ruleSlots, m.settings, m.httpCalls, m.reloads, m.overrides, m.roundTrip, shedSignal, shedLevel, flowsCollector{m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -445,4 +458,24 @@ func (r roundTripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 		r.pipeline.Observe(time.Since(start).Seconds())
 		return err
 	}
+}
+
+// RedisSettings sets taskrl_redis_settings from what rep says of each
+// master.
+func (m *Metrics) RedisSettings(rep redisconf.Report) {
+	var evict, unread, persist float64
+	for _, n := range rep.Nodes {
+		switch {
+		case n.Evicts():
+			evict++
+		case n.Unread():
+			unread++
+		}
+		if n.Forgets() {
+			persist++
+		}
+	}
+	m.settings.WithLabelValues("eviction").Set(evict)
+	m.settings.WithLabelValues("unread").Set(unread)
+	m.settings.WithLabelValues("persistence").Set(persist)
 }

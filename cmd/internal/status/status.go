@@ -38,6 +38,9 @@ type Report struct {
 	Rules []Rule    `json:"rules"`
 	// Pauses are the operators' pauses in force (worker limits pause).
 	Pauses []taskrl.RulePause `json:"pauses,omitempty"`
+	// Warnings are the Redis settings that break the limits' promises
+	// (redisconf.Report.Warnings), filled by the caller.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Rule is one rule's state: of its one key (a rule without a key, or the
@@ -397,6 +400,9 @@ func kind(l quotas.Limit) string {
 func Text(rep Report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "as of %s (Redis time)\n", rep.At.UTC().Format(time.RFC3339))
+	for _, w := range rep.Warnings {
+		fmt.Fprintf(&b, "warning: %s\n", w)
+	}
 	fmt.Fprintf(&b, "%-22s %-12s %-10s %6s %9s %-10s %-10s %8s %7s  %s\n", "RULE", "KEY", "KIND", "USED", "REMAINING", "RESETS IN", "BLOCKED", "RATE/S", "WAITING", "LIMIT")
 	line := func(r Rule, ks KeyState) {
 		key := ks.Key
