@@ -108,6 +108,7 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 	j.charge = quotas.Decision{}
 	backoff := 50 * time.Millisecond
 	for taken := 0; ; {
+		sent := j.m.cfg.Clock.Now()
 		d, err := guard(j.m, func() (quotas.Decision, error) {
 			if j.sp.slots == nil {
 				return j.m.limiter.Reserve(j.ctx, j.sp.rates, j.rates, j.sp.horizon)
@@ -123,7 +124,7 @@ func (j *job) admitRates(admit *Event) (done bool, err error) {
 			j.observe(Event{Outcome: RedisError, Err: err})
 		}
 		if err == nil {
-			j.m.learn(d.Now)
+			j.m.learn(d.Now, sent)
 		}
 		a := admission.Plan(j.lim, j.step(admission.Step{Stage: admission.Rates, Decision: outcome(d), Err: err}))
 		if j.slots != nil && (a.Verb != admission.Run || a.Wait > 0) {

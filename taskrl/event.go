@@ -51,6 +51,12 @@ const (
 	// (PauseRule): the task was rescheduled to decide again after
 	// Event.Wait, nothing charged.
 	Held Outcome = "held"
+	// ClockJump: the Redis server's clock moved against the worker's
+	// monotonic clock by Event.Wait (positive: forward), a second or more,
+	// between two decisions: a failover to a host whose clock differs, or
+	// a step of the server's clock (docs/operations.md, failure modes). Not
+	// about a task: reported once per jump seen by this process.
+	ClockJump Outcome = "clock_jump"
 	// Settled: the handler reported the task's actual cost (Settle) and
 	// the difference was given back or charged to its rules with a Cost;
 	// reported after the task ran, beside its Admitted.
@@ -67,7 +73,7 @@ type Event struct {
 	Rule string
 	// Wait is how long the task waited in the worker (Admitted), was
 	// rescheduled for (Rescheduled) or blocked its rules for
-	// (UpstreamThrottled, Paused).
+	// (UpstreamThrottled, Paused); for ClockJump, the jump.
 	Wait time.Duration
 	// Rules is the state of the task's rate and window rules after its
 	// decision, when one was made: used, remaining, reset per rule.

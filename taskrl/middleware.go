@@ -106,6 +106,7 @@ type Middleware struct {
 	limiter *quotas.Limiter
 	splits  sync.Map   // *Binding -> *split
 	skew    clock.Skew // of the server's clock, from the last decision
+	jumps   jumpWatch  // of the server's clock against the local one
 	shed    *shedder
 	renew   *renewer
 	parked  parkedSet // tasks parked in the last minute (asynqlog.go)

@@ -183,6 +183,10 @@ func TestLiveView(t *testing.T) {
 		}
 	}
 	dom := string(out)
+	// The test's Redis runs without persistence: the page warns.
+	if !strings.Contains(dom, "<li>WARNING: Redis "+redistest.Addr(t)+" keeps nothing across a restart") {
+		t.Errorf("the page shows no warning of the Redis settings:\n%s", dom)
+	}
 	for _, r := range rep.Rules {
 		if !strings.Contains(dom, `data-rule="`+r.Name+`"`) {
 			t.Errorf("the page shows no row of rule %s", r.Name)

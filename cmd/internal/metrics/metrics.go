@@ -47,6 +47,10 @@
 //	    The rate per second each GCRA or adaptive rule decided at, as of
 //	    its last decision: for an adaptive rule, the rate the fleet has
 //	    learned (for a keyed one, the last decided key's).
+//	taskrl_redis_clock_jumps_total               counter
+//	    Jumps of the Redis server's clock against the worker's monotonic
+//	    clock, a second or more between two decisions (taskrl.ClockJump):
+//	    a failover to a host whose clock differs, a step of its clock.
 //	taskrl_redis_settings{problem}               gauge
 //	    The Redis masters the worker uses whose settings break the limits'
 //	    promises, as last read (at start and every --redis-check-interval):
@@ -128,6 +132,7 @@ type Metrics struct {
 	ruleRate       *prometheus.GaugeVec
 	ruleSlots      *prometheus.GaugeVec
 	settings       *prometheus.GaugeVec
+	clockJumps     prometheus.Counter
 	httpCalls      *prometheus.CounterVec
 	reloads        *prometheus.CounterVec
 	overrides      *prometheus.GaugeVec
@@ -202,6 +207,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "taskrl_rule_slots",
 			Help: "Slots each adaptive concurrency rule allowed as of its last decision: the number the fleet has learned.",
 		}, []string{"rule"}),
+		clockJumps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "taskrl_redis_clock_jumps_total",
+			Help: "Jumps of the Redis server's clock against the worker's, a second or more between two decisions.",
+		}),
 		settings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "taskrl_redis_settings",
 			Help: "Redis masters whose settings break the limits' promises, as last read: eviction (maxmemory-policy can evict the limits' keys), unread (the policy could not be read), persistence (no AOF, no RDB).",
@@ -245,7 +254,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "taskrl_shed_level",
 		Help: "The shed level: class k of the shed section is deferred with probability level-k, clipped to [0, 1].",
 	}, shedValue(true))
-	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.ruleSlots, m.settings, m.httpCalls, m.reloads, m.overrides, m.roundTrip, shedSignal, shedLevel, flowsCollector{m}} {
+	for _, p := range []string{"eviction", "unread", "persistence"} {
+		m.settings.WithLabelValues(p) // 0 until the first check
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.hold, m.reschedule, m.shadowWait, m.upstream, m.redisErrors, m.quotaRemaining, m.ruleRate, m.ruleSlots, m.settings, m.clockJumps, m.httpCalls, m.reloads, m.overrides, m.roundTrip, shedSignal, shedLevel, flowsCollector{m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -265,6 +277,11 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 // Observe implements taskrl.Observer: it counts the event. It is quick and
 // safe for concurrent use.
 func (m *Metrics) Observe(e taskrl.Event) {
+	if e.Outcome == taskrl.ClockJump {
+		// Not a decision: the server's clock moved (Event.Wait).
+		m.clockJumps.Inc()
+		return
+	}
 	if e.Outcome == taskrl.RedisError {
 		m.redisErrors.Inc()
 		return

@@ -49,6 +49,8 @@ var documented = []string{
 	"taskrl_quota_remaining",
 	"taskrl_rule_rate",
 	"taskrl_rule_slots",
+	"taskrl_redis_settings",
+	"taskrl_redis_clock_jumps_total",
 	"taskrl_http_calls_total",
 	"taskrl_policy_reloads_total",
 	"taskrl_fair_flows",
@@ -192,6 +194,25 @@ taskrl_rule_rate{rule="vendor-learned"} 20
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "taskrl_rule_rate"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestClockJumps: a clock jump counts in its own counter, not as a
+// decision.
+func TestClockJumps(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.Observe(taskrl.Event{Outcome: taskrl.ClockJump, Wait: 5 * time.Second})
+	m.Observe(taskrl.Event{Outcome: taskrl.ClockJump, Wait: -30 * time.Second})
+	want := `
+# HELP taskrl_redis_clock_jumps_total Jumps of the Redis server's clock against the worker's, a second or more between two decisions.
+# TYPE taskrl_redis_clock_jumps_total counter
+taskrl_redis_clock_jumps_total 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "taskrl_redis_clock_jumps_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(m.decisions); n != 0 {
+		t.Errorf("%d decision series, want none", n)
 	}
 }
 
