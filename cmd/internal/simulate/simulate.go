@@ -320,8 +320,10 @@ func Run(spec Spec) (Report, error) {
 		e.fn()
 		s.dispatch()
 	}
+	seen := map[*flow]bool{} // a payload given twice is one flow
 	for _, f := range s.flows {
-		if f.stats.Waiting > 0 && !slices.ContainsFunc(s.rep.Payloads, func(p PayloadStats) bool { return p.Payload == f.stats.Payload }) {
+		if !seen[f] {
+			seen[f] = true
 			s.rep.Payloads = append(s.rep.Payloads, *f.stats)
 		}
 	}

@@ -316,3 +316,16 @@ rules:
 		}
 	}
 }
+
+// TestPayloadsRepeated: a payload given twice is one payload of the
+// report, with twice the tasks waiting of the other.
+func TestPayloadsRepeated(t *testing.T) {
+	rep, err := Run(Spec{Policy: mustPolicy(t, adaptivePolicy), Type: "http:call", Vendor: mustVendor(t, "20/s"), Duration: 10 * time.Second, Backlog: 60,
+		Payloads: [][]byte{[]byte(`{"b":1}`), []byte(`{"b":2}`), []byte(`{"b":1}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Payloads) != 2 || rep.Payloads[0].Payload != `{"b":1}` || rep.Payloads[0].Waiting != 40 || rep.Payloads[1].Waiting != 20 {
+		t.Errorf("%+v", rep.Payloads)
+	}
+}
