@@ -3,6 +3,7 @@ package redisconf
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -114,8 +115,11 @@ func anySlice(s []string) []any {
 func TestClusterMaster(t *testing.T) {
 	ctx := context.Background()
 	cc := redistest.Cluster(t)
+	var mu sync.Mutex // ForEachMaster calls in parallel
 	var victim *redis.Client
 	_ = cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
 		if victim == nil || m.Options().Addr < victim.Options().Addr {
 			victim = m
 		}
