@@ -57,7 +57,27 @@ func (j *job) observe(e Event) {
 		return
 	}
 	e.TaskType, e.Queue = j.t.Type(), j.queue
+	if j.sp != nil && j.keys != nil && e.Keys == nil {
+		switch e.Outcome {
+		case Admitted:
+			e.Keys = j.ruleKeys(j.sp.rateIdx, j.sp.slotIdx)
+		case UpstreamThrottled, Paused:
+			e.Keys = j.ruleKeys(j.sp.throttleIdx)
+		}
+	}
 	j.m.cfg.Observer.Observe(e)
+}
+
+// ruleKeys names the binding's rules at the positions idx and the task's
+// keys of them (Event.Keys).
+func (j *job) ruleKeys(idx ...[]int) []RuleKey {
+	var out []RuleKey
+	for _, ix := range idx {
+		for _, i := range ix {
+			out = append(out, RuleKey{Rule: j.sp.names[i], Key: j.keys[i]})
+		}
+	}
+	return out
 }
 
 // step completes s with what every stage knows: the server's time, the

@@ -80,6 +80,21 @@ type Event struct {
 	Rules []quotas.RuleStatus
 	// Err is the Redis error of a RedisError event.
 	Err error
+	// Keys names, for an Admitted event, the rules the task runs under
+	// (its rate, window and concurrency rules; shadow rules and those its
+	// key is exempt from aside) and the key it takes of each, also when it
+	// runs in a slot booked earlier (where Rules is empty); for
+	// UpstreamThrottled and Paused, the rules the throttle blocks and the
+	// task's keys of them. Nil for other outcomes and for a task no rule
+	// governs.
+	Keys []RuleKey
+}
+
+// RuleKey names a rule of the policy and one of its keys: the entity a
+// keyed rule limits separately (a business id), "" for a rule without a
+// key template.
+type RuleKey struct {
+	Rule, Key string
 }
 
 // Observer receives an Event per decision, for metrics and logs. It is

@@ -231,6 +231,7 @@ type split struct {
 	shadowIdx        []int          // their positions in the binding's set
 	digest           string         // of the rate rules' limits (HeaderLimits)
 	spacing          time.Duration  // between two tasks at the tightest rate rule; 0: not swept
+	names            []string       // the binding's rules' names (Event.Keys)
 }
 
 // nextSlot reports whether d is a denial by a fair concurrency rule that gives
@@ -278,6 +279,7 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 	var shadow []quotas.Rule
 	listed := false // a rule of the policy's throttle list governs the task
 	for i, r := range b.Rules() {
+		sp.names = append(sp.names, r.Name)
 		listed = listed || b.Throttled(i) && !b.Rule(i).Shadow && !m.cfg.Shadow
 		if b.Exempt(i) {
 			continue // an unlimited override: the rule does not apply

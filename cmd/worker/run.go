@@ -19,9 +19,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/cmd/internal/campaign"
+	"github.com/taskrl/taskrl/cmd/internal/history"
 	"github.com/taskrl/taskrl/cmd/internal/httpcall"
 	"github.com/taskrl/taskrl/cmd/internal/metrics"
 	"github.com/taskrl/taskrl/cmd/internal/overrides"
+	"github.com/taskrl/taskrl/cmd/internal/status"
 	"github.com/taskrl/taskrl/internal/egress"
 	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/taskrl"
@@ -75,7 +77,19 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 		}
 	}
 
-	mw, err := taskrl.New(taskrl.Config{
+	// The live page's history, counted by every worker (history package).
+	var mw *taskrl.Middleware
+	hist := history.NewRecorder(history.Config{Client: limits, Prefix: cfg.prefix, Logger: logger,
+		Sample: func(ctx context.Context) (status.Report, error) {
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			rep, err := status.Collect(ctx, limits, cfg.prefix, mw.Policy(), "")
+			if err == nil {
+				err = status.AddWaiting(ctx, client, cfg.prefix, &rep)
+			}
+			return rep, err
+		}})
+	mw, err = taskrl.New(taskrl.Config{
 		Policy:         policy,
 		Client:         client,
 		LimitsClient:   limits,
@@ -84,7 +98,7 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 		ThrottleBudget: cfg.throttleBudget,
 		LocalShare:     cfg.localShare,
 		Logger:         logger,
-		Observer:       m,
+		Observer:       taskrl.ObserverFunc(func(e taskrl.Event) { m.Observe(e); hist.Observe(e) }),
 		Shadow:         cfg.shadow,
 		KeepOrder:      cfg.keepOrder,
 	})
@@ -127,6 +141,7 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		lh := &limitsHandler{client: limits, prefix: cfg.prefix, policy: mw.Policy, warnings: settings.Warnings}
 		mux.Handle("/limits", lh)
+		mux.Handle("/history", &historyHandler{reader: history.NewReader(limits, cfg.prefix), policy: mw.Policy})
 		m.WatchFlows(lh.flows)
 		mux.HandleFunc("/", servePage)
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -191,6 +206,10 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 	}
 	go rl.run(rctx, reloadSignals, policyCheckInterval)
 	go settings.run(rctx, cfg.redisCheck)
+	// The history's last counts are added once the running tasks are done.
+	hctx, stopHist := context.WithCancel(context.WithoutCancel(ctx))
+	histDone := make(chan struct{})
+	go func() { defer close(histDone); hist.Run(hctx) }()
 
 	var runErr error
 	select {
@@ -201,6 +220,8 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 		logger.Error("metrics server failed; shutting down", "err", err)
 	}
 	srv.Shutdown()
+	stopHist()
+	<-histDone
 	mw.Close()
 	if metricsSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

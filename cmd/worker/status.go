@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/taskrl/taskrl/cmd/internal/history"
 	"github.com/taskrl/taskrl/cmd/internal/metrics"
 	"github.com/taskrl/taskrl/cmd/internal/overrides"
 	"github.com/taskrl/taskrl/cmd/internal/status"
@@ -268,6 +269,40 @@ func (h *limitsHandler) flows() []metrics.FairFlows {
 		out = append(out, f)
 	}
 	return out
+}
+
+// historyHandler serves the history of the running policy's rules as JSON
+// (/history, history.History), read at most once a second however many
+// clients ask.
+type historyHandler struct {
+	reader *history.Reader
+	policy func() *policy.Policy
+
+	mu   sync.Mutex
+	at   time.Time
+	body []byte
+}
+
+func (h *historyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if time.Since(h.at) >= time.Second {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		hist, err := h.reader.Read(ctx, h.policy())
+		cancel()
+		if err != nil {
+			http.Error(w, "reading the history: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if h.body, err = json.Marshal(hist); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		h.at = time.Now()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write(h.body)
 }
 
 // servePage serves the live view, a page that reads /limits every 2 s.

@@ -187,7 +187,7 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 	var rep Report
 	for _, r := range p.Rules() {
 		prioritized := r.PriorityAging() > 0
-		out := Rule{Name: r.Name, Kind: kind(r.Limit), Limit: limitText(r, r.Limit, false), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Fair: r.Fair != "" || prioritized, Priorities: prioritized, Overrides: count[r.Name]}
+		out := Rule{Name: r.Name, Kind: Kind(r.Limit), Limit: limitText(r, r.Limit, false), Shadow: r.Shadow, Keyed: r.Key != "", Template: r.Key, Fair: r.Fair != "" || prioritized, Priorities: prioritized, Overrides: count[r.Name]}
 		state := func(k string) (KeyState, error) {
 			lim, own := over[[2]string{r.Name, k}]
 			if !own || !out.Keyed {
@@ -379,8 +379,9 @@ func scanKeys(ctx context.Context, c redis.UniversalClient, prefix, name string)
 	return out, scan(ctx, c)
 }
 
-// kind names l's block in the policy file.
-func kind(l quotas.Limit) string {
+// Kind names the policy file's block of limit l: gcra, adaptive, quota
+// (fixed and calendar windows), sliding, concurrency.
+func Kind(l quotas.Limit) string {
 	switch l.(type) {
 	case quotas.GCRA:
 		return "gcra"
