@@ -62,7 +62,9 @@
 // --redis-cluster, --redis-sentinel or their variables) it starts from
 // what the workers (--prefix) already spent and have waiting for the
 // campaign's keys; with none, or one that does not answer (a warning
-// says so), from idle limits.
+// says so), from idle limits. --plot FILE.svg also writes the schedule as
+// an SVG chart: tasks started per second against each rule's limit over
+// time, the window resets and the finish (estimate.Report.Chart).
 //
 // --simulate --policy FILE --vendor SPEC enqueues nothing and needs no
 // Redis: it runs --duration (default 24h) of a fleet's traffic on a virtual
@@ -80,7 +82,8 @@
 // share of the vendor's limit used (for a service: its slots, the slots
 // the first adaptive concurrency rule learned, the calls in service and
 // the latency's p99); then, with several payloads, what each got; then
-// the totals.
+// the totals. --plot FILE.svg also writes the rows as an SVG chart against
+// the vendor's limit (simulate.Report.Chart).
 //
 // Exit status: 0 when every task was enqueued (or the scheduler stopped on a
 // signal, or the estimate was printed); 1 when Redis failed or some tasks
@@ -100,6 +103,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -182,6 +186,7 @@ type options struct {
 	maxWaiting                int    // -1: no --max-waiting
 	prefix                    string // the workers' --prefix, for --max-waiting and --dry-run
 	redisGiven                bool   // a Redis flag or variable was given, not the default
+	plot                      string // --plot: the SVG file of --dry-run or --simulate
 }
 
 func run(ctx context.Context, args []string, env stdio) int {
@@ -268,14 +273,15 @@ func parse(args []string, env stdio) (*options, error) {
 	fs.DurationVar(&o.sim.Interval, "interval", 0, "--simulate: one row per `D` (default duration/24)")
 	fs.DurationVar(&o.sim.Latency, "latency", 20*time.Millisecond, "--simulate: the vendor's answer time")
 	fs.IntVar(&o.sim.Backlog, "backlog", 0, "--simulate: tasks waiting at all times (default 1.5 s of the vendor's highest rate, at least 50)")
+	fs.StringVar(&o.plot, "plot", "", "--dry-run, --simulate: also write the schedule as an SVG chart to `FILE` (tasks per second against the limits over time)")
 	fs.StringVar(&retryAfter, "retry-after", "whole", "--simulate: what the vendor's 429 says: `whole` seconds (rounded up), exact (a fractional wait) or none (the worker waits 1 s)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: enqueue --redis URL --type TYPE --url URL --count N [--businesses K] [--queue Q] [--max-retry N]\n"+
 			"       enqueue ... --payload-file FILE\n"+
 			"       enqueue ... --max-waiting N --policy FILE\n"+
 			"       enqueue ... --cron SPEC [--tz ZONE] [--campaign NAME]\n"+
-			"       enqueue ... --dry-run --policy FILE [--task-duration D] [--start TIME]\n"+
-			"       enqueue --simulate --policy FILE --vendor SPEC [--retry-after whole|exact|none] [--workers N] [--concurrency C] [--duration D] [--interval I]\n\nflags:\n")
+			"       enqueue ... --dry-run --policy FILE [--task-duration D] [--start TIME] [--plot FILE.svg]\n"+
+			"       enqueue --simulate --policy FILE --vendor SPEC [--retry-after whole|exact|none] [--workers N] [--concurrency C] [--duration D] [--interval I] [--plot FILE.svg]\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -295,6 +301,14 @@ func parse(args []string, env stdio) (*options, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["plot"] {
+		switch {
+		case !o.dryRun && !o.simulate:
+			return nil, usagef("--plot: only used with --dry-run or --simulate")
+		case strings.TrimSpace(o.plot) == "":
+			return nil, usagef("--plot: needs a file name, e.g. --plot schedule.svg")
+		}
+	}
 	simFlags := []string{"vendor", "workers", "concurrency", "duration", "interval", "latency", "backlog", "retry-after"}
 	if o.simulate {
 		return parseSimulate(&o, vendor, retryAfter, set)
@@ -751,7 +765,47 @@ func dryRun(ctx context.Context, o *options, env stdio) error {
 	if err != nil {
 		return err
 	}
-	return rep.Write(env.stdout)
+	if err := rep.Write(env.stdout); err != nil {
+		return err
+	}
+	if o.plot != "" {
+		return writePlot(o.plot, rep.Plot)
+	}
+	return nil
+}
+
+// writePlot writes the SVG that draw writes to path, through a temporary
+// file in the same directory renamed over it: a reader never sees half a
+// chart, and a failure leaves any previous file as it was.
+func writePlot(path string, draw func(io.Writer) error) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // not the temporary file's name
+		}
+		return fmt.Errorf("--plot %s: %v", path, err)
+	}
+	tmp := f.Name()
+	w := bufio.NewWriter(f)
+	err = draw(w)
+	if err == nil {
+		err = w.Flush()
+	}
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("--plot %s: %v", path, err)
+	}
+	return nil
 }
 
 // simulateRun runs --simulate and prints its table.
@@ -767,7 +821,13 @@ func simulateRun(o *options, env stdio) error {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	return rep.Write(env.stdout, spec, time.Since(began))
+	if err := rep.Write(env.stdout, spec, time.Since(began)); err != nil {
+		return err
+	}
+	if o.plot != "" {
+		return writePlot(o.plot, func(w io.Writer) error { return rep.Plot(w, spec) })
+	}
+	return nil
 }
 
 // roundTook rounds a duration for the summary line: to 100ms from a second

@@ -118,7 +118,23 @@ type Report struct {
 	Refused       int
 	FirstRefused  int
 	RefusedReason string
+	// Timeline is when the tasks start (Report.Plot draws it).
+	Timeline Timeline
 }
+
+// Timeline counts the tasks that start in each interval of Bin from
+// Start: Counts[i] tasks start in [i×Bin, (i+1)×Bin); the last interval
+// holds the last task. Bin is a round length (1s, 5s, 10s, 30s, 1m, 5m,
+// 10m, 30m, 1h, 2h, 6h, 12h, a day or days), the shortest that keeps
+// Counts to at most MaxBins intervals. Tasks no rule matches count at
+// Start; refused tasks never start.
+type Timeline struct {
+	Bin    time.Duration
+	Counts []int
+}
+
+// MaxBins bounds len(Timeline.Counts).
+const MaxBins = 120
 
 // RuleReport describes one rule in a Report.
 type RuleReport struct {
@@ -132,7 +148,23 @@ type RuleReport struct {
 	// Alone is how long the campaign would take under this rule alone
 	// (until its last task starts).
 	Alone time.Duration
+	// Rate is the rule's limit as a sustained rate per second for one
+	// key: a GCRA rule's rate, an adaptive rule's starting rate (the
+	// simulation meets no 429), a fixed or sliding window's limit over
+	// its length (Window), a concurrency rule's slots (less those
+	// reserved for critical work) over the task duration; 0 for a
+	// calendar window, whose windows differ in length.
+	Rate float64
+	// Window is a fixed or sliding window's length; 0 for other rules.
+	Window time.Duration
+	// Resets are the instants after Start and up to End at which a fixed
+	// or calendar window starts afresh, at most MaxResets of them (the
+	// first ones); nil for other rules.
+	Resets []time.Time
 }
+
+// MaxResets bounds RuleReport.Resets.
+const MaxResets = 100
 
 // Run simulates campaign c under policy p (see the package documentation).
 // The binding rule it reports is the one that alone would hold the campaign
@@ -162,6 +194,9 @@ func Run(p *policy.Policy, c Campaign, opt Options) (*Report, error) {
 	b := p.Bind(c.Type, c.Queue)
 	if b == nil {
 		rep.Unmatched = c.N
+		var h histogram
+		h.add(0, c.N)
+		rep.Timeline = h.timeline()
 		return rep, nil
 	}
 	templates := map[string]string{}
@@ -170,7 +205,9 @@ func Run(p *policy.Policy, c Campaign, opt Options) (*Report, error) {
 	}
 	rules := b.Rules()
 	for j, r := range rules {
-		rep.Rules = append(rep.Rules, RuleReport{Name: r.Name, Limit: r.Limit.String(), Key: templates[r.Name]})
+		rr := RuleReport{Name: r.Name, Limit: r.Limit.String(), Key: templates[r.Name]}
+		rr.Rate, rr.Window = rate(r.Limit, opt.TaskDuration)
+		rep.Rules = append(rep.Rules, rr)
 		if c, ok := r.Limit.(quotas.Concurrency); ok && c.Adaptive {
 			// What a service takes is learned from its calls alone: an
 			// adaptive concurrency rule is estimated at its max.
@@ -241,12 +278,19 @@ func Run(p *policy.Policy, c Campaign, opt Options) (*Report, error) {
 	for j := range all {
 		all[j] = j
 	}
-	d, err := s.run(all)
+	var h histogram
+	timed := s
+	timed.started = h.add
+	d, err := timed.run(all)
 	if err != nil {
 		return nil, err
 	}
 	rep.Duration = d
 	rep.End = opt.Start.Add(d)
+	rep.Timeline = h.timeline()
+	for j, r := range rules {
+		rep.Rules[j].Resets = resets(r.Limit, rep.Start, rep.End)
+	}
 	var longest time.Duration
 	for j := range rules {
 		if rep.Rules[j].Alone, err = s.run([]int{j}); err != nil {
@@ -267,6 +311,9 @@ type simulation struct {
 	start   time.Time
 	taskDur time.Duration
 	ahead   []map[string][2]int // per rule, per key: used, waiting (Options.Ahead); nil: idle
+	// started, if set, is told of each task that starts, by its offset
+	// from start.
+	started func(at time.Duration, n int)
 }
 
 // forever is the horizon of the simulation's reservations: a task is booked
@@ -364,6 +411,7 @@ func (s simulation) run(use []int) (time.Duration, error) {
 	booked := func(i int, at time.Time) {
 		if slots == nil {
 			last = maxTime(last, at)
+			s.start1(at)
 			return
 		}
 		heap.Push(&h, event{at: at, kind: start, task: i})
@@ -440,6 +488,7 @@ func (s simulation) run(use []int) (time.Duration, error) {
 			delete(woken, e.task)
 			if d.Allowed {
 				last = maxTime(last, e.at)
+				s.start1(e.at)
 				heap.Push(&h, event{at: e.at.Add(s.taskDur), kind: release, task: e.task, leases: d.Leases})
 				continue
 			}
@@ -456,6 +505,13 @@ func (s simulation) run(use []int) (time.Duration, error) {
 		}
 	}
 	return last.Sub(s.start), nil
+}
+
+// start1 tells s.started, if set, that a task starts at at.
+func (s simulation) start1(at time.Time) {
+	if s.started != nil {
+		s.started(at.Sub(s.start), 1)
+	}
 }
 
 // charge charges on m at s.start what stands before the campaign
