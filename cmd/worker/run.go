@@ -80,10 +80,10 @@ func run(ctx context.Context, cfg *config, policy *policy.Policy, hc httpConf, l
 	// The live page's history, counted by every worker (history package).
 	var mw *taskrl.Middleware
 	hist := history.NewRecorder(history.Config{Client: limits, Prefix: cfg.prefix, Logger: logger,
-		Sample: func(ctx context.Context) (status.Report, error) {
+		Sample: func(ctx context.Context, busiest map[string][]string) (status.Report, error) {
 			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			rep, err := status.Collect(ctx, limits, cfg.prefix, mw.Policy(), "")
+			rep, err := status.CollectKeys(ctx, limits, cfg.prefix, mw.Policy(), func(rule string) []string { return busiest[rule] })
 			if err == nil {
 				err = status.AddWaiting(ctx, client, cfg.prefix, &rep)
 			}

@@ -52,8 +52,10 @@ func TestFleet(t *testing.T) {
 	cur := step(now)
 	long := strings.Repeat("x", 300) // stored as its hash
 	var samples atomic.Int64
-	sample := func(context.Context) (status.Report, error) {
+	var busiest map[string][]string
+	sample := func(_ context.Context, b map[string][]string) (status.Report, error) {
 		samples.Add(1)
+		busiest = b
 		return status.Report{Rules: []status.Rule{
 			{Name: "global", Kind: "gcra", Limit: "10 per 1s", KeyState: &status.KeyState{Used: 3, Remaining: 7, Rate: 10, Waiting: 40}},
 			{Name: "per-business", Kind: "gcra", Limit: "2 per 1s", Keyed: true, Busiest: []status.KeyState{{Key: "big", Rate: 2, Waiting: 7}, {Key: "b1", Rate: 2}}},
@@ -77,6 +79,8 @@ func TestFleet(t *testing.T) {
 			r.add(taskrl.Event{Outcome: taskrl.Admitted, Keys: []taskrl.RuleKey{{Rule: "per-business", Key: "late"}}}, b)
 			r.add(taskrl.Event{Outcome: taskrl.UpstreamThrottled, Keys: []taskrl.RuleKey{{Rule: "global"}}}, b)
 		}
+		// The step before the sample's: its busiest keys are sampled.
+		r.add(taskrl.Event{Outcome: taskrl.Admitted, Keys: []taskrl.RuleKey{{Rule: "per-business", Key: "now busy"}}}, cur-1)
 	}
 	for _, r := range recs {
 		r.tick(ctx, false) // the current step's sample: one worker takes it
@@ -84,6 +88,9 @@ func TestFleet(t *testing.T) {
 	}
 	if n := samples.Load(); n != 1 {
 		t.Errorf("%d samples of one step by three workers, want 1", n)
+	}
+	if after, err := c.Time(ctx).Result(); err == nil && step(after) == cur && fmt.Sprint(busiest) != `map[per-business:[now busy]]` {
+		t.Errorf("the sample was asked for the keys %q, want those of the step before", busiest)
 	}
 
 	h, err := NewReader(c, prefix).Read(ctx, p)
@@ -161,8 +168,8 @@ func TestFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != 8+1 {
-		t.Errorf("%d keys, want 8 steps and a sample: %q", len(keys), keys)
+	if len(keys) != 9+1 {
+		t.Errorf("%d keys, want 9 steps and a sample: %q", len(keys), keys)
 	}
 	for _, key := range keys {
 		if ttl, err := c.PTTL(ctx, key).Result(); err != nil || ttl <= Span || ttl > Span+2*Step {

@@ -73,9 +73,11 @@ type Config struct {
 	Client redis.UniversalClient
 	// Prefix is the workers' key prefix (--prefix).
 	Prefix string
-	// Sample reads the limits' state for a step's sample; nil: this
-	// recorder counts but takes no samples.
-	Sample func(context.Context) (status.Report, error)
+	// Sample reads the limits' state for a step's sample: of each keyed
+	// rule, the keys busiest names (those with the most tasks in the step
+	// before, as the fleet counted them), so that no SCAN is needed. Nil:
+	// this recorder counts but takes no samples.
+	Sample func(ctx context.Context, busiest map[string][]string) (status.Report, error)
 	// Now is the worker's clock; default time.Now. Steps are numbered on
 	// Redis's clock: the offset is learned from TIME at each flush.
 	Now func() time.Time
@@ -211,7 +213,7 @@ func (r *Recorder) tick(ctx context.Context, final bool) {
 			if rc.throttled > 0 {
 				pipe.HIncrBy(ctx, key, totalField('T', name), rc.throttled)
 			}
-			for _, k := range busiest(rc.keys, KeysPerRule) {
+			for _, k := range busiestKeys(rc.keys, KeysPerRule) {
 				c := rc.keys[k]
 				if c[0] > 0 {
 					pipe.HIncrBy(ctx, key, keyField('a', name, k), c[0])
@@ -245,7 +247,19 @@ func (r *Recorder) tick(ctx context.Context, final bool) {
 
 // sample stores the limits' state as step b's sample.
 func (r *Recorder) sample(ctx context.Context, b int64) error {
-	rep, err := r.cfg.Sample(ctx)
+	fields, err := r.cfg.Client.HGetAll(ctx, countsKey(r.cfg.Prefix, b-1)).Result()
+	if err != nil {
+		return err
+	}
+	busiest := map[string][]string{}
+	for rule, ks := range parseCounts(fields) {
+		for _, enc := range busiestEncoded(ks, KeysPerRule) {
+			if key, ok := keys.Decode(enc); ok {
+				busiest[rule] = append(busiest[rule], key)
+			}
+		}
+	}
+	rep, err := r.cfg.Sample(ctx, busiest)
 	if err != nil {
 		return err
 	}
@@ -267,10 +281,24 @@ func (r *Recorder) failed(err error) {
 	}
 }
 
-// busiest returns at most n keys of counts, those with the most tasks
-// first (ties by key).
-func busiest(counts map[string]*[2]int64, n int) []string {
-	ks := slices.Collect(maps.Keys(counts))
+// busiestKeys returns at most n keys of counts, those with the most tasks
+// first (ties by key); busiestEncoded the same of counts by encoded key,
+// the rule's total ("") aside.
+func busiestKeys(counts map[string]*[2]int64, n int) []string {
+	return top(slices.Collect(maps.Keys(counts)), counts, n)
+}
+
+func busiestEncoded(counts map[string]*[2]int64, n int) []string {
+	var ks []string
+	for k := range counts {
+		if k != "" {
+			ks = append(ks, k)
+		}
+	}
+	return top(ks, counts, n)
+}
+
+func top(ks []string, counts map[string]*[2]int64, n int) []string {
 	slices.SortFunc(ks, func(a, b string) int {
 		ca, cb := counts[a], counts[b]
 		return cmp.Or(cmp.Compare(cb[0]+cb[1], ca[0]+ca[1]), cmp.Compare(a, b))

@@ -172,6 +172,18 @@ func limitText(r policy.Rule, l quotas.Limit, own bool) string {
 // to report for every keyed rule; otherwise keyed rules report their
 // busiest keys, found by scanning Redis (every master of a Cluster).
 func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *policy.Policy, key string) (Report, error) {
+	return collect(ctx, c, prefix, p, key, nil)
+}
+
+// CollectKeys is Collect reporting, for each keyed rule, the keys
+// keysOf(rule) names, at most Busiest, instead of scanning Redis for them
+// (a SCAN visits every key of the database): for callers that know which
+// keys are busy.
+func CollectKeys(ctx context.Context, c redis.UniversalClient, prefix string, p *policy.Policy, keysOf func(rule string) []string) (Report, error) {
+	return collect(ctx, c, prefix, p, "", keysOf)
+}
+
+func collect(ctx context.Context, c redis.UniversalClient, prefix string, p *policy.Policy, key string, keysOf func(string) []string) (Report, error) {
 	l, err := quotas.New(quotas.Config{Client: c, Prefix: prefix})
 	if err != nil {
 		return Report{}, err
@@ -223,8 +235,11 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 			}
 			out.KeyState = &ks
 		default:
-			found, err := scanKeys(ctx, c, prefix, r.Name)
-			if err != nil {
+			var found []string
+			if keysOf != nil {
+				found = keysOf(r.Name)
+				found = found[:min(len(found), Busiest)]
+			} else if found, err = scanKeys(ctx, c, prefix, r.Name); err != nil {
 				return Report{}, err
 			}
 			for _, k := range found {
