@@ -2,6 +2,7 @@ package history
 
 import (
 	"context"
+	"os"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -308,6 +309,9 @@ func TestScale(t *testing.T) {
 	body, err := json.Marshal(h)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if f := os.Getenv("TMPDUMP"); f != "" {
+		os.WriteFile(f, body, 0o644)
 	}
 	t.Logf("%d keys, %.1f MiB in Redis (%.0f KiB per step); /history %.1f MiB of JSON; read in %v, then %v", len(keys), float64(bytes)/(1<<20), float64(bytes)/1024/float64(Span/Step), float64(len(body))/(1<<20), first, again)
 	if len(h.Rules) != 100 || len(h.Rules[1].Series) != 1+KeysPerRule || h.Rules[1].Series[0].Admitted[h.Steps-2] != 10*40/5.0 {
