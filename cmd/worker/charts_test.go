@@ -74,10 +74,10 @@ func TestLiveCharts(t *testing.T) {
 		}
 		logs.waitFor(t, regexp.MustCompile(`msg="worker started"`), done)
 	}
-	stopped := false
+	done := false
 	stop := func() {
-		if !stopped {
-			stopped = true
+		if !done {
+			done = true
 			cancel()
 			for _, d := range dones {
 				<-d
@@ -108,8 +108,10 @@ func TestLiveCharts(t *testing.T) {
 		if err != nil {
 			t.Fatalf("chromium: %v", err)
 		}
+		// The charts alone (?charts): the table's times change at every
+		// look.
 		shot := t.TempDir() + "/page.png"
-		if out, err := exec.CommandContext(cctx, chrome, append(flags, "--user-data-dir="+t.TempDir(), "--window-size=1100,900", "--screenshot="+shot, "http://"+addr+"/")...).CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(cctx, chrome, append(flags, "--user-data-dir="+t.TempDir(), "--window-size=1100,560", "--screenshot="+shot, "http://"+addr+"/?charts")...).CombinedOutput(); err != nil {
 			t.Fatalf("screenshot: %v\n%s", err, out)
 		}
 		f, err := os.Open(shot)
@@ -169,16 +171,27 @@ func TestLiveCharts(t *testing.T) {
 		t.Errorf("the two screenshots differ in %d pixels: the charts did not move", n)
 	}
 
-	// Every task ran; the workers stop and add their last counts.
+	// Every task ran; the workers stop and add their last counts, which
+	// the history shows once their step is over.
 	eventually(t, "150 calls", func() bool { return len(a.byPath("/ok")) >= tasks })
 	stop()
 	pol, err := policy.LoadFile(policyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := history.NewReader(redistest.Client(t), prefix).Read(context.Background(), pol)
+	stopped, err := redistest.Client(t).Time(context.Background()).Result()
 	if err != nil {
 		t.Fatal(err)
+	}
+	var h history.History
+	for {
+		if h, err = history.NewReader(redistest.Client(t), prefix).Read(context.Background(), pol); err != nil {
+			t.Fatal(err)
+		}
+		if !h.Start.Add(time.Duration(h.Steps) * history.Step).Before(stopped) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	sum := func(v []float64) (n float64, peak float64) {
 		for _, x := range v {

@@ -281,24 +281,26 @@ type historyHandler struct {
 	mu   sync.Mutex
 	at   time.Time
 	body []byte
+	err  error // of the reading at h.at
 }
 
 func (h *historyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if time.Since(h.at) >= time.Second {
+		// A failure is kept for the second too: an unreachable Redis is
+		// not asked again by every client.
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		hist, err := h.reader.Read(ctx, h.policy())
 		cancel()
-		if err != nil {
-			http.Error(w, "reading the history: "+err.Error(), http.StatusServiceUnavailable)
-			return
+		if err == nil {
+			h.body, err = json.Marshal(hist)
 		}
-		if h.body, err = json.Marshal(hist); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		h.at = time.Now()
+		h.at, h.err = time.Now(), err
+	}
+	if h.err != nil {
+		http.Error(w, "reading the history: "+h.err.Error(), http.StatusServiceUnavailable)
+		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

@@ -1,5 +1,7 @@
 package keys
 
+import "strconv"
+
 // The layout of every key the module writes, in one place. PREFIX is the
 // configured prefix (default "taskrl:"); the part in braces is the key's
 // Redis Cluster hash tag, so that every key one script touches is in one
@@ -17,6 +19,8 @@ package keys
 //	run started     PREFIX "ran:{" Encode(queue) "}:" Encode(ID "~" wait) (one minute)
 //	live overrides  PREFIX "overrides:{o}" and that + ":version" (no TTL:
 //	                configuration, kept until removed)
+//	live history    PREFIX "hist:" STEP, that + ":s" (15m10s) and
+//	                PREFIX "hist:sampler" (30 s unless renewed)
 
 // Global is the hash tag of the keys of rules that limit no entity (an
 // empty key): every worker's global rules share one slot.
@@ -78,3 +82,16 @@ func Busy(prefix string) string { return prefix + "busy:{b}" }
 func Overrides(prefix string) (hash, version string) {
 	return prefix + "overrides:{o}", prefix + "overrides:{o}:version"
 }
+
+// History returns the live page's keys of one 5 s step (cmd/internal/
+// history): the hash of the tasks counted in it and the string of its
+// sample; HistorySampler the string naming the worker that samples. Each
+// in a slot of its own: they are read and written in pipelines, never
+// together in a script.
+func History(prefix string, step int64) (counts, sample string) {
+	counts = prefix + "hist:" + strconv.FormatInt(step, 10)
+	return counts, counts + ":s"
+}
+
+// HistorySampler: see History.
+func HistorySampler(prefix string) string { return prefix + "hist:sampler" }

@@ -13,9 +13,16 @@ func TestLayout(t *testing.T) {
 		{Pace("p:", "critical"), "p:pace:{critical}"},
 		{Sweep("p:", "critical"), "p:sweep:{critical}"},
 		{Sweep("p:", "a}b{c"), "p:sweep:{a}b{c}"},
+		{HistorySampler("p:"), "p:hist:sampler"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)
 		}
+	}
+}
+
+func TestHistory(t *testing.T) {
+	if counts, sample := History("p:", 359163444); counts != "p:hist:359163444" || sample != "p:hist:359163444:s" {
+		t.Errorf("History: %q, %q", counts, sample)
 	}
 }

@@ -2,7 +2,6 @@ package history
 
 import (
 	"context"
-	"os"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -36,8 +35,9 @@ rules:
 
 // TestFleet: three workers' counts of one step add up in Redis; a keyed
 // rule shows all its keys together and its busiest keys, the huge one
-// first beside 1,500 small ones; one worker of the three takes each
-// step's sample; what the history keeps is bounded and expires.
+// first beside 1,500 small ones; one worker of the three samples, once a
+// step, the keys the fleet counted busiest in the step before; what the
+// history keeps is bounded and expires.
 func TestFleet(t *testing.T) {
 	c := redistest.Client(t)
 	prefix := redistest.Prefix(t)
@@ -53,10 +53,10 @@ func TestFleet(t *testing.T) {
 	cur := step(now)
 	long := strings.Repeat("x", 300) // stored as its hash
 	var samples atomic.Int64
-	var busiest map[string][]string
-	sample := func(_ context.Context, b map[string][]string) (status.Report, error) {
+	var asked map[string][]string
+	sample := func(_ context.Context, named map[string][]string) (status.Report, error) {
 		samples.Add(1)
-		busiest = b
+		asked = named
 		return status.Report{Rules: []status.Rule{
 			{Name: "global", Kind: "gcra", Limit: "10 per 1s", KeyState: &status.KeyState{Used: 3, Remaining: 7, Rate: 10, Waiting: 40}},
 			{Name: "per-business", Kind: "gcra", Limit: "2 per 1s", Keyed: true, Busiest: []status.KeyState{{Key: "big", Rate: 2, Waiting: 7}, {Key: "b1", Rate: 2}}},
@@ -80,18 +80,7 @@ func TestFleet(t *testing.T) {
 			r.add(taskrl.Event{Outcome: taskrl.Admitted, Keys: []taskrl.RuleKey{{Rule: "per-business", Key: "late"}}}, b)
 			r.add(taskrl.Event{Outcome: taskrl.UpstreamThrottled, Keys: []taskrl.RuleKey{{Rule: "global"}}}, b)
 		}
-		// The step before the sample's: its busiest keys are sampled.
-		r.add(taskrl.Event{Outcome: taskrl.Admitted, Keys: []taskrl.RuleKey{{Rule: "per-business", Key: "now busy"}}}, cur-1)
-	}
-	for _, r := range recs {
-		r.tick(ctx, false) // the current step's sample: one worker takes it
 		r.tick(ctx, true)
-	}
-	if n := samples.Load(); n != 1 {
-		t.Errorf("%d samples of one step by three workers, want 1", n)
-	}
-	if after, err := c.Time(ctx).Result(); err == nil && step(after) == cur && fmt.Sprint(busiest) != `map[per-business:[now busy]]` {
-		t.Errorf("the sample was asked for the keys %q, want those of the step before", busiest)
 	}
 
 	h, err := NewReader(c, prefix).Read(ctx, p)
@@ -101,24 +90,23 @@ func TestFleet(t *testing.T) {
 	if h.Steps != int(Span/Step) || h.Step != 5 || len(h.Rules) != 3 {
 		t.Fatalf("history of %d steps of %vs, %d rules", h.Steps, h.Step, len(h.Rules))
 	}
-	at := func(b int64) int { return int(b - step(h.Start)) }
+	at := func(h History, b int64) int { return int(b - step(h.Start)) }
 	g := h.Rules[0]
 	if g.Unit != "tasks/s" || len(g.Series) != 1 || g.Series[0].Key != "" || g.Series[0].All {
 		t.Fatalf("global rule: %+v", g)
 	}
-	for b := cur - 12; b <= cur-1; b++ {
+	for b := cur - 12; b <= cur-3; b++ {
 		want, thr := 0.0, 0.0
-		if b >= cur-10 && b <= cur-3 {
+		if b >= cur-10 {
 			want, thr = 3*50/5.0, 3/5.0
 		}
-		if got := g.Series[0].Admitted[at(b)]; got != want {
+		if got := g.Series[0].Admitted[at(h, b)]; got != want {
 			t.Errorf("global, step %d: %v admitted/s, want %v", b-cur, got, want)
 		}
-		if got := g.Series[0].Throttled[at(b)]; got != thr {
+		if got := g.Series[0].Throttled[at(h, b)]; got != thr {
 			t.Errorf("global, step %d: %v 429s/s, want %v", b-cur, got, thr)
 		}
 	}
-
 	k := h.Rules[1]
 	if len(k.Series) != 1+KeysPerRule || !k.Series[0].All || k.Series[1].Key != "big" {
 		keys := []string{}
@@ -128,39 +116,57 @@ func TestFleet(t *testing.T) {
 		t.Fatalf("keyed rule's series: %q", keys)
 	}
 	// Every task counts in the rule's total: 50 + 2 + 1500 + 1 per worker.
-	if got, want := k.Series[0].Admitted[at(cur-5)], 3*1553/5.0; got != want {
+	if got, want := k.Series[0].Admitted[at(h, cur-5)], 3*1553/5.0; got != want {
 		t.Errorf("all keys: %v admitted/s, want %v", got, want)
 	}
-	if got := k.Series[1].Admitted[at(cur-5)]; got != 30 {
+	if got := k.Series[1].Admitted[at(h, cur-5)]; got != 30 {
 		t.Errorf("big: %v admitted/s, want 30", got)
 	}
-	if !strings.HasPrefix(k.Series[2].Key, "~") || k.Series[2].Admitted[at(cur-5)] != 3*2/5.0 {
-		t.Errorf("the long key, second busiest, shows as its hash: %q %v", k.Series[2].Key, k.Series[2].Admitted[at(cur-5)])
+	if !strings.HasPrefix(k.Series[2].Key, "~") || k.Series[2].Admitted[at(h, cur-5)] != 3*2/5.0 {
+		t.Errorf("the long key, second busiest, shows as its hash: %q %v", k.Series[2].Key, k.Series[2].Admitted[at(h, cur-5)])
 	}
 
-	// The sample of the current step is read once that step has ended.
-	h2 := History{}
-	for deadline := time.Now().Add(8 * time.Second); ; {
-		if h2, err = NewReader(c, prefix).Read(ctx, p); err != nil {
+	// From settle into a step, the sampler samples it, asking for the
+	// keys counted in the step before; the others only try to become it.
+	s := midStep(t, c)
+	recs[0].add(taskrl.Event{Outcome: taskrl.Admitted, Keys: []taskrl.RuleKey{{Rule: "per-business", Key: "now busy"}}}, s-1)
+	for _, r := range recs {
+		r.tick(ctx, false)
+		r.tick(ctx, false)
+		r.sampling.Wait()
+	}
+	if n := samples.Load(); n != 1 || fmt.Sprint(asked) != `map[per-business:[now busy]]` {
+		t.Errorf("%d samples of one step by three workers, want 1; it asked for the keys %q, want those of the step before", n, asked)
+	}
+	holders := 0
+	for _, r := range recs {
+		if r.holder {
+			holders++
+		}
+	}
+	if holders != 1 {
+		t.Errorf("%d samplers", holders)
+	}
+	for deadline := time.Now().Add(10 * time.Second); step(h.At.Add(-settle))-1 < s; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("step %d not shown within 10s", s)
+		}
+		if h, err = NewReader(c, prefix).Read(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		if step(h2.At)-1 >= cur || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
-	i := int(cur - step(h2.Start))
-	if s := h2.Rules[0].Series[0]; s.Limit[i] == nil || *s.Limit[i] != 10 || *s.Waiting[i] != 40 || s.Level[i] != nil {
-		t.Errorf("global's sample: limit %v, waiting %v, level %v", s.Limit[i], s.Waiting[i], s.Level[i])
+	i := at(h, s)
+	if v := h.Rules[0].Series[0]; v.Limit[i] == nil || *v.Limit[i] != 10 || *v.Waiting[i] != 40 || v.Level[i] != nil {
+		t.Errorf("global's sample: limit %v, waiting %v, level %v", v.Limit[i], v.Waiting[i], v.Level[i])
 	}
-	if s := h2.Rules[1].Series[1]; s.Key != "big" || s.Limit[i] == nil || *s.Limit[i] != 2 || *s.Waiting[i] != 7 {
-		t.Errorf("big's sample: %q limit %v, waiting %v", s.Key, s.Limit[i], s.Waiting[i])
+	if v := h.Rules[1].Series[1]; v.Key != "big" || v.Limit[i] == nil || *v.Limit[i] != 2 || *v.Waiting[i] != 7 {
+		t.Errorf("big's sample: %q limit %v, waiting %v", v.Key, v.Limit[i], v.Waiting[i])
 	}
-	if d := h2.Rules[2]; d.Unit != "units" || d.Series[0].Level[i] == nil || *d.Series[0].Level[i] != 250 || *d.Series[0].Limit[i] != 1000 {
+	if d := h.Rules[2]; d.Unit != "units" || d.Series[0].Level[i] == nil || *d.Series[0].Level[i] != 250 || *d.Series[0].Limit[i] != 1000 {
 		t.Errorf("daily's sample: %+v", d)
 	}
-	if s := h2.Rules[0].Series[0]; s.Limit[i-1] != nil {
-		t.Errorf("a step without a sample has a limit: %v", *s.Limit[i-1])
+	if v := h.Rules[0].Series[0]; v.Limit[i-1] != nil {
+		t.Errorf("a step without a sample has a limit: %v", *v.Limit[i-1])
 	}
 
 	// Bounded: per step a rule's two totals and its busiest keys' counts;
@@ -169,16 +175,40 @@ func TestFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != 9+1 {
-		t.Errorf("%d keys, want 9 steps and a sample: %q", len(keys), keys)
+	if len(keys) != 8+1+1+1 {
+		t.Errorf("%d keys, want 8 steps, the step before the sample's, the sample and the sampler: %q", len(keys), keys)
 	}
 	for _, key := range keys {
-		if ttl, err := c.PTTL(ctx, key).Result(); err != nil || ttl <= Span || ttl > Span+2*Step {
+		ttl, err := c.PTTL(ctx, key).Result()
+		if strings.HasSuffix(key, ":sampler") {
+			if err != nil || ttl <= 0 || ttl > samplerTTL {
+				t.Errorf("%s: TTL %v %v", key, ttl, err)
+			}
+			continue
+		}
+		if err != nil || ttl <= Span || ttl > Span+2*Step {
 			t.Errorf("%s: TTL %v %v", key, ttl, err)
 		}
 		if n, _ := c.HLen(ctx, key).Result(); n > int64(3*2+2*KeysPerRule) {
 			t.Errorf("%s: %d fields", key, n)
 		}
+	}
+}
+
+// midStep waits until Redis's clock is between settle and a second before
+// the end of a step, and returns that step.
+func midStep(t *testing.T, c redis.UniversalClient) int64 {
+	t.Helper()
+	for {
+		now, err := c.Time(context.Background()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := now.Sub(time.UnixMilli(step(now) * Step.Milliseconds()))
+		if in >= settle && in <= Step-time.Second {
+			return step(now)
+		}
+		time.Sleep((Step + settle - in) % Step)
 	}
 }
 
@@ -310,10 +340,23 @@ func TestScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := os.Getenv("TMPDUMP"); f != "" {
-		os.WriteFile(f, body, 0o644)
+	// A step's sample, as the worker takes it: the rules' keys, each keyed
+	// rule's 5 busiest, and their waiting tasks.
+	start = time.Now()
+	sampled, err := status.CollectKeys(ctx, c, prefix, p, func(rule string) []string {
+		return []string{"business-1", "business-2", "business-3", "business-4", "business-5"}
+	})
+	if err == nil {
+		err = status.AddWaiting(ctx, c, prefix, &sampled)
 	}
-	t.Logf("%d keys, %.1f MiB in Redis (%.0f KiB per step); /history %.1f MiB of JSON; read in %v, then %v", len(keys), float64(bytes)/(1<<20), float64(bytes)/1024/float64(Span/Step), float64(len(body))/(1<<20), first, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if n := len(sampled.Rules[1].Busiest); n != KeysPerRule {
+		t.Errorf("the sample of a keyed rule has %d keys, want the %d named, in use or not", n, KeysPerRule)
+	}
+	t.Logf("%d keys, %.1f MiB in Redis (%.0f KiB per step); /history %.1f MiB of JSON; read in %v, then %v; a sample took %v", len(keys), float64(bytes)/(1<<20), float64(bytes)/1024/float64(Span/Step), float64(len(body))/(1<<20), first, again, took)
 	if len(h.Rules) != 100 || len(h.Rules[1].Series) != 1+KeysPerRule || h.Rules[1].Series[0].Admitted[h.Steps-2] != 10*40/5.0 {
 		t.Fatalf("history of %d rules; rule-1: %d series", len(h.Rules), len(h.Rules[1].Series))
 	}

@@ -179,14 +179,15 @@ func NewReader(client redis.UniversalClient, prefix string) *Reader {
 	return &Reader{client: client, prefix: prefix, steps: map[int64]stepData{}}
 }
 
-// Read returns the history of p's rules over the last Span, up to the last
-// ended step, on Redis's clock.
+// Read returns the history of p's rules over the last Span, on Redis's
+// clock, up to the last step that ended settle ago or more (every worker's
+// counts are in).
 func (r *Reader) Read(ctx context.Context, p *policy.Policy) (History, error) {
 	now, err := r.client.Time(ctx).Result()
 	if err != nil {
 		return History{}, err
 	}
-	last := step(now) - 1
+	last := step(now.Add(-settle)) - 1 // every worker's counts are in
 	first := last - int64(Span/Step) + 1
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -211,11 +212,15 @@ func (r *Reader) Read(ctx context.Context, p *policy.Policy) (History, error) {
 		reads = append(reads, pending{int(b - first), pipe.HGetAll(ctx, countsKey(r.prefix, b)), pipe.Get(ctx, sampleKey(r.prefix, b))})
 	}
 	if len(reads) > 0 {
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return History{}, err
-		}
+		pipe.Exec(ctx) // each command's error is looked at: a missing sample is not one
 	}
 	for _, rd := range reads {
+		if err := rd.counts.Err(); err != nil {
+			return History{}, err
+		}
+		if err := rd.sample.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return History{}, err
+		}
 		d := stepData{counts: parseCounts(rd.counts.Val())}
 		if v := rd.sample.Val(); v != "" {
 			var s sample

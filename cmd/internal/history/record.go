@@ -11,13 +11,17 @@
 //	                 step B (Unix seconds / 5), summed by HINCRBY
 //	PREFIX hist:B:s  string: a JSON sample of the limits' state (the
 //	                 status report, each rule's busiest KeysPerRule keys)
-//	                 taken by the one worker whose SET NX won step B
+//	                 taken by the sampler, settle into step B (SET NX:
+//	                 one per step)
+//	PREFIX hist:sampler  string: the id of the worker that samples, for
+//	                 samplerTTL unless it renews it
 //
-// both living Span plus two steps. Each worker counts its own tasks in
-// memory (a rule's keys beyond maxLocalKeys in a step count in its total
-// only) and adds them to Redis once a step ends, its KeysPerRule busiest
-// keys per rule: one pipeline per worker per step, and one SET NX, however
-// many tasks ran. The key is stored encoded (internal/keys), so a long or
+// the steps' keys living Span plus two steps. Each worker counts its own
+// tasks in memory (a rule's keys beyond maxLocalKeys in a step count in its
+// total only) and adds them to Redis once a step ends, its KeysPerRule
+// busiest keys per rule: one pipeline per worker per step with tasks,
+// however many; an idle worker makes one call per 15 s (trying to become
+// the sampler). The key is stored encoded (internal/keys), so a long or
 // odd key takes at most keys.MaxEncoded bytes.
 //
 // Application code of the binaries, imported by cmd/worker.
@@ -26,11 +30,12 @@ package history
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"log/slog"
-	"maps"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -59,8 +64,8 @@ const ttl = Span + 2*Step
 // step is the number of the step t falls in.
 func step(t time.Time) int64 { return t.UnixMilli() / Step.Milliseconds() }
 
-func countsKey(prefix string, b int64) string { return prefix + "hist:" + strconv.FormatInt(b, 10) }
-func sampleKey(prefix string, b int64) string { return countsKey(prefix, b) + ":s" }
+func countsKey(prefix string, b int64) string { c, _ := keys.History(prefix, b); return c }
+func sampleKey(prefix string, b int64) string { _, s := keys.History(prefix, b); return s }
 
 // Field names of a step's counts hash.
 func totalField(kind byte, rule string) string    { return string(kind) + "\x1f" + rule }
@@ -79,24 +84,40 @@ type Config struct {
 	// this recorder counts but takes no samples.
 	Sample func(ctx context.Context, busiest map[string][]string) (status.Report, error)
 	// Now is the worker's clock; default time.Now. Steps are numbered on
-	// Redis's clock: the offset is learned from TIME at each flush.
+	// Redis's clock: the offset is learned from TIME with each write.
 	Now func() time.Time
 	// Logger reports failed writes (at most one a minute); default
 	// slog.Default().
 	Logger *slog.Logger
 }
 
+// settle is how long after a step's end its counts are taken as all in:
+// every worker adds its own within a second (Run ticks every second).
+const settle = 2 * time.Second
+
+// samplerTTL is how long the sampler's role (PREFIX hist:sampler) lasts
+// unless its holder renews it, as it does with each sample; a worker
+// without it tries to take it every samplerTTL/2, so an idle fleet makes
+// one call per worker per 15 s.
+const samplerTTL = 30 * time.Second
+
 // Recorder counts a worker's tasks per rule and key for the history, as a
 // taskrl.Observer, and adds them to Redis (Run). Its methods are safe for
 // concurrent use.
 type Recorder struct {
 	cfg Config
+	id  string // this recorder's, as the sampler
 
 	mu      sync.Mutex
 	steps   map[int64]map[string]*ruleCounts // by step, by rule
 	offset  time.Duration                    // Redis's clock minus the worker's
-	claimed int64                            // the last step this recorder tried to sample
+	holder  bool                             // this recorder holds the sampler's role (last it knew)
+	tried   time.Time                        // when it last tried to take the role
+	sampled int64                            // the last step it sampled
 	logged  time.Time                        // the last failure logged
+
+	sampling sync.WaitGroup // a sample being taken (one at a time)
+	busy     bool           // under mu: a sample is being taken
 }
 
 // ruleCounts are one rule's counts in one step.
@@ -113,7 +134,9 @@ func NewRecorder(cfg Config) *Recorder {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Recorder{cfg: cfg, steps: map[int64]map[string]*ruleCounts{}}
+	var id [8]byte
+	rand.Read(id[:])
+	return &Recorder{cfg: cfg, id: hex.EncodeToString(id[:]), steps: map[int64]map[string]*ruleCounts{}}
 }
 
 // Observe counts an Admitted event under each rule and key it names, and
@@ -163,33 +186,41 @@ func (r *Recorder) add(e taskrl.Event, b int64) {
 	}
 }
 
-// Run adds the counts of each ended step to Redis and takes the samples
-// this recorder wins, every second until ctx ends; then it adds what is
-// left, the current step's too.
+// Run adds the counts of each ended step to Redis and, while this worker
+// is the sampler, takes each step's sample, every second until ctx ends;
+// then it adds what is left, the current step's too.
 func (r *Recorder) Run(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
+		// A write under way when ctx ends is finished: its counts are
+		// already out of memory.
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		select {
 		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			r.tick(fctx, true)
+			r.sampling.Wait()
+			r.tick(tctx, true)
 			cancel()
 			return
 		case <-t.C:
-			r.tick(ctx, false)
+			r.tick(tctx, false)
 		}
+		cancel()
 	}
 }
 
 // tick adds the ended steps' counts (all of them if final) and, once per
-// step, tries to take the step's sample.
+// step, from settle into it, takes the step's sample if this recorder is
+// the sampler; a recorder that is not tries to become it every
+// samplerTTL/2.
 func (r *Recorder) tick(ctx context.Context, final bool) {
 	r.mu.Lock()
-	now := step(r.cfg.Now().Add(r.offset))
+	local := r.cfg.Now()
+	now := local.Add(r.offset)
+	cur := step(now)
 	var ended map[int64]map[string]*ruleCounts
 	for b, rules := range r.steps {
-		if b < now || final {
+		if b < cur || final {
 			if ended == nil {
 				ended = map[int64]map[string]*ruleCounts{}
 			}
@@ -197,10 +228,36 @@ func (r *Recorder) tick(ctx context.Context, final bool) {
 			delete(r.steps, b)
 		}
 	}
-	claim := !final && now != r.claimed && r.cfg.Sample != nil
-	r.claimed = now
+	sampler := !final && r.cfg.Sample != nil && !r.busy
+	try := sampler && !r.holder && local.Sub(r.tried) >= samplerTTL/2
+	if try {
+		r.tried = local
+	}
+	due := sampler && (r.holder || try) && cur != r.sampled && now.Sub(time.UnixMilli(cur*Step.Milliseconds())) >= settle
 	r.mu.Unlock()
 
+	var err error
+	if len(ended) > 0 {
+		err = r.flush(ctx, ended)
+	}
+	if err == nil && try {
+		var ok bool
+		ok, err = r.cfg.Client.SetNX(ctx, keys.HistorySampler(r.cfg.Prefix), r.id, samplerTTL).Result()
+		r.mu.Lock()
+		r.holder = ok
+		r.mu.Unlock()
+	}
+	if err == nil && due {
+		err = r.claim(ctx, cur)
+	}
+	if err != nil {
+		r.failed(err)
+	}
+}
+
+// flush adds the counts of the ended steps to Redis, with TIME to learn
+// the offset of Redis's clock.
+func (r *Recorder) flush(ctx context.Context, ended map[int64]map[string]*ruleCounts) error {
 	sent := r.cfg.Now()
 	pipe := r.cfg.Client.Pipeline()
 	tm := pipe.Time(ctx)
@@ -213,7 +270,7 @@ func (r *Recorder) tick(ctx context.Context, final bool) {
 			if rc.throttled > 0 {
 				pipe.HIncrBy(ctx, key, totalField('T', name), rc.throttled)
 			}
-			for _, k := range busiestKeys(rc.keys, KeysPerRule) {
+			for _, k := range busiest(rc.keys, KeysPerRule) {
 				c := rc.keys[k]
 				if c[0] > 0 {
 					pipe.HIncrBy(ctx, key, keyField('a', name, k), c[0])
@@ -225,24 +282,66 @@ func (r *Recorder) tick(ctx context.Context, final bool) {
 		}
 		pipe.Expire(ctx, key, ttl)
 	}
-	var won *redis.BoolCmd
-	if claim {
-		won = pipe.SetNX(ctx, sampleKey(r.cfg.Prefix, now), "", ttl)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
 	}
-	_, err := pipe.Exec(ctx)
-	if err == nil {
-		// The step numbers follow Redis's clock, read halfway.
-		got := r.cfg.Now()
+	r.learn(tm.Val(), sent)
+	return nil
+}
+
+// learn sets the offset of Redis's clock from its time server, read
+// between sent and now on the worker's clock (halfway).
+func (r *Recorder) learn(server, sent time.Time) {
+	got := r.cfg.Now()
+	r.mu.Lock()
+	r.offset = server.Sub(sent.Add(got.Sub(sent) / 2))
+	r.mu.Unlock()
+}
+
+// claim checks that this recorder still holds the sampler's role, renews
+// it, and takes step b's sample unless another worker did: in a goroutine
+// of its own, so the counts go on being added meanwhile.
+func (r *Recorder) claim(ctx context.Context, b int64) error {
+	sent := r.cfg.Now()
+	pipe := r.cfg.Client.Pipeline()
+	tm := pipe.Time(ctx)
+	holder := pipe.Get(ctx, keys.HistorySampler(r.cfg.Prefix))
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	r.learn(tm.Val(), sent)
+	if holder.Val() != r.id {
 		r.mu.Lock()
-		r.offset = tm.Val().Sub(sent.Add(got.Sub(sent) / 2))
+		r.holder = false
 		r.mu.Unlock()
+		return nil
 	}
-	if err == nil && won != nil && won.Val() {
-		err = r.sample(ctx, now)
+	pipe = r.cfg.Client.Pipeline()
+	pipe.Expire(ctx, keys.HistorySampler(r.cfg.Prefix), samplerTTL)
+	won := pipe.SetNX(ctx, sampleKey(r.cfg.Prefix, b), "", ttl)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
 	}
-	if err != nil {
-		r.failed(err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sampled = b
+	if !won.Val() {
+		return nil
 	}
+	r.busy = true
+	r.sampling.Add(1)
+	go func() {
+		defer r.sampling.Done()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := r.sample(ctx, b); err != nil {
+			r.failed(err)
+		}
+		r.mu.Lock()
+		r.busy = false
+		r.mu.Unlock()
+	}()
+	return nil
 }
 
 // sample stores the limits' state as step b's sample.
@@ -251,15 +350,15 @@ func (r *Recorder) sample(ctx context.Context, b int64) error {
 	if err != nil {
 		return err
 	}
-	busiest := map[string][]string{}
+	named := map[string][]string{}
 	for rule, ks := range parseCounts(fields) {
-		for _, enc := range busiestEncoded(ks, KeysPerRule) {
+		for _, enc := range busiest(ks, KeysPerRule) {
 			if key, ok := keys.Decode(enc); ok {
-				busiest[rule] = append(busiest[rule], key)
+				named[rule] = append(named[rule], key)
 			}
 		}
 	}
-	rep, err := r.cfg.Sample(ctx, busiest)
+	rep, err := r.cfg.Sample(ctx, named)
 	if err != nil {
 		return err
 	}
@@ -281,24 +380,15 @@ func (r *Recorder) failed(err error) {
 	}
 }
 
-// busiestKeys returns at most n keys of counts, those with the most tasks
-// first (ties by key); busiestEncoded the same of counts by encoded key,
-// the rule's total ("") aside.
-func busiestKeys(counts map[string]*[2]int64, n int) []string {
-	return top(slices.Collect(maps.Keys(counts)), counts, n)
-}
-
-func busiestEncoded(counts map[string]*[2]int64, n int) []string {
+// busiest returns at most n keys of counts, those with the most tasks
+// first (ties by key); a rule's total ("") is not a key.
+func busiest(counts map[string]*[2]int64, n int) []string {
 	var ks []string
 	for k := range counts {
 		if k != "" {
 			ks = append(ks, k)
 		}
 	}
-	return top(ks, counts, n)
-}
-
-func top(ks []string, counts map[string]*[2]int64, n int) []string {
 	slices.SortFunc(ks, func(a, b string) int {
 		ca, cb := counts[a], counts[b]
 		return cmp.Or(cmp.Compare(cb[0]+cb[1], ca[0]+ca[1]), cmp.Compare(a, b))

@@ -401,8 +401,11 @@ func xTicks(span time.Duration) []xTick {
 		step *= 2
 	}
 	var out []xTick
-	for d := time.Duration(0); d <= span; d += step {
+	for d := time.Duration(0); ; d += step {
 		out = append(out, xTick{d: d, label: Duration(d)})
+		if d > span-step { // the next would pass span (or overflow)
+			break
+		}
 	}
 	return out
 }

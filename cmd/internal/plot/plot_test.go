@@ -52,7 +52,9 @@ func TestEscaped(t *testing.T) {
 // every value; the x axis at the span; each point is where the ticks say.
 func TestAxes(t *testing.T) {
 	for _, top := range []float64{0.07, 1, 9.9, 18, 19.5, 40, 40.5, 100.1, 190, 950, 1234.5} {
-		for _, span := range []time.Duration{300 * time.Millisecond, time.Second, 55500 * time.Millisecond, 380 * time.Second, 3 * time.Hour, 24 * time.Hour, 40 * 24 * time.Hour} {
+		// The last span: as long as a Duration gets (the ticks' loop once
+		// overflowed there and never ended).
+		for _, span := range []time.Duration{300 * time.Millisecond, time.Second, 55500 * time.Millisecond, 380 * time.Second, 3 * time.Hour, 24 * time.Hour, 40 * 24 * time.Hour, math.MaxInt64} {
 			c := &plot.Chart{
 				Series: []plot.Series{{Name: "s", Step: true, Points: []plot.Point{{0, top / 2}, {span / 3, top}, {span, top}}}},
 				Limits: []plot.Limit{{Name: "l", Steps: []plot.Point{{Value: top / 3}}}},

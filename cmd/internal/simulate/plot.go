@@ -67,6 +67,9 @@ func (r Report) Chart(spec Spec) *plot.Chart {
 		}
 		at += p.For
 	}
+	if len(limit.Steps) == 0 {
+		return c // no vendor phase: Run refuses such a spec
+	}
 	if last := limit.Steps[len(limit.Steps)-1].Value; spec.Vendor.service() {
 		limit.Label += " " + strconv.FormatFloat(last, 'f', -1, 64)
 	} else {

@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"bytes"
+	"io"
 	"math"
 	"testing"
 	"time"
@@ -17,6 +18,10 @@ func TestPlot(t *testing.T) {
 		Vendor: mustVendor(t, "20/s for 30s, 5/s for 30s, 20/s"), Duration: 90 * time.Second, Interval: 10 * time.Second}
 	rep, err := Run(spec)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// A spec Run would refuse (no vendor phase) draws no limit, no panic.
+	if err := (Report{}).Plot(io.Discard, Spec{}); err != nil {
 		t.Fatal(err)
 	}
 	var b bytes.Buffer

@@ -176,7 +176,8 @@ func Collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 }
 
 // CollectKeys is Collect reporting, for each keyed rule, the keys
-// keysOf(rule) names, at most Busiest, instead of scanning Redis for them
+// keysOf(rule) names, at most Busiest and whatever their use (Collect
+// shows only keys in use), instead of scanning Redis for them
 // (a SCAN visits every key of the database): for callers that know which
 // keys are busy.
 func CollectKeys(ctx context.Context, c redis.UniversalClient, prefix string, p *policy.Policy, keysOf func(rule string) []string) (Report, error) {
@@ -247,7 +248,9 @@ func collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 				if err != nil {
 					return Report{}, err
 				}
-				if ks.Used > 0 || !ks.BlockedUntil.IsZero() {
+				// Keys found by scanning are shown when in use; those
+				// named, whatever their state.
+				if keysOf != nil || ks.Used > 0 || !ks.BlockedUntil.IsZero() {
 					out.Busiest = append(out.Busiest, ks)
 				}
 			}
