@@ -29,9 +29,10 @@ type Binding struct {
 	over      []map[string]limits.Limit // per rule: overridden keys; nil: none
 	variants  sync.Map                  // ForKeys' cache: signature -> *Binding
 	nvariants atomic.Int64
-	transient bool   // a variant ForKeys did not cache (Transient)
-	exempt    []bool // per rule: exempt for the keys (Exempt); nil: none
-	tiered    bool   // a rule reads a plan from the payload (Rule.Tier)
+	transient bool     // a variant ForKeys did not cache (Transient)
+	exempt    []bool   // per rule: exempt for the keys (Exempt); nil: none
+	tiered    bool     // a rule reads a plan from the payload (Rule.Tier)
+	plans     []string // per rule: the payload's plan applied (Plan); nil: none
 
 	levels      []int // per rule: the level of a literal Priority, else the queue's (PriorityQueues), else 0
 	prioritized bool  // a rule has priorities (Rule.Priority, Rule.PriorityQueues)

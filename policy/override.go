@@ -369,6 +369,16 @@ func (b *Binding) ForPayload(keys []string, payload []byte) *Binding {
 	return b.variant(keys, plans)
 }
 
+// Plan returns the plan (one of Rules()[i]'s Tiers) that ForPayload read
+// from the payload and applied to rule i, "" if none did (the payload names
+// none, or an override of the key wins).
+func (b *Binding) Plan(i int) string {
+	if b == nil || b.plans == nil {
+		return ""
+	}
+	return b.plans[i]
+}
+
 // variant returns b with the overrides for keys and, where none applies,
 // the plans (a rule's Tiers entry, "" for none; nil: none) applied.
 func (b *Binding) variant(keys, plans []string) *Binding {
@@ -417,6 +427,10 @@ func (b *Binding) variant(keys, plans []string) *Binding {
 			continue
 		case !ok && plans != nil && plans[j] != "":
 			l = b.rules[j].Raised(b.rules[j].Tiers[plans[j]])
+			if v.plans == nil {
+				v.plans = make([]string, len(b.rules))
+			}
+			v.plans[j] = plans[j]
 		case !ok:
 			continue
 		}

@@ -264,20 +264,23 @@ func TestTiers(t *testing.T) {
 	pro := limits.GCRA{Rate: 5.5, Period: time.Second, Burst: 2}
 	ent := limits.GCRA{Rate: 22, Period: time.Second, Burst: 1}
 	own := limits.GCRA{Rate: 1.1, Period: time.Second, Burst: 1}
-	for payload, want := range map[string]limits.Limit{
-		`{"business_id": "b1", "plan": "pro"}`:        pro,
-		`{"business_id": "b2", "plan": "enterprise"}`: ent,
-		`{"business_id": "b3", "plan": "gold"}`:       own,
-		`{"business_id": "b4"}`:                       own,
-		`{"business_id": "b9", "plan": "pro"}`:        ent, // the override wins
+	for payload, want := range map[string]struct {
+		limit limits.Limit
+		plan  string // Plan: the payload's, where applied
+	}{
+		`{"business_id": "b1", "plan": "pro"}`:        {pro, "pro"},
+		`{"business_id": "b2", "plan": "enterprise"}`: {ent, "enterprise"},
+		`{"business_id": "b3", "plan": "gold"}`:       {own, ""},
+		`{"business_id": "b4"}`:                       {own, ""},
+		`{"business_id": "b9", "plan": "pro"}`:        {ent, ""}, // the override wins
 	} {
 		rq, err := b.Request([]byte(payload))
 		if err != nil {
 			t.Fatal(err)
 		}
 		v := b.ForPayload(rq.Keys, []byte(payload))
-		if got := v.Rules()[0].Limit; got != want {
-			t.Errorf("%s: %v, want %v", payload, got, want)
+		if got := v.Rules()[0].Limit; got != want.limit || v.Plan(0) != want.plan {
+			t.Errorf("%s: %v, plan %q; want %v, plan %q", payload, got, v.Plan(0), want.limit, want.plan)
 		}
 		if again := b.ForPayload(rq.Keys, []byte(payload)); again != v {
 			t.Errorf("%s: the variant is not cached", payload)

@@ -111,6 +111,7 @@ type Middleware struct {
 	renew   *renewer
 	parked  parkedSet // tasks parked in the last minute (asynqlog.go)
 	pauses  pauses    // operators' pauses of rules (PauseRule)
+	plans   planNotes // the payloads' plans noted for worker status
 }
 
 // New validates cfg and returns a Middleware.
@@ -155,6 +156,7 @@ func New(cfg Config) (*Middleware, error) {
 	}
 	m := &Middleware{cfg: cfg, local: quotas.NewModelOn(cfg.Clock.Now), limits: admission.Limits{MaxHold: cfg.MaxHold, Budget: cfg.ThrottleBudget}, prefix: cfg.Prefix, limiter: l}
 	m.pauses.m = m
+	m.plans.sem = make(chan struct{}, planWriters)
 	m.policy.Store(cfg.Policy)
 	m.pace = newPacer(pacerDeps{client: cfg.Client, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
 	if !cfg.KeepOrder {
@@ -203,6 +205,7 @@ func (m *Middleware) Policy() *policy.Policy { return m.policy.Load() }
 // returns the error of giving units back, if any: they then stay counted
 // until their windows end.
 func (m *Middleware) Close() error {
+	m.plans.wg.Wait()
 	m.renew.loop.close()
 	m.shed.loop.close()
 	m.pace.close()
@@ -648,6 +651,7 @@ func (j *job) process(b *policy.Binding, next asynq.Handler) error {
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
 	b = b.ForPayload(rq.Keys, j.t.Payload())
+	j.m.notePlans(b, rq.Keys)
 	if j.sp, err = j.m.split(b); err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import "strconv"
 //	run started     PREFIX "ran:{" Encode(queue) "}:" Encode(ID "~" wait) (one minute)
 //	live overrides  PREFIX "overrides:{o}" and that + ":version" (no TTL:
 //	                configuration, kept until removed)
+//	payload plans   PREFIX "plan:{" Tag(key) "}:" RULE (one day)
 //	live history    PREFIX "hist:" STEP, that + ":s" (15m10s) and
 //	                PREFIX "hist:sampler" (30 s unless renewed)
 
@@ -95,3 +96,9 @@ func History(prefix string, step int64) (counts, sample string) {
 
 // HistorySampler: see History.
 func HistorySampler(prefix string) string { return prefix + "hist:sampler" }
+
+// Plan returns the string naming the plan (policy.Rule.Tiers) a task's
+// payload last put entity on under rule, for worker status.
+func Plan(prefix, rule, entity string) string {
+	return prefix + "plan:{" + Tag(entity) + "}:" + rule
+}

@@ -14,6 +14,7 @@ func TestLayout(t *testing.T) {
 		{Sweep("p:", "critical"), "p:sweep:{critical}"},
 		{Sweep("p:", "a}b{c"), "p:sweep:{a}b{c}"},
 		{HistorySampler("p:"), "p:hist:sampler"},
+		{Plan("p:", "per-business", "b 7"), "p:plan:{b%207}:per-business"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -243,8 +244,9 @@ func (r *run) limits(t *testing.T, args ...string) time.Time {
 // read from the payload; b1's calls (plan "free", not a plan of the rule)
 // and b2's (plan "pro") arrive at 6/s each. b1 runs at 1/s and b2 at 3/s,
 // the ideals from the limits alone; from 2 s after "worker limits tier
-// per-business b1 pro" b1 runs at 3/s too, whatever its payloads say. The
-// API answers no 429; no call is made twice.
+// per-business b1 pro" b1 runs at 3/s too, whatever its payloads say.
+// Before that, worker status shows b2 on pro, from its payloads. The API
+// answers no 429; no call is made twice.
 func TestTiers(t *testing.T) {
 	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	r := start(t, fakeapi.Limits{Global: apiGlobal}, `rules:
@@ -263,6 +265,13 @@ func TestTiers(t *testing.T) {
 	})
 	defer stop()
 	time.Sleep(5 * time.Second)
+	// worker status shows b2 on the plan its payloads name, b1 on none.
+	status := exec.Command(filepath.Join(r.bin, "worker"), append([]string{"status", "--policy", r.policy, "--prefix", r.prefix}, r.redis...)...)
+	out, err := status.CombinedOutput()
+	if err != nil || !regexp.MustCompile(`(?m)^per-business +b2 .*plan pro \(from the payload\): 3/1s burst 1 \(GCRA\)$`).Match(out) ||
+		!regexp.MustCompile(`(?m)^per-business +b1 .* 1/1s burst 1 \(GCRA\)$`).Match(out) {
+		t.Errorf("worker status (%v) does not show b2 on pro from its payloads, b1 on none:\n%s", err, out)
+	}
 	tier := r.limits(t, "tier", "per-business", "b1", "pro")
 	time.Sleep(6 * time.Second)
 	end := time.Now()

@@ -77,7 +77,9 @@ type Rule struct {
 // KeyState is one key of a rule.
 type KeyState struct {
 	Key string `json:"key"`
-	// Override is the limit an override gives this key, "" without one.
+	// Override is the limit an override gives this key, or the plan its
+	// tasks' payloads put it on (noted by the workers within the last
+	// day), "" without either.
 	Override  string `json:"override,omitempty"`
 	Used      int    `json:"used"`
 	Remaining int    `json:"remaining"`
@@ -212,11 +214,25 @@ func collect(ctx context.Context, c redis.UniversalClient, prefix string, p *pol
 				// state for the key.
 				return KeyState{Key: k, Override: "unlimited: the rule does not apply"}, nil
 			}
+			// Without an override, the plan the key's tasks' payloads
+			// put it on, as the workers noted it (taskrl: keys.Plan).
+			paid := ""
+			if !own && out.Keyed && r.Tier != "" {
+				p, err := c.Get(ctx, keys.Plan(prefix, r.Name, k)).Result()
+				if err != nil && !errors.Is(err, redis.Nil) {
+					return KeyState{}, err
+				}
+				if r.Tiers[p] != nil {
+					lim, own, paid = r.Tiers[p], true, p
+				}
+			}
 			ks, at, err := keyState(ctx, c, l, prefix, r, r.Raised(lim), k, own)
 			if own {
 				ks.Override = limitText(r, lim, true)
 				if t := plan[[2]string{r.Name, k}]; t != "" {
 					ks.Override = "plan " + t + ": " + ks.Override
+				} else if paid != "" {
+					ks.Override = "plan " + paid + payloadPlan + ": " + ks.Override
 				}
 			}
 			if rep.At.IsZero() {
@@ -397,6 +413,10 @@ func scanKeys(ctx context.Context, c redis.UniversalClient, prefix, name string)
 	return out, scan(ctx, c)
 }
 
+// payloadPlan marks a KeyState.Override that is the plan the key's tasks'
+// payloads put it on, not an override.
+const payloadPlan = " (from the payload)"
+
 // Kind names the policy file's block of limit l: gcra, adaptive, quota
 // (fixed and calendar windows), sliding, concurrency.
 func Kind(l quotas.Limit) string {
@@ -430,7 +450,10 @@ func Text(rep Report) string {
 		}
 		limit := r.Limit
 		if ks.Override != "" {
-			limit = ks.Override + " (override)"
+			limit = ks.Override
+			if !strings.Contains(limit, payloadPlan) {
+				limit += " (override)"
+			}
 		}
 		if ks.Slots > 0 {
 			limit += fmt.Sprintf(", %d learned", ks.Slots)

@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"regexp"
 	"slices"
 	"strings"
@@ -355,5 +356,71 @@ rules:
 		if !strings.Contains(text, want) {
 			t.Errorf("Text has no %q:\n%s", want, text)
 		}
+	}
+}
+
+// TestCollectPlans: a key the workers noted on a plan from its payload
+// (keys.Plan) is read and shown at that plan's limit; an override's plan
+// wins; a noted plan the rule no longer has is ignored.
+func TestCollectPlans(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	p, l := parseWithLimiter(t, c, prefix, `rules:
+  - name: per-business
+    match: {type: job}
+    key: "{{.business_id}}"
+    tier: "{{.plan}}"
+    tiers:
+      pro: {gcra: {rate: 6, per: 1s, burst: 6}}
+    gcra: {rate: 2, per: 1s, burst: 2}
+overrides:
+  - {rule: per-business, key: b3, tier: pro}
+`)
+	b := p.Bind("job", "q")
+	for _, pl := range []string{`{"business_id": "b1", "plan": "pro"}`, `{"business_id": "b2"}`, `{"business_id": "b3"}`, `{"business_id": "b4", "plan": "gold"}`} {
+		rq, err := b.Request([]byte(pl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := b.ForPayload(rq.Keys, []byte(pl))
+		set, err := quotas.NewSet(v.Rules()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := l.Allow(ctx, set, quotas.Request{Keys: rq.Keys}); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v %v", pl, d, err)
+		}
+	}
+	// As the workers note them; b4's plan is not one of the rule's (one
+	// since removed: its tasks were decided at the rule's limit).
+	c.Set(ctx, keys.Plan(prefix, "per-business", "b1"), "pro", time.Hour)
+	c.Set(ctx, keys.Plan(prefix, "per-business", "b3"), "pro", time.Hour)
+	c.Set(ctx, keys.Plan(prefix, "per-business", "b4"), "gold", time.Hour)
+	rep, err := Collect(ctx, c, prefix, p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]KeyState{}
+	for _, k := range rep.Rules[0].Busiest {
+		got[k.Key] = k
+	}
+	for key, want := range map[string]struct {
+		override  string
+		rate      float64
+		remaining int
+	}{
+		"b1": {"plan pro (from the payload): 6/1s burst 6 (GCRA)", 6, 5},
+		"b2": {"", 2, 1},
+		"b3": {"plan pro: 6/1s burst 6 (GCRA)", 6, 5},
+		"b4": {"", 2, 1},
+	} {
+		k := got[key]
+		if k.Override != want.override || math.Abs(k.Rate-want.rate) > 0.001 || k.Remaining != want.remaining {
+			t.Errorf("%s: %q at %v/s, %d remaining; want %q at %v/s, %d remaining", key, k.Override, k.Rate, k.Remaining, want.override, want.rate, want.remaining)
+		}
+	}
+	if text := Text(rep); !strings.Contains(text, "plan pro (from the payload): 6/1s burst 6 (GCRA)\n") || !strings.Contains(text, "plan pro: 6/1s burst 6 (GCRA) (override)\n") {
+		t.Errorf("worker status does not show the payload's plan:\n%s", text)
 	}
 }
