@@ -4,10 +4,10 @@
 // (internal/testkit/fakeapi). It has no code of its own.
 //
 // The tests whose load is light (tens of calls a second, bars on the
-// limits rather than on the machine's speed) call t.Parallel and run two
-// at a time (go test's -parallel, GOMAXPROCS by default) once the others,
-// which measure throughput, the simulator's agreement or failover timing,
-// have run alone.
+// limits rather than on the machine's speed) call t.Parallel and run three
+// at a time (TestMain sets go test's -parallel to 3 unless it is given)
+// once the others, which measure throughput, the simulator's agreement,
+// failover timing or fair shares of slots, have run alone.
 //
 // Test support: only tests, imported by nothing.
 package e2e

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,7 +27,17 @@ import (
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) {
+	// The light tests run three at a time (doc.go), unless -test.parallel
+	// says otherwise.
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", "3")
+	}
+	redistest.Main(m)
+}
 
 // The API's published limits and the policy's, just under them.
 var (

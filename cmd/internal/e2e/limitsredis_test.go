@@ -23,6 +23,7 @@ import (
 // --redis) is what worker status shows with --limits-redis, and not
 // without it.
 func TestLimitsRedis(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.StartServer(t)
 		c := srv.Client(t)

@@ -111,7 +111,8 @@ rules:
 // says why big may get less than its share). The calls in flight never
 // exceed 12; every call is made once, and none answers 429.
 func TestFairSlots(t *testing.T) {
-	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
+	// Alone: the small flows' tasks ask too seldom beside other tests'
+	// load (docs/design.md, fair concurrency).
 	const latency = 500 * time.Millisecond
 	r := start(t, fakeapi.Limits{Latency: latency}, fairSlotsPolicy, 3)
 	payloads := func(name string, n int, businesses ...string) string {
