@@ -40,16 +40,7 @@ const chartsPolicy = `rules:
 // stopped, the history counts each task admitted once, under both rules,
 // and no step above the rate.
 func TestLiveCharts(t *testing.T) {
-	chrome := ""
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			chrome = p
-			break
-		}
-	}
-	if chrome == "" {
-		t.Skip("Chromium is not installed (Debian: apt-get install chromium; make test installs it as root): the charts are not checked in a browser")
-	}
+	chrome := findChrome(t, "the charts are")
 	a := newAPI(t)
 	prefix := redistest.Prefix(t)
 	policyFile := writePolicy(t, chartsPolicy)
@@ -226,4 +217,17 @@ func differing(a, b image.Image) int {
 		}
 	}
 	return n
+}
+
+// findChrome returns the path of Chromium, skipping the test (saying what
+// goes unchecked) where it is not installed.
+func findChrome(t *testing.T, what string) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Skip("Chromium is not installed (Debian: apt-get install chromium; make test installs it as root): " + what + " not checked in a browser")
+	return ""
 }

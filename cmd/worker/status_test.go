@@ -158,16 +158,7 @@ func TestLiveView(t *testing.T) {
 	}
 
 	// / in a real browser.
-	chrome := ""
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			chrome = p
-			break
-		}
-	}
-	if chrome == "" {
-		t.Skip("Chromium is not installed (Debian: apt-get install chromium; make test installs it as root): the page at / is not checked in a browser")
-	}
+	chrome := findChrome(t, "the page at / is")
 	cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer ccancel()
 	out, err := exec.CommandContext(cctx, chrome, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

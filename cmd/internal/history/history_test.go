@@ -39,18 +39,8 @@ rules:
 // step, the keys the fleet counted busiest in the step before; what the
 // history keeps is bounded and expires.
 func TestFleet(t *testing.T) {
-	c := redistest.Client(t)
-	prefix := redistest.Prefix(t)
-	p, err := policy.Parse([]byte(testPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, prefix, p, cur := setup(t, testPolicy)
 	ctx := context.Background()
-	now, err := c.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cur := step(now)
 	long := strings.Repeat("x", 300) // stored as its hash
 	var samples atomic.Int64
 	var asked map[string][]string
@@ -195,6 +185,22 @@ func TestFleet(t *testing.T) {
 	}
 }
 
+// setup returns the test's Redis and prefix, the policy yaml and the
+// current step on Redis's clock.
+func setup(t *testing.T, yaml string) (*redis.Client, string, *policy.Policy, int64) {
+	t.Helper()
+	c := redistest.Client(t)
+	p, err := policy.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, redistest.Prefix(t), p, step(now)
+}
+
 // midStep waits until Redis's clock is between settle and a second before
 // the end of a step, and returns that step.
 func midStep(t *testing.T, c redis.UniversalClient) int64 {
@@ -214,18 +220,9 @@ func midStep(t *testing.T, c redis.UniversalClient) int64 {
 
 // TestReaderKeeps: a step that has ended is read from Redis once.
 func TestReaderKeeps(t *testing.T) {
-	c := redistest.Client(t)
-	prefix := redistest.Prefix(t)
-	p, err := policy.Parse([]byte(testPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, prefix, p, cur := setup(t, testPolicy)
 	ctx := context.Background()
-	now, err := c.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := step(now) - 5
+	old := cur - 5
 	rd := NewReader(c, prefix)
 	var calls atomic.Int64
 	c.AddHook(countHook{&calls})
@@ -264,8 +261,6 @@ func TestScale(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills 15 minutes of history for 100 rules")
 	}
-	c := redistest.Client(t)
-	prefix := redistest.Prefix(t)
 	var yaml strings.Builder
 	yaml.WriteString("rules:\n")
 	rep := status.Report{}
@@ -284,16 +279,8 @@ func TestScale(t *testing.T) {
 		}
 		rep.Rules = append(rep.Rules, r)
 	}
-	p, err := policy.Parse([]byte(yaml.String()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, prefix, p, cur := setup(t, yaml.String())
 	ctx := context.Background()
-	now, err := c.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cur := step(now)
 	r := NewRecorder(Config{Client: c, Prefix: prefix})
 	data, _ := json.Marshal(compact(rep))
 	for b := cur - int64(Span/Step); b < cur; b++ {

@@ -8,7 +8,8 @@
 //
 //	PREFIX hist:B    hash: the tasks admitted ("A\x1fRULE", and for a key
 //	                 "a\x1fRULE\x1fKEY") and throttled ("T...", "t...") in
-//	                 step B (Unix seconds / 5), summed by HINCRBY
+//	                 step B (Unix time / Step, on Redis's clock), summed
+//	                 by HINCRBY
 //	PREFIX hist:B:s  string: a JSON sample of the limits' state (the
 //	                 status report, each rule's busiest KeysPerRule keys)
 //	                 taken by the sampler, settle into step B (SET NX:
@@ -68,9 +69,10 @@ func countsKey(prefix string, b int64) string { c, _ := keys.History(prefix, b);
 func sampleKey(prefix string, b int64) string { _, s := keys.History(prefix, b); return s }
 
 // Field names of a step's counts hash.
-func totalField(kind byte, rule string) string    { return string(kind) + "\x1f" + rule }
-func keyField(kind byte, rule, key string) string { return encField(kind, rule, keys.Encode(key)) }
-func encField(kind byte, rule, enc string) string { return string(kind) + "\x1f" + rule + "\x1f" + enc }
+func totalField(kind byte, rule string) string { return string(kind) + "\x1f" + rule }
+func keyField(kind byte, rule, key string) string {
+	return string(kind) + "\x1f" + rule + "\x1f" + keys.Encode(key)
+}
 
 // Config configures a Recorder.
 type Config struct {
