@@ -352,3 +352,59 @@ func TestScale(t *testing.T) {
 		t.Errorf("%d bytes in Redis, %d of JSON: over 8 MiB or 2 MiB", bytes, len(body))
 	}
 }
+
+// TestCluster: on a Redis Cluster, whose masters hold the steps' keys
+// (no hash tag: each in a slot of its own), two workers' counts and a
+// sample are read back whole.
+func TestCluster(t *testing.T) {
+	c := redistest.Cluster(t)
+	p, err := policy.Parse([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := redistest.Prefix(t)
+	ctx := context.Background()
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := step(now)
+	sample := func(context.Context, map[string][]string) (status.Report, error) {
+		return status.Report{Rules: []status.Rule{{Name: "global", Kind: "gcra", Limit: "10 per 1s", KeyState: &status.KeyState{Rate: 10}}}}, nil
+	}
+	recs := []*Recorder{NewRecorder(Config{Client: c, Prefix: prefix, Sample: sample}), NewRecorder(Config{Client: c, Prefix: prefix, Sample: sample})}
+	for _, r := range recs {
+		for b := cur - 20; b < cur; b++ {
+			for i := 0; i < 5; i++ {
+				r.add(taskrl.Event{Outcome: taskrl.Admitted, Keys: []taskrl.RuleKey{{Rule: "global"}, {Rule: "per-business", Key: fmt.Sprint("b", b%7)}}}, b)
+			}
+		}
+		r.tick(ctx, true)
+	}
+	s := midStep(t, c)
+	for _, r := range recs {
+		r.tick(ctx, false)
+		r.sampling.Wait()
+	}
+	var h History
+	for deadline := time.Now().Add(10 * time.Second); step(h.At.Add(-settle))-1 < s; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("step %d not shown within 10s", s)
+		}
+		if h, err = NewReader(c, prefix).Read(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	total, keyed := 0.0, 0.0
+	for b := cur - 20; b < cur; b++ {
+		i := int(b - step(h.Start))
+		total += h.Rules[0].Series[0].Admitted[i] * h.Step
+		keyed += h.Rules[1].Series[0].Admitted[i] * h.Step
+	}
+	if total != 2*20*5 || keyed != 2*20*5 {
+		t.Errorf("%v tasks under global, %v under per-business, want 200 each", total, keyed)
+	}
+	if v := h.Rules[0].Series[0].Limit[int(s-step(h.Start))]; v == nil || *v != 10 {
+		t.Errorf("the sample's limit: %v", v)
+	}
+}
