@@ -7,7 +7,8 @@
 // limits rather than on the machine's speed) call t.Parallel and run three
 // at a time (TestMain sets go test's -parallel to 3 unless it is given)
 // once the others, which measure throughput, the simulator's agreement,
-// failover timing or fair shares of slots, have run alone.
+// failover timing, a learner's pace, how soon an operator's pause reaches
+// every worker or fair shares of slots, have run alone.
 //
 // Test support: only tests, imported by nothing.
 package e2e
