@@ -514,6 +514,7 @@ func TestCampaign(t *testing.T) {
 // and the same calls take longer: the test measures both, so it fails if
 // the scope makes no difference.
 func TestScopedThrottle(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	const quiet, businesses, noisy = 100, 20, 40
 	var took [2]time.Duration
 	var best time.Duration
