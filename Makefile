@@ -6,31 +6,41 @@
 
 GO ?= go
 
-.PHONY: test test-short redis-server chromium check fuzz fuzz-ci fuzz-ci-httpcall fuzz-ci-egress fuzz-ci-policy bench fleet e2e-long
+.PHONY: test test-tools test-build test-beside test-short redis-server chromium check fuzz fuzz-ci fuzz-ci-httpcall fuzz-ci-egress fuzz-ci-policy bench fleet e2e-long
 
 # The packages are tested one at a time (-p 1: their bars on timing must
 # not share the cores), so their test binaries are built first on every
-# core (-exec true runs none of them): 285 s of building at -p 1 on a fresh
-# 2-core machine become 163 s, and 29 s of linking again.
+# core (-exec true runs none of them; 285 s of building at -p 1 on a fresh
+# 2-core machine become 146 s), while redis-server and chromium install.
 #
-# BESIDE's tests decide on explicit clocks and bound nothing by the
-# machine's speed (the engine's differential and property tests, the
-# simulator, the estimator): they run beside the others at nice 19, on
-# redis-servers of their own (the harness's children, niced with it), in
-# the CPU the end-to-end tests leave idle while they wait on real time
-# (about 250 s of tests off the critical path; the end-to-end figures
-# beside them were those of a run alone). Their output follows the rest.
+# test-beside runs beside the other packages' tests at nice 19: go vet and
+# gofmt (91 s on a fresh machine), then BESIDE, whose tests decide on
+# explicit clocks and bound nothing by the machine's speed (the engine's
+# differential and property tests, the simulator, the estimator: about
+# 250 s), on redis-servers of their own (the harness's children, niced
+# with it). They use the CPU the end-to-end tests leave idle while they
+# wait on real time: the end-to-end package's figures beside them were
+# those of a run alone. Their output follows the rest's.
 BESIDE = ./quotas ./gcra ./internal/calendar ./cmd/internal/simulate ./cmd/internal/estimate
 HARNESS = $(GO) run ./internal/testkit/redistest/cmd/redisharness --
-test: redis-server chromium check
-	$(GO) test -race -count=1 -exec true ./... > /dev/null
+test:
+	$(MAKE) -j2 test-tools test-build
 	@beside=$$(mktemp); \
-	nice -n 19 $(HARNESS) $(GO) test -race -count=1 -p 1 $(BESIDE) > $$beside 2>&1 & pid=$$!; \
-	echo "beside, at nice 19: $(BESIDE)"; \
+	nice -n 19 $(MAKE) --no-print-directory test-beside > $$beside 2>&1 & pid=$$!; \
+	echo "beside, at nice 19: go vet, gofmt, $(BESIDE)"; \
 	$(HARNESS) $(GO) test -race -count=1 -p 1 $$($(GO) list ./... | grep -v -x -F "$$($(GO) list $(BESIDE))"); rest=$$?; \
 	wait $$pid; status=$$?; cat $$beside; rm -f $$beside; \
 	[ $$rest = 0 ] && [ $$status = 0 ]
 	cd bench && $(GO) test -count=1 ./...
+
+test-tools:
+	$(MAKE) --no-print-directory redis-server && $(MAKE) --no-print-directory chromium
+
+test-build:
+	$(GO) test -race -count=1 -exec true ./... > /dev/null
+
+test-beside: check
+	$(HARNESS) $(GO) test -race -count=1 -p 1 $(BESIDE)
 
 # The inner loop, about a minute on 2 cores: no redis-server is started
 # (redistest with -short); tests that need one skip, Example functions run
@@ -114,7 +124,7 @@ bench: redis-server
 
 # Fleet cost with the built worker (bench/fleet_test.go): idle workers'
 # Redis commands per second against idle plain asynq servers in the same
-# run (bar 1.5x), the start error of paced copies (bar p99 20 ms), and
+# run (bar 1.5x), the start error of paced copies (bar p99 5 ms), and
 # Redis commands per task and throughput with 0, 1 and 5 rules and under a
 # backlog. About 2.5 minutes, not part of make test; figures in
 # BENCHMARKS.md.

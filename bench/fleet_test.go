@@ -177,7 +177,8 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 // enough ahead to be rescheduled and moved back to pending by the pacer
 // 1.6 s before their slot. The API sees call k at the first call's
 // arrival plus k intervals (the schedule the limit alone gives); the
-// p99 of the difference must be at most 20 ms.
+// p99 of the difference must be at most 5 ms (measured 1.3-1.5 ms; the
+// issue asked for 20 ms).
 func TestPacedStart(t *testing.T) {
 	if os.Getenv("TASKRL_FLEET") == "" {
 		t.Skip("set TASKRL_FLEET=1 (make fleet)")
@@ -234,8 +235,8 @@ func TestPacedStart(t *testing.T) {
 	p99 := errs[len(errs)*99/100-1]
 	t.Logf("%d calls at 10/s from %d idle workers: start error against the schedule the limit gives: p50 %v, p99 %v, max %v",
 		n, workers, errs[len(errs)/2], p99, errs[len(errs)-1])
-	if p99 > 20*time.Millisecond {
-		t.Errorf("p99 start error %v, over 20ms", p99)
+	if p99 > 5*time.Millisecond {
+		t.Errorf("p99 start error %v, over 5ms", p99)
 	}
 }
 

@@ -511,8 +511,8 @@ func TestCampaign(t *testing.T) {
 // call (before it, the idle workers' polling, up to 1.5 s, is asynq's:
 // counted from the enqueue it made the ratio 1.22-1.36 here), with zero
 // 429s. Without the scope each 429 blocks the shared vendor rule for everyone,
-// and the same calls take longer: the test measures both, so it fails if
-// the scope makes no difference.
+// and the same calls take longer: the test measures both, and fails unless
+// they take 1.5x as long without the scope (measured 2.6-3.0x).
 func TestScopedThrottle(t *testing.T) {
 	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
 	const quiet, businesses, noisy = 100, 20, 40
@@ -557,7 +557,7 @@ func TestScopedThrottle(t *testing.T) {
 	if float64(took[0]) > 1.3*float64(best) {
 		t.Errorf("with the scope the other businesses took %v, more than 1.3x the %v the limits allow", took[0], best)
 	}
-	if took[1] < took[0]+took[0]/4 {
+	if took[1] < took[0]+took[0]/2 {
 		t.Errorf("without the scope the other businesses took %v, with it %v: the scope made no difference", took[1], took[0])
 	}
 }
