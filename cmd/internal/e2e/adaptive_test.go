@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -54,11 +55,7 @@ func TestAdaptive(t *testing.T) {
 		limits  []float64
 	}{{3, 40, []float64{20, 5, 20}}, {6, 40, []float64{20, 5, 20}}, {3, 40, []float64{3}}, {3, 500, []float64{300}}} {
 		t.Run(fmt.Sprintf("%d workers %v", c.workers, c.limits), func(t *testing.T) {
-			phases := make([]time.Duration, len(c.limits))
-			for i := range phases {
-				phases[i] = time.Minute
-			}
-			runAdaptive(t, c.workers, c.max, c.limits, phases, 0.9, 0.02)
+			runAdaptive(t, c.workers, c.max, c.limits, slices.Repeat([]time.Duration{time.Minute}, len(c.limits)), 0.9, 0.02)
 		})
 	}
 }
