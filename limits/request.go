@@ -40,7 +40,7 @@ type Request struct {
 	// ignore it. Nil means 1 for every rule.
 	Weights []int
 	// Priorities holds, per rule of the set in order, the request's
-	// priority at a fair GCRA rule with Rule.Aging: 1 (first) to
+	// priority at a fair rule with Rule.Aging: 1 (first) to
 	// MaxPriority (last); 0 means DefaultPriority. Other rules ignore it.
 	// Nil means DefaultPriority for every rule.
 	Priorities []int

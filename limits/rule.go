@@ -94,6 +94,16 @@ type Rule struct {
 	// finish of its own, so one flow's backlog of a late level does not
 	// hold back its requests of an earlier one, and a request never takes
 	// over a booking of its own flow and level (they keep their order).
+	//
+	// For a fair Concurrency rule, Aging orders the flows waiting for a
+	// slot by level first (each level of a flow a flow of its own): the
+	// slots that free go to the waiting flows of the first level (all of
+	// them while one waits), and among those as Fair says. A flow that has waited k·Aging since it
+	// last got a slot (or began to wait) ranks k levels earlier, at
+	// level 1 at most: a later level gets a slot at least every
+	// (p−1)·Aging while earlier ones keep every slot busy, held back but
+	// never starved.
+	//
 	// 0 (the default): priorities are ignored; otherwise between
 	// MinAging and MaxAging.
 	Aging time.Duration
@@ -161,11 +171,10 @@ func (r Rule) check(seen map[string]bool) *RuleError {
 	if r.Aging != 0 {
 		msg := ""
 		switch {
-		case !plain || !r.Fair:
-			msg = fmt.Sprintf("is only for a fair GCRA rule, not a %s", r.Limit)
-			if plain {
-				msg = "is only for a fair GCRA rule (Rule.Fair)"
-			}
+		case !plain && !slots || cc.Adaptive:
+			msg = fmt.Sprintf("is only for a fair GCRA or Concurrency rule, not a %s", r.Limit)
+		case !r.Fair:
+			msg = "is only for a fair rule (Rule.Fair)"
 		case r.Aging < MinAging || r.Aging > MaxAging:
 			msg = fmt.Sprintf("must be between %v and %v, got %v", MinAging, MaxAging, r.Aging)
 		}
@@ -221,8 +230,8 @@ type RuleError struct {
 	// set), "Rule.Limit" (missing), "Rule.Fair" (on a limit that cannot
 	// be fair), "Rule.Prefetch" (out of range, or on a limit that cannot
 	// prefetch) or "Rule.Aging" (out of range, or on a rule that is not a
-	// fair GCRA). "" when no one field is at fault: a GCRA whose fields are
-	// each valid but not together (Period/Rate below a microsecond, or
+	// fair GCRA or Concurrency rule). "" when no one field is at fault: a
+	// GCRA whose fields are each valid but not together (Period/Rate below a microsecond, or
 	// Burst intervals longer than 35 years).
 	Field string
 	// Reason says what is wrong, in words that can follow the field's

@@ -149,32 +149,38 @@ type Rule struct {
 	// without the field, or with a plan Tiers lacks, is decided at Limit.
 	// "" (the default): plans come from overrides only. It requires Tiers.
 	Tier string
-	// Priority orders the tasks waiting for a gcra rule's rate: a
-	// template over the task's payload like Key (e.g. "{{.priority}}")
-	// or a literal, rendering a level from 1 (first) to 5 (last). A task
-	// whose payload gives no level (the field missing, or not a whole
-	// number from 1 to 5) takes its queue's (PriorityQueues), else 3. A
-	// task of level p goes before those of later levels waiting for the
-	// rule (it takes over the booking of one that has not started, as a
-	// fair rule's flows do): each level is a head start of Aging in the
-	// rule's fair queue, so a level that keeps asking for more than its
-	// share uses it up and the later levels are held back, never starved
-	// (limits.Rule.Aging). Within a level,
-	// the rule's fair values share as Fair says. The rule decides as a
-	// fair rule (each task a booking of its own, no prefetch) with one
-	// value when it has no Fair. Priorities order the bookings of the
-	// first fair or prioritized gcra rule among a task's rules. "" (the
-	// default) and no PriorityQueues: every task is level 3. Only a gcra
-	// rule. Policy file: priority: "{{.priority}}", or priority: {level:
-	// "{{.priority}}", queues: {emails: 1, newsletters: 5}, aging: 10s}.
+	// Priority orders the tasks waiting for a gcra rule's rate or a
+	// concurrency rule's slots: a template over the task's payload like
+	// Key (e.g. "{{.priority}}") or a literal, rendering a level from 1
+	// (first) to 5 (last). A task whose payload gives no level (the field
+	// missing, or not a whole number from 1 to 5) takes its queue's
+	// (PriorityQueues), else 3. At a gcra rule, a task of level p goes
+	// before those of later levels waiting for the rule (it takes over the
+	// booking of one that has not started, as a fair rule's flows do):
+	// each level is a head start of Aging in the rule's fair queue, so a
+	// level that keeps asking for more than its share uses it up and the
+	// later levels are held back, never starved. At a concurrency rule, a
+	// slot that frees goes to the first level waiting, and a level that
+	// has waited Aging since its last slot ranks one level earlier (so a
+	// level p gets a slot at least every (p−1)·Aging). See
+	// limits.Rule.Aging. Within a level, the rule's fair values share as
+	// Fair says. The rule decides as a fair rule (for a gcra rule each
+	// task a booking of its own; no prefetch) with one value when it has
+	// no Fair. Priorities order the bookings of the first fair or
+	// prioritized gcra rule among a task's rules. "" (the default) and no
+	// PriorityQueues: every task is level 3. Not on other kinds (an
+	// adaptive concurrency rule included). Policy file: priority:
+	// "{{.priority}}", or priority: {level: "{{.priority}}", queues:
+	// {emails: 1, newsletters: 5}, aging: 10s}.
 	Priority string
 	// PriorityQueues gives the level of the tasks of an asynq queue
 	// whose payload gives none (Priority): queue name -> 1 to 5. Nil (the
 	// default): none.
 	PriorityQueues map[string]int
 	// Aging is how much longer a task one level later must have waited
-	// to keep its booking from a task of the earlier level
-	// (limits.Rule.Aging), with Priority or PriorityQueues. 0 (the
+	// to keep its booking from a task of the earlier level, or, at a
+	// concurrency rule, to rank one level earlier (limits.Rule.Aging),
+	// with Priority or PriorityQueues. 0 (the
 	// default) means DefaultAging; between limits.MinAging and
 	// limits.MaxAging.
 	Aging time.Duration

@@ -72,8 +72,8 @@ func TestParseErrors(t *testing.T) {
 		{"fair window", doc("quota: {limit: 5, every: 1s}\n    fair: \"{{.b}}\""), `policy: line 5: rule "a": fair: only a gcra rate or a concurrency cap can be shared fairly; this rule's limit is 5 per 1s (fixed window)`},
 		{"fair bad template", doc("gcra: {rate: 1, per: 1s}\n    fair: \"{{.b | x}}\""), `policy: line 5: rule "a": fair: bad template "{{.b | x}}": only field references such as {{.business_id}}`},
 		{"fair not a string", doc("gcra: {rate: 1, per: 1s}\n    fair: [b]"), `policy: line 5: rule "a": fair: must be a string, got a list`},
-		{"priority concurrency", doc("concurrency: {max: 2, lease: 30s}\n    priority: \"{{.p}}\""), `policy: line 5: rule "a": priority: orders the bookings of a gcra rate; this rule's limit is 2 at once, lease 30s (concurrency)`},
-		{"priority window", doc("quota: {limit: 5, every: 1s}\n    priority: 1"), `policy: line 5: rule "a": priority: orders the bookings of a gcra rate; this rule's limit is 5 per 1s (fixed window)`},
+		{"priority adaptive concurrency", doc("adaptive_concurrency: {min: 1, max: 20, lease: 30s}\n    priority: \"{{.p}}\""), `policy: line 5: rule "a": priority: orders the tasks waiting for a gcra rate or a concurrency cap; this rule's limit is`},
+		{"priority window", doc("quota: {limit: 5, every: 1s}\n    priority: 1"), `policy: line 5: rule "a": priority: orders the tasks waiting for a gcra rate or a concurrency cap; this rule's limit is 5 per 1s (fixed window)`},
 		{"priority zero", doc("gcra: {rate: 1, per: 1s}\n    priority: 0"), `policy: line 5: rule "a": priority: must be a level from 1 (first) to 5 (last) or a template such as "{{.priority}}", got "0"`},
 		{"priority six", doc("gcra: {rate: 1, per: 1s}\n    priority: {level: 6}"), `policy: line 5: rule "a": priority: must be a level from 1 (first) to 5 (last) or a template such as "{{.priority}}", got "6"`},
 		{"priority with text", doc("gcra: {rate: 1, per: 1s}\n    priority: \"p{{.p}}\""), `policy: line 5: rule "a": priority: a template of the level is one field such as "{{.priority}}", with no text around it, got "p{{.p}}"`},
@@ -827,7 +827,7 @@ rules:
 // (the default level); a literal level for all; a prioritized rule
 // without fair is decided as a fair one of one flow, with its aging
 // (default DefaultAging); a rule without priority has level 0 and no
-// aging.
+// aging; a concurrency rule takes its level from its queue.
 func TestPriority(t *testing.T) {
 	p, err := Parse([]byte(`
 rules:
@@ -843,12 +843,16 @@ rules:
   - name: plain
     match: {type: "http:call"}
     gcra: {rate: 12, per: 1s}
+  - name: smtp
+    match: {type: "http:call"}
+    priority: {queues: {emails: 1, newsletters: 5}, aging: 2s}
+    concurrency: {max: 20, lease: 30s}
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rs := p.Bind("http:call", "default").Rules()
-	if !rs[0].Fair || rs[0].Aging != 5*time.Second || !rs[1].Fair || rs[1].Aging != DefaultAging || rs[2].Fair || rs[2].Aging != 0 {
+	if !rs[0].Fair || rs[0].Aging != 5*time.Second || !rs[1].Fair || rs[1].Aging != DefaultAging || rs[2].Fair || rs[2].Aging != 0 || !rs[3].Fair || rs[3].Aging != 2*time.Second {
 		t.Fatalf("rules: %+v", rs)
 	}
 	for _, c := range []struct {
@@ -866,14 +870,15 @@ rules:
 		{"newsletters", `not json`, 5},
 	} {
 		req, err := p.Bind("http:call", c.queue).Request([]byte(c.payload))
-		if err != nil || !slices.Equal(req.Priorities, []int{c.want, 2, 0}) {
-			t.Errorf("queue %s, %s: priorities %v (%v), want [%d 2 0]", c.queue, c.payload, req.Priorities, err, c.want)
+		queue := map[string]int{"emails": 1, "newsletters": 5}[c.queue]
+		if err != nil || !slices.Equal(req.Priorities, []int{c.want, 2, 0, queue}) {
+			t.Errorf("queue %s, %s: priorities %v (%v), want [%d 2 0 %d]", c.queue, c.payload, req.Priorities, err, c.want, queue)
 		}
 		if c.payload != `not json` && (req.Fair[0] != "b1" || req.Fair[1] != "") {
 			t.Errorf("queue %s, %s: flows %q", c.queue, c.payload, req.Fair)
 		}
 	}
-	if req, _ := p.Bind("http:call", "emails").ForKeys([]string{"", "", ""}).Request(nil); req.Priorities[0] != 1 {
+	if req, _ := p.Bind("http:call", "emails").ForKeys([]string{"", "", "", ""}).Request(nil); req.Priorities[0] != 1 {
 		t.Errorf("a variant lost the queue's level: %v", req.Priorities)
 	}
 }

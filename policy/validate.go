@@ -270,8 +270,14 @@ func (c *crule) compilePriority(lim limits.Limit) (field, msg string) {
 	case r.Borrow != 0:
 		return "priority", "a borrowing rule cannot have priority: give the priority to the shared fair rule it borrows from"
 	}
-	if _, ok := lim.(limits.GCRA); !ok {
-		return "priority", "orders the bookings of a gcra rate; this rule's limit is " + lim.String()
+	switch l := lim.(type) {
+	case limits.GCRA:
+	case limits.Concurrency:
+		if l.Adaptive {
+			return "priority", "orders the tasks waiting for a gcra rate or a concurrency cap; this rule's limit is " + lim.String()
+		}
+	default:
+		return "priority", "orders the tasks waiting for a gcra rate or a concurrency cap; this rule's limit is " + lim.String()
 	}
 	if r.Priority != "" {
 		t, err := parseKeyTemplate(r.Priority)

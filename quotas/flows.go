@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/keys"
-	"github.com/taskrl/taskrl/limits"
 )
 
 // FlowState is one flow of a fair rule (Rule.Fair) for one key, as Flows
@@ -29,9 +28,9 @@ type FlowState struct {
 	// Weight is the weight the flow waits with (Request.Weights), 0 when
 	// it does not wait.
 	Weight int
-	// Level is, at a GCRA rule with priorities (Rule.Aging), the
-	// priority these requests of the flow wait at (a flow waiting at two
-	// levels is two FlowStates); 0 at other rules.
+	// Level is, at a rule with priorities (Rule.Aging), the priority of
+	// these requests of the flow (a flow waiting at two levels is two
+	// FlowStates); 0 at other rules.
 	Level int
 	// Ahead is, for a GCRA rule, how far past now the flow's virtual
 	// finish lies: the span of the rule's time its requests booked ahead
@@ -58,7 +57,7 @@ func (l *Limiter) Flows(ctx context.Context, s *Set, req Request) ([][]FlowState
 		var fs map[string]*FlowState
 		switch {
 		case c.c.cfair:
-			fs, err = l.slotFlows(ctx, c.keys, now)
+			fs, err = l.slotFlows(ctx, c.keys, now, c.c.aging > 0)
 		case c.c.fair:
 			fs, err = l.gcraFlows(ctx, c.keys[2], now, c.c.aging > 0)
 		default:
@@ -115,12 +114,16 @@ func (l *Limiter) serverMicros(ctx context.Context) (int64, error) {
 // slotFlows reads a fair concurrency rule's flows from its keys (holders,
 // tokens, waiting, waits; rules.lua, cc_wait): the slots each holds
 // (tokens field "~f:" flow) and those waiting until after now (waits field
-// "e" flow) with their weight ("w" flow).
-func (l *Limiter) slotFlows(ctx context.Context, ks []string, now int64) (map[string]*FlowState, error) {
+// "e" flow) with their weight ("w" flow). At a rule with priorities
+// (levels), each level of a flow is a flow of its own.
+func (l *Limiter) slotFlows(ctx context.Context, ks []string, now int64, levels bool) (map[string]*FlowState, error) {
 	fs := map[string]*FlowState{}
 	get := func(enc string) *FlowState {
 		if fs[enc] == nil {
 			fs[enc] = &FlowState{}
+			if levels {
+				fs[enc].Level = int(levelOf(enc))
+			}
 		}
 		return fs[enc]
 	}
@@ -177,10 +180,7 @@ func (l *Limiter) gcraFlows(ctx context.Context, key string, now int64, levels b
 		if f == nil {
 			f = &FlowState{Waiting: true, Ahead: time.Duration(int64(z.Score)-now) * time.Microsecond}
 			if levels {
-				f.Level = limits.DefaultPriority
-				if i := strings.IndexByte(enc, '!'); i >= 0 {
-					f.Level, _ = strconv.Atoi(enc[i+1:])
-				}
+				f.Level = int(levelOf(enc))
 			}
 			fs[enc] = f
 		}

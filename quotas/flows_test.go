@@ -14,7 +14,8 @@ import (
 // TestFlows: Flows reports a fair concurrency rule's flows with the slots
 // each holds and those waiting with their weight, a fair GCRA rule's flows
 // with bookings ahead and their weight, and nothing for a rule that is not
-// fair; flows whose wait ended or whose bookings passed are gone.
+// fair; flows whose wait ended or whose bookings passed are gone; at a
+// rule with priorities, each level of a flow on its own.
 func TestFlows(t *testing.T) {
 	cl := newClocked(t, redistest.Client(t), redistest.Prefix(t), time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
 	ctx := context.Background()
@@ -80,5 +81,18 @@ func TestFlows(t *testing.T) {
 		{Flow: "x", Waiting: true, Weight: 1, Level: 3, Ahead: 300 * time.Millisecond}, {Flow: "x", Waiting: true, Weight: 1, Level: 5, Ahead: 100 * time.Millisecond}}}
 	if !reflect.DeepEqual(fs, want) {
 		t.Errorf("flows by level: %+v, want %+v", fs, want)
+	}
+	leveled := mustSet(Rule{Name: "leveled", Fair: true, Aging: time.Second, Limit: Concurrency{Max: 1, Lease: time.Minute}})
+	for i, p := range []int{1, 5} {
+		if d, err := cl.Allow(ctx, leveled, Request{Fair: []string{"x"}, Priorities: []int{p}, Holder: fmt.Sprint("h", i)}); err != nil || d.Allowed != (i == 0) {
+			t.Fatalf("allow at %d: %+v %v", p, d, err)
+		}
+	}
+	if fs, err = cl.Flows(ctx, leveled, Request{}); err != nil {
+		t.Fatal(err)
+	}
+	want = [][]FlowState{{{Flow: "x", Held: 1, Level: 1}, {Flow: "x", Waiting: true, Weight: 1, Level: 5}}}
+	if !reflect.DeepEqual(fs, want) {
+		t.Errorf("slot flows by level: %+v, want %+v", fs, want)
 	}
 }

@@ -369,6 +369,9 @@ type model struct {
 	// yielded counts the allows a fair concurrency rule refused while it
 	// had a slot free (left for flows before the request's).
 	yielded int
+	// aged counts the denials at a fair concurrency rule with priorities
+	// whose flow waits at an earlier level than its own (for tests).
+	aged    int
 	victim  string // the owner of the last booking taken over
 	wins    map[string]map[int64]int64
 	logs    map[string][]logEntry
@@ -426,11 +429,17 @@ func leadOf(aging int64, flow string) int64 {
 	if aging == 0 {
 		return 0
 	}
+	return (limits.DefaultPriority - levelOf(flow)) * aging
+}
+
+// levelOf is the priority of the requests of flow: its level after '!',
+// or the default.
+func levelOf(flow string) int64 {
 	p := int64(limits.DefaultPriority)
 	if i := strings.LastIndexByte(flow, '!'); i >= 0 {
 		p, _ = strconv.ParseInt(flow[i+1:], 10, 64)
 	}
-	return (limits.DefaultPriority - p) * aging
+	return p
 }
 
 // round mirrors booked.lua's gc_round: how far a charge of n moves the
@@ -448,12 +457,39 @@ func blockKey(c call) string {
 }
 
 // ccWait is a flow waiting at a fair concurrency rule: until when, and its
-// weight then.
-type ccWait struct{ until, weight int64 }
+// weight then; with priorities, since when it waits (-1: rules.lua's "s"
+// field absent) and the level part of its rank.
+type ccWait struct{ until, weight, since, level int64 }
 
 // ccRank mirrors rules.lua's cc_rank: the rank of a flow holding held
 // slots at weight w.
 func ccRank(held, w int64) int64 { return (held + 1) * 1000000 / w }
+
+// ccLevel mirrors rules.lua's CC_LEVEL: a level's part of a waiting flow's
+// rank.
+const ccLevel = 10000000000000
+
+// ccBase mirrors rules.lua's cc_base: the level part of the rank of flow
+// (its level after '!') at concurrency rule c, 0 without priorities.
+func ccBase(c call, flow string) int64 {
+	if c.c.aging == 0 {
+		return 0
+	}
+	return levelOf(flow) * ccLevel
+}
+
+// waitLevel mirrors cc_load's reading of the level c's flow waits at now,
+// and since when it waits (rules.lua, Priorities).
+func (m *model) waitLevel(c call, now int64) (level, since int64) {
+	if c.c.aging == 0 {
+		return 0, now
+	}
+	since = now
+	if w, ok := m.waits[c.keys[0]][c.flow]; ok && w.until > now && w.since >= 0 {
+		since = w.since
+	}
+	return max(ccLevel, ccBase(c, c.flow)-(now-since)/c.c.aging*ccLevel), since
+}
 
 // ccWaitFor and ccRetry mirror rules.lua's CC_WAIT and CC_RETRY (µs).
 const (
@@ -540,12 +576,17 @@ func (m *model) slotFree(c call, now int64, holder string, critical bool) bool {
 }
 
 // ahead mirrors rules.lua's cc_ahead: whether at least free flows other
-// than c's wait at its fair concurrency rule ranking below c's flow.
+// than c's wait at its fair concurrency rule ranking below c's flow, or
+// one of an earlier level.
 func (m *model) ahead(c call, free, now int64) bool {
 	k := c.keys[0]
-	p, n := ccRank(m.slotsOf[k][c.flow], c.weight), int64(0)
+	lvl, _ := m.waitLevel(c, now)
+	p, n := ccRank(m.slotsOf[k][c.flow], c.weight)+lvl, int64(0)
 	for f, w := range m.waits[k] {
-		if f != c.flow && w.until > now && ccRank(m.slotsOf[k][f], w.weight) < p {
+		if f != c.flow && w.until > now && ccRank(m.slotsOf[k][f], w.weight)+w.level < p {
+			if w.level < lvl {
+				return true // an earlier level takes every free slot first
+			}
 			n++
 		}
 	}
@@ -817,7 +858,11 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				if m.waits[c.keys[0]] == nil {
 					m.waits[c.keys[0]] = map[string]ccWait{}
 				}
-				m.waits[c.keys[0]][c.flow] = ccWait{until: now + ccWaitFor, weight: c.weight}
+				lvl, since := m.waitLevel(c, now)
+				if lvl < ccBase(c, c.flow) {
+					m.aged++
+				}
+				m.waits[c.keys[0]][c.flow] = ccWait{until: now + ccWaitFor, weight: c.weight, since: since, level: lvl}
 			}
 		}
 		return out(stDenied, wait, worst, now, nil)
@@ -1007,6 +1052,12 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			}
 			m.holders[k][holder] = now + c.c.lease
 			if c.c.cfair {
+				if w, ok := m.waits[k][c.flow]; ok && c.c.aging > 0 && w.until > now && w.since >= 0 {
+					// The slot ends the flow's wait (rules.lua's
+					// cc_acquire).
+					w.since, w.level = -1, ccBase(c, c.flow)
+					m.waits[k][c.flow] = w
+				}
 				m.moveFlow(k, holder, c.flow)
 			}
 			m.seq[k] = max(m.seq[k]+1, now)

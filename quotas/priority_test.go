@@ -148,3 +148,79 @@ func agedWait(t *testing.T, level int) (time.Duration, int) {
 	t.Fatalf("the priority-%d request never ran in 15 s (taken over %d times)", level, taken)
 	return 0, 0
 }
+
+// TestPrioritySlots shares 3 slots, with priorities aging 2 s a level,
+// between flow a at level 1 and flow b at level 5. A slot that frees goes
+// to a, though it holds more slots than b (plain fairness would give it
+// to b), until b has waited 4 agings (8 s) since it began to wait: then
+// b ranks with level 1, holds fewer slots than a, and takes the next
+// slot. That ends its wait: the slots after go to a again, two freed at
+// once both to a, the only flow before b. (A flow's
+// level is reckoned when it is refused: flows waiting ask again at least
+// every second.)
+func TestPrioritySlots(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	t0 := time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)
+	l := newClocked(t, c, redistest.Prefix(t), t0)
+	set := mustSet(Rule{Name: "smtp", Fair: true, Aging: agingFor, Limit: Concurrency{Max: 3, Lease: time.Minute}})
+	leases := map[string]Lease{}
+	at := func(ms int) { l.now = t0.Add(time.Duration(ms) * time.Millisecond) }
+	ask := func(holder, flow string, p int, want bool) {
+		t.Helper()
+		d, err := l.Allow(ctx, set, Request{Fair: []string{flow}, Priorities: []int{p}, Holder: holder})
+		if err != nil || d.Allowed != want {
+			t.Fatalf("at %v %s (flow %s, level %d): allowed %v (%v), want %v", l.now.Sub(t0), holder, flow, p, d.Allowed, err, want)
+		}
+		if d.Allowed {
+			leases[holder] = d.Leases[0]
+		}
+	}
+	release := func(holder string) {
+		t.Helper()
+		if ok, err := l.Release(ctx, leases[holder]); err != nil || !ok {
+			t.Fatalf("release %s: %v %v", holder, ok, err)
+		}
+	}
+	at(0)
+	ask("a1", "a", 1, true)
+	ask("a2", "a", 1, true)
+	ask("b1", "b", 5, true)
+	at(500)
+	ask("b2", "b", 5, false) // b waits from 0.5 s
+	ask("a3", "a", 1, false)
+	at(1000)
+	release("b1")
+	ask("b2", "b", 5, false) // a, level 1, is before it
+	ask("a3", "a", 1, true)
+	for ms := 1500; ms <= 6000; ms += 500 {
+		at(ms)
+		ask("b2", "b", 5, false)
+		ask("a4", "a", 1, false)
+	}
+	at(6500)
+	release("a2")
+	ask("b2", "b", 5, false) // waited 6 s: level 2, still after a
+	ask("a4", "a", 1, true)
+	for ms := 7000; ms <= 8000; ms += 500 {
+		at(ms)
+		ask("b2", "b", 5, false)
+		ask("a5", "a", 1, false)
+	}
+	at(8500)
+	ask("b2", "b", 5, false) // none free; b waited 8 s: level 1 from now
+	release("a1")
+	ask("a5", "a", 1, false) // b holds none, a two
+	ask("b2", "b", 5, true)
+	at(9000)
+	release("a3")
+	ask("b3", "b", 5, false) // b's wait ended with its slot: level 5
+	ask("a5", "a", 1, true)
+	ask("a6", "a", 1, false)
+	at(9500)
+	release("a4")
+	release("a5")
+	ask("b3", "b", 5, false) // two free, but a waits: both are a's
+	ask("a6", "a", 1, true)
+	ask("a7", "a", 1, true)
+}

@@ -259,7 +259,7 @@ func (d *differ) step(t testing.TB) {
 				req.Weights[i] = w
 			}
 		}
-		if d.booking && d.rng.IntN(4) > 0 {
+		if (d.booking || d.slots) && d.rng.IntN(4) > 0 {
 			// A priority: 0 (the default) to the last level, the first and
 			// last most often.
 			p := []int{0, 1, 1, 2, 3, 4, 5, 5}[d.rng.IntN(8)]
@@ -601,6 +601,11 @@ func newSlotsDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed u
 	for i := 0; i < 4; i++ {
 		max := 1 + d.rng.IntN(5)
 		fair := Rule{Name: "cf", Fair: true, Limit: Concurrency{Max: max, Reserved: d.rng.IntN(max) * d.rng.IntN(2), Lease: time.Duration(1+d.rng.IntN(10)) * time.Second}}
+		if d.rng.IntN(2) == 0 {
+			// Priorities, aging 50-500 ms a level: flows wait up to a
+			// second after their last denial, so some age.
+			fair.Aging = time.Duration(1+d.rng.IntN(10)) * 50 * time.Millisecond
+		}
 		rules := []Rule{fair}
 		switch d.rng.IntN(4) {
 		case 0:
@@ -660,15 +665,23 @@ func TestDifferentialSlotLearning(t *testing.T) {
 
 // TestDifferentialFairSlots runs fair concurrency rules through the Lua
 // script and the Go model: flows of weights 1-3 (now and then up to the
-// most) asking for few slots, waiting, taking turns, their leases released,
-// renewed and ending, and requires identical decisions; and that fairness
-// refused allows with slots free (left to flows before them) often.
+// most) and priorities 1-5 (half the rules with Aging) asking for few
+// slots, waiting, taking turns, their leases released, renewed and ending,
+// and requires identical decisions; and that fairness refused allows with
+// slots free (left to flows before them) often, and that flows often
+// waited at a level their wait had aged to.
 func TestDifferentialFairSlots(t *testing.T) {
-	var yielded atomic.Int64
-	runDiffers(t, newSlotsDiffer, 500, 3000, func(d *differ) { yielded.Add(int64(d.mod.m.yielded)) })
-	t.Logf("%d allows left a free slot to flows before them", yielded.Load())
+	var yielded, aged atomic.Int64
+	runDiffers(t, newSlotsDiffer, 500, 3000, func(d *differ) {
+		yielded.Add(int64(d.mod.m.yielded))
+		aged.Add(int64(d.mod.m.aged))
+	})
+	t.Logf("%d allows left a free slot to flows before them; %d denials waited at an earlier level than their own", yielded.Load(), aged.Load())
 	if yielded.Load() < 200 {
 		t.Errorf("only %d allows left a free slot to other flows", yielded.Load())
+	}
+	if aged.Load() < 30 {
+		t.Errorf("only %d denials waited at a level their wait had aged to", aged.Load())
 	}
 }
 

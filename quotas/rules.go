@@ -63,7 +63,7 @@ type compiled struct {
 	tails []string
 	ticks *tickCache // calendar
 	fair  bool       // GCRA shared fairly among flows
-	aging int64      // a fair GCRA's Rule.Aging, µs: its requests ordered by priority
+	aging int64      // a fair rule's Rule.Aging, µs: its requests ordered by priority
 	// cfair: a Concurrency rule whose slots go to the waiting flows in
 	// turn (rules.lua, cc_wait).
 	cfair bool
@@ -90,7 +90,12 @@ func (c compiled) withArgs() compiled {
 	case kindCalendar:
 		c.ticks = &tickCache{}
 	case kindConcurrency:
-		c.args = []any{kindConcurrency, c.max, c.reserved, c.lease, b2i(c.cfair), c.amin}
+		// fair: 0, 1, or a fair rule's aging in µs (at least 1000).
+		fair := int64(b2i(c.cfair))
+		if c.aging > 0 {
+			fair = c.aging
+		}
+		c.args = []any{kindConcurrency, c.max, c.reserved, c.lease, fair, c.amin}
 	}
 	return c
 }
@@ -125,7 +130,7 @@ func compile(r Rule) compiled {
 		h := sha256.Sum256([]byte(l.Cron + "\x00" + l.TZ))
 		c = compiled{kind: kindCalendar, suffix: "calendar:" + hex.EncodeToString(h[:4]), limit: int64(l.Limit), sched: s}
 	case Concurrency:
-		c = compiled{kind: kindConcurrency, max: int64(l.Max), reserved: int64(l.Reserved), lease: l.Lease.Microseconds(), cfair: r.Fair}
+		c = compiled{kind: kindConcurrency, max: int64(l.Max), reserved: int64(l.Reserved), lease: l.Lease.Microseconds(), cfair: r.Fair, aging: r.Aging.Microseconds()}
 		if l.Adaptive {
 			c.amin = int64(l.Min)
 		}

@@ -33,8 +33,10 @@ func TestNewSetErrors(t *testing.T) {
 		{[]Rule{{Name: "k", Limit: Concurrency{Max: 1, Lease: time.Millisecond}}}, `lease must be at least 1s`},
 		{[]Rule{{Name: "k", Limit: Concurrency{Max: 2, Lease: time.Minute, Reserved: 2}}}, `reserved must be between 0 and max-1 (1), got 2`},
 		{[]Rule{{Name: "f", Limit: FixedWindow{Limit: 1, Every: time.Second}, Fair: true}}, `rule "f": only a GCRA or Concurrency rule can be fair, not a 1 per 1s (fixed window)`},
-		{[]Rule{{Name: "p", Limit: ok, Aging: time.Second}}, `rule "p": aging is only for a fair GCRA rule (Rule.Fair)`},
-		{[]Rule{{Name: "p", Limit: Concurrency{Max: 2, Lease: time.Minute}, Fair: true, Aging: time.Second}}, `rule "p": aging is only for a fair GCRA rule, not a 2 at once, lease 1m0s (concurrency)`},
+		{[]Rule{{Name: "p", Limit: ok, Aging: time.Second}}, `rule "p": aging is only for a fair rule (Rule.Fair)`},
+		{[]Rule{{Name: "p", Limit: Concurrency{Max: 2, Lease: time.Minute}, Aging: time.Second}}, `rule "p": aging is only for a fair rule (Rule.Fair)`},
+		{[]Rule{{Name: "p", Limit: FixedWindow{Limit: 2, Every: time.Minute}, Fair: true, Aging: time.Second}}, `rule "p": only a GCRA or Concurrency rule can be fair, not a 2 per 1m0s (fixed window)`},
+		{[]Rule{{Name: "p", Limit: FixedWindow{Limit: 2, Every: time.Minute}, Aging: time.Second}}, `rule "p": aging is only for a fair GCRA or Concurrency rule, not a 2 per 1m0s (fixed window)`},
 		{[]Rule{{Name: "p", Limit: ok, Fair: true, Aging: time.Microsecond}}, `rule "p": aging must be between 1ms and 1h0m0s, got 1µs`},
 	}
 	for _, c := range cases {

@@ -31,10 +31,12 @@ type job struct {
 	policy *policy.Policy   // the policy the job was decided under
 	sp     *split           // nil when no rule matches the task
 	keys   []string         // the binding's keys, one per rule
-	// flows and weights are the binding's fair flows and weights, one per
-	// rule (nil: none), for the fair concurrency rules (slotRequest).
+	// flows, weights and levels are the binding's fair flows, weights
+	// and priorities, one per rule (nil: none), for the fair concurrency
+	// rules (slotRequest).
 	flows   []string
 	weights []int
+	levels  []int
 	rates   quotas.Request  // the request to the rate and window rules
 	charge  quotas.Decision // the rate charge (or booking) the task runs under
 	// slots is the slots' decision made in the call that admitted the
@@ -556,7 +558,7 @@ func (j *job) slotRequest() quotas.Request {
 	if j.holderOnce == "" {
 		j.holderOnce = j.holder()
 	}
-	return quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Fair: pick(j.flows, j.sp.slotIdx), Weights: pick(j.weights, j.sp.slotIdx), Holder: j.holderOnce, Critical: j.sp.critical}
+	return quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Fair: pick(j.flows, j.sp.slotIdx), Weights: pick(j.weights, j.sp.slotIdx), Priorities: pick(j.levels, j.sp.slotIdx), Holder: j.holderOnce, Critical: j.sp.critical}
 }
 
 // releaseSlots gives back the slots decided with the rates (j.slots) when

@@ -661,7 +661,7 @@ func (j *job) process(b *policy.Binding, next asynq.Handler) error {
 		j.observe(Event{Outcome: Refused, Rule: err.(*policy.CostError).Rule, Wait: quotas.Never})
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
 	}
-	j.keys, j.flows, j.weights = rq.Keys, rq.Fair, rq.Weights
+	j.keys, j.flows, j.weights, j.levels = rq.Keys, rq.Fair, rq.Weights, rq.Priorities
 	// A task booked for after the pause's end keeps its slot: a refund of
 	// a GCRA charge that others follow gives little back, so the task
 	// would decide anew behind them.

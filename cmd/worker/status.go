@@ -261,7 +261,7 @@ func (h *limitsHandler) flows() []metrics.FairFlows {
 				if fl.Waiting {
 					f.Waiting++
 				}
-				if fl.Level > 0 {
+				if fl.Waiting && fl.Level > 0 {
 					f.Levels[fl.Level]++
 				}
 			}

@@ -66,7 +66,9 @@
 --            KIND.CALENDAR     limit, k, tick_1 .. tick_k
 --            KIND.SLIDING      limit, every
 --            KIND.CONCURRENCY  max, reserved, lease, fair (1 slots handed
---                              to the waiting flows in turn, rules.lua),
+--                              to the waiting flows in turn, rules.lua;
+--                              at least 1000: the same, the flows ranked
+--                              by priority, aging that many µs per level),
 --                              amin (above 0: the number of slots is
 --                              learned between amin and max, cl_load)
 --            KIND.ADAPTIVE     min, max, start, per, burst (a GCRA rule
@@ -332,7 +334,8 @@ local function read_rule(a)
     stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
     blk = false, till = 0, seq = 0, live = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
     lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0,
-    cfair = false, wkey = false, ekey = false, fk = false, held = 0, wants = false, next = false}
+    cfair = false, wkey = false, ekey = false, fk = false, held = 0, wants = false, next = false,
+    lvl = 0, since = 0, waited = false}
   local kind = r.kind
   if kind == KIND.GCRA then
     r.em, r.burst = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
@@ -356,7 +359,9 @@ local function read_rule(a)
     return r, a + 3 + cnt
   end
   r.max, r.reserved, r.lease = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  r.cfair, r.amin, r.amax = ARGV[a + 4] == '1', tonumber(ARGV[a + 5]), r.max
+  local fair = tonumber(ARGV[a + 4])
+  r.cfair, r.amin, r.amax = fair > 0, tonumber(ARGV[a + 5]), r.max
+  if fair >= 1000 then r.aging = fair end
   return r, a + 6
 end
 

@@ -315,11 +315,37 @@ end
 -- unless at least as many other waiting flows rank below it; a denied
 -- allow makes its flow wait. fk is {r.wkey, r.ekey} for a fair rule, else
 -- false.
+--
+-- Priorities (a fair rule with r.aging > 0, µs per level). Each level of
+-- a flow is a flow of its own (its name ends with "!" and the level when
+-- not 3, as at a GCRA rule), ranked by its level first: CC_LEVEL times the
+-- level, plus cc_rank. A flow waits at its level less one per aging it has
+-- waited since it last took a slot (at least level 1): the waits hash
+-- keeps, per flow, "s" .. flow: since when it waits (its first denial
+-- since it last took a slot, while its wait has not ended), and "l" ..
+-- flow: the level part of its rank, as of its last denial. Taking a slot
+-- ends the wait: its level part goes back to its own, its "s" is dropped.
+-- So the free slots go to the first level waiting (all of them: a flow of
+-- an earlier level waiting holds every later one back, cc_ahead), and a
+-- later level that
+-- has waited (p - q) agings since its last slot ranks with level q: held
+-- back, never starved. cc_rank stays below CC_LEVEL while a flow holds
+-- fewer than 10^7 slots per weight.
 
 -- CC_WAIT is how long a flow stays waiting after its last denial (µs);
 -- CC_RETRY how long a request that fairness denies with no lease out
 -- waits before it asks again (µs).
 local CC_WAIT, CC_RETRY = 1000000, 100000
+
+-- CC_LEVEL is a level's part of a waiting flow's rank (Priorities).
+local CC_LEVEL = 10000000000000
+
+-- cc_base is the level part of the rank of flow (its level after '!', 3
+-- without) at rule r, 0 without priorities.
+local function cc_base(r, flow)
+  if r.aging == 0 then return 0 end
+  return (tonumber(string.match(flow, '!(%d)$')) or 3) * CC_LEVEL
+end
 
 -- cc_rank is a flow's rank while it holds held slots at weight w: its
 -- next slot's place in the weighted round, floor((held+1) * 10^6 / w).
@@ -332,8 +358,9 @@ local function cc_move(hkey, fk, flow, d)
     call('HDEL', hkey, '~f:' .. flow)
     held = 0
   end
-  local w = tonumber(call('HGET', fk[2], 'w' .. flow))
-  if w then call('ZADD', fk[1], 'XX', fmt(cc_rank(held, w)), flow) end
+  local v = call('HMGET', fk[2], 'w' .. flow, 'l' .. flow)
+  local w = tonumber(v[1])
+  if w then call('ZADD', fk[1], 'XX', fmt(cc_rank(held, w) + (tonumber(v[2]) or 0)), flow) end
 end
 
 -- cc_forget gives back the slots of holders, which no longer hold any, to
@@ -442,6 +469,14 @@ local function cc_load(r, now)
     if r.cfair then st[4] = call('HGET', r.hkey, '~f:' .. r.flow) end
   end
   r.held = tonumber(st[4]) or 0
+  r.since = now
+  if r.aging > 0 then
+    -- The level the flow waits at now (Priorities).
+    local v = call('HMGET', r.ekey, 'e' .. r.flow, 's' .. r.flow)
+    if (tonumber(v[1]) or 0) > now and v[2] then r.since, r.waited = tonumber(v[2]), true end
+    local aged = floor((now - r.since) / r.aging) * CC_LEVEL
+    r.lvl = max(CC_LEVEL, cc_base(r, r.flow) - aged)
+  end
   r.count = 0
   if r.oldest then r.count = call('ZCARD', r.key) end
   if r.amin > 0 then
@@ -451,10 +486,14 @@ local function cc_load(r, now)
 end
 
 -- cc_ahead reports whether at least free flows other than the request's
--- wait ranking below rank p (false: any rank): the free slots are theirs
+-- wait ranking below rank p (false: any rank), or, with priorities, one
+-- of an earlier level than the request's: the free slots are theirs
 -- first. Flows whose wait has ended are forgotten on the way, at least
 -- 16 a look.
 local function cc_ahead(r, p, free, now)
+  -- With priorities, a flow of an earlier level waiting takes every free
+  -- slot first.
+  if p and free > 1 and r.lvl > 0 and cc_ahead(r, r.lvl, 1, now) then return true end
   local bound = '+inf'
   if p then bound = '(' .. fmt(p) end
   while true do
@@ -469,6 +508,7 @@ local function cc_ahead(r, p, free, now)
       if not e or e <= now then
         gone[#gone + 1] = ws[i]
         dead[#dead + 1], dead[#dead + 2] = 'e' .. ws[i], 'w' .. ws[i]
+        dead[#dead + 1], dead[#dead + 2] = 's' .. ws[i], 'l' .. ws[i]
       elseif ws[i] ~= r.flow then
         live = live + 1
       end
@@ -490,11 +530,15 @@ local function cc_outlive(r, ttl)
 end
 
 -- cc_wait makes the request's flow wait for CC_WAIT from now (a denied
--- allow of a fair rule); its rank stays that of the slots counted.
+-- allow of a fair rule); its rank stays that of the slots counted, at the
+-- level it waits at (Priorities).
 local function cc_wait(r, now, ttl_floor)
   local ttl = ttl_ms(CC_WAIT, ttl_floor)
-  call('ZADD', r.wkey, fmt(cc_rank(r.held, r.weight)), r.flow)
-  call('HSET', r.ekey, 'e' .. r.flow, fmt(now + CC_WAIT), 'w' .. r.flow, fmt(r.weight))
+  call('ZADD', r.wkey, fmt(cc_rank(r.held, r.weight) + r.lvl), r.flow)
+  -- "s" and "l" also at a rule without priorities: processes that decide
+  -- it with them (a rolling change of the policy) read what is so.
+  call('HSET', r.ekey, 'e' .. r.flow, fmt(now + CC_WAIT), 'w' .. r.flow, fmt(r.weight),
+    's' .. r.flow, fmt(r.since), 'l' .. r.flow, fmt(r.lvl))
   call('PEXPIRE', r.wkey, fmt(ttl))
   call('PEXPIRE', r.ekey, fmt(ttl))
   cc_outlive(r, ttl)
@@ -511,11 +555,12 @@ local function cc_earliest(r, t, critical, holder, now)
   if not critical then cap = r.max - r.reserved end
   if r.count < cap and (not r.cfair or critical) then return t end
   if r.count > 0 and call('ZSCORE', r.key, holder) then return t end
-  if r.count < cap and not cc_ahead(r, cc_rank(r.held, r.weight), cap - r.count, now) then return t end
+  local rank = cc_rank(r.held, r.weight) + r.lvl
+  if r.count < cap and not cc_ahead(r, rank, cap - r.count, now) then return t end
   if r.cfair then
     r.wants = true
     r.next = not critical and r.count >= cap and r.till <= now and
-      not cc_ahead(r, cc_rank(r.held, r.weight), 1, now) and cc_ahead(r, false, 1, now)
+      not cc_ahead(r, rank, 1, now) and cc_ahead(r, false, 1, now)
   end
   return r.oldest or t + CC_RETRY
 end
@@ -563,12 +608,20 @@ local function cc_acquire(r, holder, now, ttl_floor)
     if r.count == 0 then call('PEXPIRE', r.key, fmt(ttl_ms(max(live, r.till) - now, ttl_floor))) end
   end
   if r.cfair then
-    local old = false
+    local old, ended = false, false
     if added == 0 then old = call('HGET', r.hkey, '~h:' .. holder) end
+    if r.waited then
+      -- The slot ends the flow's wait: it waits at its own level again.
+      call('HSET', r.ekey, 'l' .. r.flow, fmt(cc_base(r, r.flow)))
+      call('HDEL', r.ekey, 's' .. r.flow)
+      ended = true
+    end
     if old ~= r.flow then
       call('HSET', r.hkey, '~h:' .. holder, r.flow)
       if old then cc_move(r.hkey, r.fk, old, -1) end
       cc_move(r.hkey, r.fk, r.flow, 1)
+    elseif ended then
+      cc_move(r.hkey, r.fk, r.flow, 0)
     end
   end
   if added == 0 then

@@ -73,27 +73,142 @@ func TestPriority(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
-	var lat []time.Duration
-	for _, c := range r.api.Calls() {
-		at, ok := sent[c.Key]
-		switch {
-		case !ok || c.Status != 200:
-		case strings.HasPrefix(c.Key, "p5-"):
+	calls := r.api.Calls()
+	for _, c := range calls {
+		if at, ok := sent[c.Key]; ok && c.Status == 200 && strings.HasPrefix(c.Key, "p5-") {
 			t.Errorf("the priority-5 task %s started %v after its enqueue, ahead of the backlog", c.Key, c.At.Sub(at))
-		default:
-			lat = append(lat, c.At.Sub(at))
 		}
 	}
-	slices.Sort(lat)
-	t.Logf("priority-1 tasks behind %d priority-5 ones started after %v", backlog, lat)
-	if len(lat) != urgent {
-		t.Errorf("%d of %d priority-1 tasks started", len(lat), urgent)
-	} else if lat[urgent-1] > time.Second {
-		t.Errorf("a priority-1 task started %v after its enqueue, over 1 s", lat[urgent-1])
-	}
+	startedWithin(t, calls, sent, "p1-", urgent, fmt.Sprintf("priority-1 tasks behind %d priority-5 ones", backlog))
 	checkCalls(t, r.api.Stats())
 	r.stop()
 	if _, info := r.accounted(backlog+2*urgent, 0); info.Archived != 0 {
 		t.Errorf("archived %d", info.Archived)
+	}
+}
+
+// TestPrioritySlots: three worker binaries (asynq looking at idle queues
+// every 100 ms) share a concurrency cap of 6 whose tasks take their level
+// from their asynq queue: bulk (level 5, asynq weight 1) and urgent
+// (level 1, weight 6), aging 500 ms, calling an API that answers after
+// 500 ms. Bulk enqueues 200 calls (17 s of the cap); 3 s later, one every
+// 1.5 s, four urgent tasks arrive. Every urgent task must start (its call
+// reach the API) within 1 s of its enqueue: the slot that frees next is
+// its, ahead of the bulk tasks waiting in the workers (without priority,
+// 2 of 4 started within the test). Then 72 urgent tasks arrive at once (6
+// s of the cap): from 1 s after the first of their calls to the last,
+// the slots stay in use (calls start at 90 % of the cap's 12/s at least)
+// and bulk, waiting, gets a slot every 4 agings (2 s) by the aging rule,
+// computed from the policy alone: at least one, at most twice that plus
+// one (bulk took 13 of 85 slots in 5 s when two slots freed at once could
+// go to it). The calls in flight never exceed 6; no call is made twice
+// and none answers 429; every bulk task is called or still waiting in
+// asynq, none archived.
+func TestPrioritySlots(t *testing.T) {
+	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
+	const bulk, urgent, flood, latency, aging = 200, 4, 72, 500 * time.Millisecond, 500 * time.Millisecond
+	// A redis-server of the run's own: its queues' names are known before
+	// the workers start.
+	const bulkQ, urgentQ = "e2e", "urgent"
+	policy := fmt.Sprintf(`
+rules:
+  - name: smtp
+    match: {type: "http:call"}
+    priority: {queues: {%s: 5, %s: 1}, aging: %v}
+    concurrency: {max: 6, lease: 30s}
+`, bulkQ, urgentQ, aging)
+	r := startOn(t, fakeapi.Limits{Latency: latency}, policy, 3, own, "--task-check-interval", "100ms", "--queues", bulkQ+"=1,"+urgentQ+"=6")
+	line := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b1"}`, r.url+"/v1/charge")
+	file := filepath.Join(t.TempDir(), "bulk.jsonl")
+	if err := os.WriteFile(file, []byte(strings.Repeat(line+"\n", bulk)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.enqueue("--payload-file", file)
+	time.Sleep(3 * time.Second)
+	client := asynq.NewClientFromRedisClient(r.client)
+	send := func(id string) {
+		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "u"}`, r.url+"/v1/charge")
+		if _, err := client.Enqueue(asynq.NewTask("http:call", []byte(payload)), asynq.Queue(urgentQ), asynq.MaxRetry(0), asynq.TaskID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := map[string]time.Time{}
+	for i := range urgent {
+		id := fmt.Sprintf("urgent-%d", i)
+		sent[id] = time.Now()
+		send(id)
+		time.Sleep(1500 * time.Millisecond)
+	}
+	for i := range flood {
+		send(fmt.Sprintf("flood-%d", i))
+	}
+	var calls []fakeapi.Call
+	var first, last time.Time // the flood's first and last calls
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		calls, first, last = r.api.Calls(), time.Time{}, time.Time{}
+		n := 0
+		for _, c := range calls {
+			if strings.HasPrefix(c.Key, "flood-") && c.Status == 200 {
+				n++
+				if first.IsZero() || c.At.Before(first) {
+					first = c.At
+				}
+				if c.At.After(last) {
+					last = c.At
+				}
+			}
+		}
+		if n == flood {
+			break
+		}
+	}
+	startedWithin(t, calls, sent, "urgent-", urgent, fmt.Sprintf("urgent tasks beside %d bulk ones waiting for 6 slots", bulk))
+	from := first.Add(time.Second)
+	span := last.Sub(from)
+	nb, nu := 0, 0
+	for _, c := range calls {
+		if c.Status == 200 && !c.At.Before(from) && !c.At.After(last) {
+			if c.Business == "b1" {
+				nb++
+			} else {
+				nu++
+			}
+		}
+	}
+	ideal := span.Seconds() / (4 * aging.Seconds())
+	t.Logf("during the flood's %v: bulk made %d calls (%.1f by the aging rule), urgent %d", span.Round(time.Millisecond), nb, ideal, nu)
+	if nb < 1 || float64(nb) > 2*ideal+1 {
+		t.Errorf("bulk made %d calls in %v of the urgent flood: want at least 1 and at most %.1f (a slot every 4 agings: %.1f)", nb, span.Round(time.Millisecond), 2*ideal+1, ideal)
+	}
+	if rate := float64(nb+nu) / span.Seconds(); rate < 0.9*12 {
+		t.Errorf("%.1f calls a second started during the flood: the cap allows 12", rate)
+	}
+	if most := mostInFlight(calls, latency, time.Time{}, time.Now()); most > 6 {
+		t.Errorf("%d calls in flight at once; the rule allows 6", most)
+	}
+	checkCalls(t, r.api.Stats())
+	r.stop()
+	if _, info := r.accounted(bulk, 0); info.Archived != 0 {
+		t.Errorf("archived %d", info.Archived)
+	}
+}
+
+// startedWithin requires the n tasks sent whose IDs start with prefix to
+// have started (their calls answered 2xx) within 1 s of their enqueue
+// (sent: ID -> when), and logs after how long, as what's.
+func startedWithin(t *testing.T, calls []fakeapi.Call, sent map[string]time.Time, prefix string, n int, what string) {
+	t.Helper()
+	var lat []time.Duration
+	for _, c := range calls {
+		if at, ok := sent[c.Key]; ok && c.Status == 200 && strings.HasPrefix(c.Key, prefix) {
+			lat = append(lat, c.At.Sub(at))
+		}
+	}
+	slices.Sort(lat)
+	t.Logf("%s started after %v", what, lat)
+	if len(lat) != n {
+		t.Errorf("%d of %d of the %s started", len(lat), n, what)
+	} else if lat[n-1] > time.Second {
+		t.Errorf("one of the %s started %v after its enqueue, over 1 s", what, lat[n-1])
 	}
 }

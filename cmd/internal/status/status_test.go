@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"regexp"
 	"slices"
@@ -353,6 +354,42 @@ rules:
 	}
 	text := Text(rep)
 	for _, want := range []string{`  flow "" level 1: waiting, weight 1, booked `, `  flow "" level 5: waiting, weight 1, booked `, "priorities aging 30s"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("Text has no %q:\n%s", want, text)
+		}
+	}
+}
+
+// TestCollectSlotPriorities: a concurrency rule with priorities lists
+// each level of a flow on its own, holding slots or waiting.
+func TestCollectSlotPriorities(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	p, l := parseWithLimiter(t, c, prefix, `
+rules:
+  - name: smtp
+    match: {type: job}
+    priority: "{{.priority}}"
+    concurrency: {max: 1, lease: 30s}
+`)
+	b, set := jobSet(t, p)
+	for i, payload := range []string{`{"priority": 5}`, `{"priority": 1}`} {
+		rq, err := b.Request([]byte(payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rq.Holder = fmt.Sprint("h", i)
+		if d, err := l.Allow(ctx, set, rq); err != nil || d.Allowed != (i == 0) {
+			t.Fatalf("%s: %+v %v", payload, d, err)
+		}
+	}
+	rep, err := Collect(ctx, c, prefix, p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := Text(rep)
+	for _, want := range []string{`  flow "" level 5: holds 1`, `  flow "" level 1: waiting, weight 1`, "priorities aging 10s"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("Text has no %q:\n%s", want, text)
 		}
