@@ -1,5 +1,7 @@
 package limits
 
+import "time"
+
 // Request says whom a decision of a set of rules is for: the entity each
 // rule limits, the units charged, the holder of concurrency slots, and the
 // flows fair rules share their capacity among.
@@ -44,6 +46,12 @@ type Request struct {
 	// MaxPriority (last); 0 means DefaultPriority. Other rules ignore it.
 	// Nil means DefaultPriority for every rule.
 	Priorities []int
+	// Waited is how long the request has waited for the rules already
+	// (a task rescheduled before): at a Concurrency rule with Rule.Aging
+	// its flow has waited at least that long, so the wait of a task that
+	// asks now and then counts in full. 0 (the default): none. Other
+	// rules ignore it.
+	Waited time.Duration
 }
 
 // DefaultPriority is the priority of a request that names none, and

@@ -98,11 +98,14 @@ type Rule struct {
 	// For a fair Concurrency rule, Aging orders the flows waiting for a
 	// slot by level first (each level of a flow a flow of its own): the
 	// slots that free go to the waiting flows of the first level (all of
-	// them while one waits), and among those as Fair says. A flow that has waited k·Aging since it
-	// last got a slot (or began to wait) ranks k levels earlier, at
-	// level 1 at most: a later level gets a slot at least every
-	// (p−1)·Aging while earlier ones keep every slot busy, held back but
-	// never starved.
+	// them while one waits), and among those as Fair says. A flow ranks
+	// one level earlier per Aging it has waited, at level 1 at most:
+	// waited since it last got a slot or began to wait, or, if longer,
+	// as long as its request says (Request.Waited: a task rescheduled
+	// before). So a later level gets a slot at least every (p−1)·Aging
+	// while earlier ones keep every slot busy, and its tasks that have
+	// waited (p−1)·Aging share the slots with level 1 by the slots each
+	// holds: held back, never starved.
 	//
 	// 0 (the default): priorities are ignored; otherwise between
 	// MinAging and MaxAging.

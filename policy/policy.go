@@ -159,10 +159,11 @@ type Rule struct {
 	// booking of one that has not started, as a fair rule's flows do):
 	// each level is a head start of Aging in the rule's fair queue, so a
 	// level that keeps asking for more than its share uses it up and the
-	// later levels are held back, never starved. At a concurrency rule, a
-	// slot that frees goes to the first level waiting, and a level that
-	// has waited Aging since its last slot ranks one level earlier (so a
-	// level p gets a slot at least every (p−1)·Aging). See
+	// later levels are held back, never starved. At a concurrency rule,
+	// the slots that free go to the first level waiting, and a task ranks
+	// one level earlier per Aging it (or its level, since its last slot)
+	// has waited: a level p gets a slot at least every (p−1)·Aging, and
+	// its tasks that waited that long share with level 1. See
 	// limits.Rule.Aging. Within a level, the rule's fair values share as
 	// Fair says. The rule decides as a fair rule (for a gcra rule each
 	// task a booking of its own; no prefetch) with one value when it has
@@ -179,7 +180,7 @@ type Rule struct {
 	PriorityQueues map[string]int
 	// Aging is how much longer a task one level later must have waited
 	// to keep its booking from a task of the earlier level, or, at a
-	// concurrency rule, to rank one level earlier (limits.Rule.Aging),
+	// concurrency rule, to rank with it (limits.Rule.Aging),
 	// with Priority or PriorityQueues. 0 (the
 	// default) means DefaultAging; between limits.MinAging and
 	// limits.MaxAging.

@@ -488,6 +488,7 @@ func (m *model) waitLevel(c call, now int64) (level, since int64) {
 	if w, ok := m.waits[c.keys[0]][c.flow]; ok && w.until > now && w.since >= 0 {
 		since = w.since
 	}
+	since = min(since, now-c.before)
 	return max(ccLevel, ccBase(c, c.flow)-(now-since)/c.c.aging*ccLevel), since
 }
 

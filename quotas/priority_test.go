@@ -155,7 +155,8 @@ func agedWait(t *testing.T, level int) (time.Duration, int) {
 // to b), until b has waited 4 agings (8 s) since it began to wait: then
 // b ranks with level 1, holds fewer slots than a, and takes the next
 // slot. That ends its wait: the slots after go to a again, two freed at
-// once both to a, the only flow before b. (A flow's
+// once both to a, the only flow before b; but a task of b that waited 4
+// agings before (Request.Waited) ranks with level 1 at once. (A flow's
 // level is reckoned when it is refused: flows waiting ask again at least
 // every second.)
 func TestPrioritySlots(t *testing.T) {
@@ -166,9 +167,13 @@ func TestPrioritySlots(t *testing.T) {
 	set := mustSet(Rule{Name: "smtp", Fair: true, Aging: agingFor, Limit: Concurrency{Max: 3, Lease: time.Minute}})
 	leases := map[string]Lease{}
 	at := func(ms int) { l.now = t0.Add(time.Duration(ms) * time.Millisecond) }
-	ask := func(holder, flow string, p int, want bool) {
+	ask := func(holder, flow string, p int, want bool, waited ...time.Duration) {
 		t.Helper()
-		d, err := l.Allow(ctx, set, Request{Fair: []string{flow}, Priorities: []int{p}, Holder: holder})
+		req := Request{Fair: []string{flow}, Priorities: []int{p}, Holder: holder}
+		if waited != nil {
+			req.Waited = waited[0]
+		}
+		d, err := l.Allow(ctx, set, req)
 		if err != nil || d.Allowed != want {
 			t.Fatalf("at %v %s (flow %s, level %d): allowed %v (%v), want %v", l.now.Sub(t0), holder, flow, p, d.Allowed, err, want)
 		}
@@ -223,4 +228,11 @@ func TestPrioritySlots(t *testing.T) {
 	ask("b3", "b", 5, false) // two free, but a waits: both are a's
 	ask("a6", "a", 1, true)
 	ask("a7", "a", 1, true)
+	at(10000)
+	ask("a8", "a", 1, false)
+	release("a6")
+	ask("b3", "b", 5, false) // b waits from 9 s: level 5
+	// A task that says it waited 8 s before (rescheduled) ranks at level
+	// 1 at once, and holds no more slots than a: the slot is its.
+	ask("b4", "b", 5, true, 8*time.Second)
 }

@@ -57,6 +57,7 @@ func TestRequestErrors(t *testing.T) {
 		{Cost: -1, Holder: "h"}:                "Request.Cost must not be negative",
 		{Priorities: []int{1}, Holder: "h"}:    "Request.Priorities has 1 priorities for 2 rules",
 		{Priorities: []int{6, 0}, Holder: "h"}: "Request.Priorities must be between 0 and 5, got 6",
+		{Waited: -time.Second, Holder: "h"}:    "Request.Waited must not be negative, got -1s",
 		{}:                                     `rule "c" is a concurrency rule: Request.Holder is required`,
 	} {
 		if _, err := l.Allow(ctx, set, *req); err == nil || !strings.Contains(err.Error(), want) {

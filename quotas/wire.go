@@ -38,6 +38,9 @@ type call struct {
 	flow string // a fair rule's flow, encoded
 	// weight is a fair rule's flow's weight (Request.Weights), at least 1.
 	weight int64
+	// before is, at a fair concurrency rule with priorities, how long the
+	// request has waited already (Request.Waited), µs.
+	before int64
 	// em is a GCRA rule's emission interval: the rule's, or for an
 	// Adaptive rule the learned one, set by a Model when it loads it.
 	em int64
@@ -70,6 +73,9 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 		if w < 0 || w > limits.MaxWeight {
 			return nil, fmt.Errorf("quotas: Request.Weights must be between 0 and %d, got %d", limits.MaxWeight, w)
 		}
+	}
+	if r.Waited < 0 {
+		return nil, fmt.Errorf("quotas: Request.Waited must not be negative, got %v", r.Waited)
 	}
 	if r.Priorities != nil && len(r.Priorities) != len(s.rules) {
 		return nil, fmt.Errorf("quotas: Request.Priorities has %d priorities for %d rules", len(r.Priorities), len(s.rules))
@@ -121,6 +127,9 @@ func (l *Limiter) bind(s *Set, r Request, needHolder bool) ([]call, error) {
 			if p := priority(r, i); c.c.aging > 0 && p != limits.DefaultPriority {
 				c.flow += "!" + strconv.Itoa(p)
 			}
+		}
+		if c.c.cfair && c.c.aging > 0 {
+			c.before = r.Waited.Microseconds()
 		}
 		c.weight = 1
 		if r.Weights != nil && r.Weights[i] > 0 {
@@ -272,6 +281,9 @@ func (l *Limiter) args(g []call, p params, tm timing) (ks []string, argv []any, 
 	for _, c := range g {
 		if c.c.fair || c.c.cfair {
 			argv = append(argv, c.flow, c.weight)
+			if c.c.cfair && c.c.aging > 0 {
+				argv = append(argv, c.before)
+			}
 			fair = fair || c.c.fair
 		}
 	}

@@ -558,7 +558,7 @@ func (j *job) slotRequest() quotas.Request {
 	if j.holderOnce == "" {
 		j.holderOnce = j.holder()
 	}
-	return quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Fair: pick(j.flows, j.sp.slotIdx), Weights: pick(j.weights, j.sp.slotIdx), Priorities: pick(j.levels, j.sp.slotIdx), Holder: j.holderOnce, Critical: j.sp.critical}
+	return quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Fair: pick(j.flows, j.sp.slotIdx), Weights: pick(j.weights, j.sp.slotIdx), Priorities: pick(j.levels, j.sp.slotIdx), Waited: j.w.waited, Holder: j.holderOnce, Critical: j.sp.critical}
 }
 
 // releaseSlots gives back the slots decided with the rates (j.slots) when

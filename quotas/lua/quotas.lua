@@ -77,7 +77,8 @@
 --          values u1, u2 the charge replied; then, per fair rule (GCRA or
 --          concurrency), the request's flow (at a GCRA rule ordered by
 --          priority, followed by '!' and its level when not 3) and its
---          weight (1-100), and, if
+--          weight (1-100), and at a concurrency rule with priorities
+--          how long the request has waited already (µs), and, if
 --          there is a fair GCRA rule,
 --          the digest g of the
 --          request's global rules and a string of one '1' per rule the
@@ -335,7 +336,7 @@ local function read_rule(a)
     blk = false, till = 0, seq = 0, live = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
     lr = 0, lg = 0, ls = 0, ln = 0, ld = 0, lw = 0, la = 0, lk = 0, lh = 0, lc = 0, lm = 0,
     cfair = false, wkey = false, ekey = false, fk = false, held = 0, wants = false, next = false,
-    lvl = 0, since = 0, waited = false}
+    lvl = 0, since = 0, before = 0, resets = false}
   local kind = r.kind
   if kind == KIND.GCRA then
     r.em, r.burst = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
@@ -423,6 +424,10 @@ local function request(k0, a0, prev)
     if r.fair or r.cfair then
       r.flow, r.weight = ARGV[a], tonumber(ARGV[a + 1])
       a = a + 2
+      if r.cfair and r.aging > 0 then
+        r.before = tonumber(ARGV[a])
+        a = a + 1
+      end
       if fair == 0 and r.fair then fair = i end
     end
   end

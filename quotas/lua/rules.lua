@@ -322,7 +322,9 @@ end
 -- level, plus cc_rank. A flow waits at its level less one per aging it has
 -- waited since it last took a slot (at least level 1): the waits hash
 -- keeps, per flow, "s" .. flow: since when it waits (its first denial
--- since it last took a slot, while its wait has not ended), and "l" ..
+-- since it last took a slot, while its wait has not ended, or earlier by
+-- as long as a request says it waited before, r.before: a task that
+-- asks now and then keeps its wait), and "l" ..
 -- flow: the level part of its rank, as of its last denial. Taking a slot
 -- ends the wait: its level part goes back to its own, its "s" is dropped.
 -- So the free slots go to the first level waiting (all of them: a flow of
@@ -473,7 +475,8 @@ local function cc_load(r, now)
   if r.aging > 0 then
     -- The level the flow waits at now (Priorities).
     local v = call('HMGET', r.ekey, 'e' .. r.flow, 's' .. r.flow)
-    if (tonumber(v[1]) or 0) > now and v[2] then r.since, r.waited = tonumber(v[2]), true end
+    if (tonumber(v[1]) or 0) > now and v[2] then r.since, r.resets = tonumber(v[2]), true end
+    r.since = math.min(r.since, now - r.before)
     local aged = floor((now - r.since) / r.aging) * CC_LEVEL
     r.lvl = max(CC_LEVEL, cc_base(r, r.flow) - aged)
   end
@@ -610,7 +613,7 @@ local function cc_acquire(r, holder, now, ttl_floor)
   if r.cfair then
     local old, ended = false, false
     if added == 0 then old = call('HGET', r.hkey, '~h:' .. holder) end
-    if r.waited then
+    if r.resets then
       -- The slot ends the flow's wait: it waits at its own level again.
       call('HSET', r.ekey, 'l' .. r.flow, fmt(cc_base(r, r.flow)))
       call('HDEL', r.ekey, 's' .. r.flow)

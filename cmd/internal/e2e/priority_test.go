@@ -90,23 +90,24 @@ func TestPriority(t *testing.T) {
 // TestPrioritySlots: three worker binaries (asynq looking at idle queues
 // every 100 ms) share a concurrency cap of 6 whose tasks take their level
 // from their asynq queue: bulk (level 5, asynq weight 1) and urgent
-// (level 1, weight 6), aging 500 ms, calling an API that answers after
-// 500 ms. Bulk enqueues 200 calls (17 s of the cap); 3 s later, one every
-// 1.5 s, four urgent tasks arrive. Every urgent task must start (its call
-// reach the API) within 1 s of its enqueue: the slot that frees next is
-// its, ahead of the bulk tasks waiting in the workers (without priority,
-// 2 of 4 started within the test). Then 72 urgent tasks arrive at once (6
-// s of the cap): from 1 s after the first of their calls to the last,
-// the slots stay in use (calls start at 90 % of the cap's 12/s at least)
-// and bulk, waiting, gets a slot every 4 agings (2 s) by the aging rule,
-// computed from the policy alone: at least one, at most twice that plus
-// one (bulk took 13 of 85 slots in 5 s when two slots freed at once could
-// go to it). The calls in flight never exceed 6; no call is made twice
-// and none answers 429; every bulk task is called or still waiting in
-// asynq, none archived.
+// (level 1, weight 6), aging 10 s (the default), calling an API that
+// answers after 500 ms. Bulk enqueues 200 calls (17 s of the cap); 2 s
+// later, one a second, four urgent tasks arrive. Every urgent task must
+// start (its call reach the API) within 1 s of its enqueue: the slot that
+// frees next is its, ahead of the bulk tasks waiting in the workers
+// (without priority, 2 of 4 had not started within the test). Then 72
+// urgent tasks arrive at once (6 s of the cap): from 1 s after the first
+// of their calls to the last, the slots stay in use (calls start at 90 %
+// of the cap's 12/s at least) and go to urgent: no bulk task has waited
+// 4 agings, so by the aging rule none goes first, and bulk makes at most
+// 10 % of the calls (a level's wait is seen when its tasks ask, so a slot
+// may go to bulk while no urgent task has asked for a moment; when two
+// slots freed at once could go to bulk, it made 13 of 85). The calls in
+// flight never exceed 6; no call is made twice and none answers 429;
+// every bulk task is called or still waiting in asynq, none archived.
 func TestPrioritySlots(t *testing.T) {
 	t.Parallel() // light: runs beside the other light end-to-end tests (doc.go)
-	const bulk, urgent, flood, latency, aging = 200, 4, 72, 500 * time.Millisecond, 500 * time.Millisecond
+	const bulk, urgent, flood, latency = 200, 4, 72, 500 * time.Millisecond
 	// A redis-server of the run's own: its queues' names are known before
 	// the workers start.
 	const bulkQ, urgentQ = "e2e", "urgent"
@@ -114,9 +115,9 @@ func TestPrioritySlots(t *testing.T) {
 rules:
   - name: smtp
     match: {type: "http:call"}
-    priority: {queues: {%s: 5, %s: 1}, aging: %v}
+    priority: {queues: {%s: 5, %s: 1}}
     concurrency: {max: 6, lease: 30s}
-`, bulkQ, urgentQ, aging)
+`, bulkQ, urgentQ)
 	r := startOn(t, fakeapi.Limits{Latency: latency}, policy, 3, own, "--task-check-interval", "100ms", "--queues", bulkQ+"=1,"+urgentQ+"=6")
 	line := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "b1"}`, r.url+"/v1/charge")
 	file := filepath.Join(t.TempDir(), "bulk.jsonl")
@@ -124,7 +125,7 @@ rules:
 		t.Fatal(err)
 	}
 	r.enqueue("--payload-file", file)
-	time.Sleep(3 * time.Second)
+	time.Sleep(2 * time.Second)
 	client := asynq.NewClientFromRedisClient(r.client)
 	send := func(id string) {
 		payload := fmt.Sprintf(`{"url": %q, "method": "POST", "business_id": "u"}`, r.url+"/v1/charge")
@@ -137,7 +138,7 @@ rules:
 		id := fmt.Sprintf("urgent-%d", i)
 		sent[id] = time.Now()
 		send(id)
-		time.Sleep(1500 * time.Millisecond)
+		time.Sleep(time.Second)
 	}
 	for i := range flood {
 		send(fmt.Sprintf("flood-%d", i))
@@ -175,10 +176,9 @@ rules:
 			}
 		}
 	}
-	ideal := span.Seconds() / (4 * aging.Seconds())
-	t.Logf("during the flood's %v: bulk made %d calls (%.1f by the aging rule), urgent %d", span.Round(time.Millisecond), nb, ideal, nu)
-	if nb < 1 || float64(nb) > 2*ideal+1 {
-		t.Errorf("bulk made %d calls in %v of the urgent flood: want at least 1 and at most %.1f (a slot every 4 agings: %.1f)", nb, span.Round(time.Millisecond), 2*ideal+1, ideal)
+	t.Logf("during the flood's %v: bulk made %d calls, urgent %d", span.Round(time.Millisecond), nb, nu)
+	if nb*10 > nb+nu {
+		t.Errorf("bulk made %d of %d calls in %v of the urgent flood: over 10%%", nb, nb+nu, span.Round(time.Millisecond))
 	}
 	if rate := float64(nb+nu) / span.Seconds(); rate < 0.9*12 {
 		t.Errorf("%.1f calls a second started during the flood: the cap allows 12", rate)
