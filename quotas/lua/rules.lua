@@ -320,19 +320,18 @@ end
 -- a flow is a flow of its own (its name ends with "!" and the level when
 -- not 3, as at a GCRA rule), ranked by its level first: CC_LEVEL times the
 -- level, plus cc_rank. A flow waits at its level less one per aging it has
--- waited since it last took a slot (at least level 1): the waits hash
--- keeps, per flow, "s" .. flow: since when it waits (its first denial
--- since it last took a slot, while its wait has not ended, or earlier by
--- as long as a request says it waited before, r.before: a task that
--- asks now and then keeps its wait), and "l" ..
--- flow: the level part of its rank, as of its last denial. Taking a slot
--- ends the wait: its level part goes back to its own, its "s" is dropped.
--- So the free slots go to the first level waiting (all of them: a flow of
--- an earlier level waiting holds every later one back, cc_ahead), and a
--- later level that
--- has waited (p - q) agings since its last slot ranks with level q: held
--- back, never starved. cc_rank stays below CC_LEVEL while a flow holds
--- fewer than 10^7 slots per weight.
+-- waited (at least level 1), since the earlier of: its last slot or the
+-- start of its wait, kept in the waits hash as "s" .. flow while its wait
+-- lasts, and the request's own first wait, r.before ago (a task
+-- rescheduled before: its wait counts though its flow stopped waiting
+-- meanwhile). It is reckoned at the flow's denials, and "l" .. flow keeps
+-- the level part of its rank for cc_move. Taking a slot ends the flow's
+-- wait: "l" goes back to its own level, "s" is dropped. So the free slots
+-- go to the first level waiting (all of them: a flow of an earlier level
+-- waiting holds every later one back, cc_ahead), and a later level that
+-- has waited (p - q) agings ranks with level q: held back, never starved.
+-- cc_rank stays below CC_LEVEL while a flow holds fewer than 10^7 slots
+-- per weight.
 
 -- CC_WAIT is how long a flow stays waiting after its last denial (µs);
 -- CC_RETRY how long a request that fairness denies with no lease out
