@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -61,6 +62,80 @@ type gridResult struct {
 // answered 429, at least 85 % of the vendor's rate used.
 func (r gridResult) ok() bool { return r.throttled <= 0.02 && r.used >= 0.85 }
 
+// evenBound is the most of a vendor's rate (rate per second, burst) a
+// sender can use with at most 2 % of its calls answered 429 when it
+// spaces its calls evenly, each reaching the vendor up to jitter later
+// (uniformly, as the simulator's calls do): computed from the limits
+// alone, on a GCRA of its own (a call passes when it arrives no earlier
+// than the theoretical arrival time less burst-1 intervals), over 20,000
+// calls at each share of the rate from 1 % to 100 %. A vendor of 300/s
+// and burst 1 (3.3 ms between calls) with 2 ms of jitter: 66 %; pacing
+// closer draws more 429s than it gains (85 %: 24 % of calls 429).
+func evenBound(rate float64, burst int, jitter time.Duration) float64 {
+	em := 1 / rate
+	tolerance := float64(burst-1) * em
+	best := 0.0
+	for pct := 1; pct <= 100; pct++ {
+		u := float64(pct) / 100
+		rng := rand.New(rand.NewPCG(1, 2))
+		tat, passed, refused := 0.0, 0, 0
+		const calls = 20000
+		for i := range calls {
+			at := float64(i)*em/u + rng.Float64()*jitter.Seconds()
+			if at < tat-tolerance-1e-12 { // a float's rounding is no 429
+
+				refused++
+				continue
+			}
+			tat = max(tat, at) + em
+			passed++
+		}
+		if float64(refused) <= 0.02*calls {
+			best = max(best, u*float64(passed)/calls)
+		}
+	}
+	return best
+}
+
+// bound is the least evenBound of c's vendor's limits under the
+// simulator's jitter: below 85 %, no sender that spaces its calls evenly
+// meets the bars against it. bounds caches evenBound by limit.
+func (c gridCell) bound(bounds map[gcra.Limit]float64) float64 {
+	v, _ := c.vendor()
+	least := 1.0
+	for _, p := range v.Phases {
+		b, ok := bounds[p.Limit]
+		if !ok {
+			b = evenBound(p.Limit.Rate, p.Limit.Burst, defaultJitter)
+			bounds[p.Limit] = b
+		}
+		least = min(least, b)
+	}
+	return least
+}
+
+// TestEvenBound checks evenBound against vendors whose answer is plain:
+// with no jitter every share passes whole; a slow vendor's interval
+// (20 ms) leaves 2 ms of jitter most of 85 %; at 300/s burst 1 the jitter is most of the
+// interval and no even sender reaches 85 %; a burst of 5 absorbs it.
+func TestEvenBound(t *testing.T) {
+	for _, c := range []struct {
+		rate     float64
+		burst    int
+		jitter   time.Duration
+		lo, high float64
+	}{
+		{300, 1, 0, 0.999, 1},
+		{50, 1, 2 * time.Millisecond, 0.85, 0.95},
+		{300, 1, 2 * time.Millisecond, 0.6, 0.7},
+		{300, 5, 2 * time.Millisecond, 0.99, 1},
+	} {
+		if got := evenBound(c.rate, c.burst, c.jitter); got < c.lo || got > c.high {
+			t.Errorf("%g/s burst %d, jitter %v: %.3f of the rate, want %.2f-%.2f", c.rate, c.burst, c.jitter, got, c.lo, c.high)
+		}
+	}
+}
+
 // runCell simulates c under an adaptive rule that knows only a ceiling
 // (twice the vendor's highest rate) and a floor (an eighth of its lowest).
 func runCell(t *testing.T, c gridCell) gridResult {
@@ -90,9 +165,11 @@ func runCell(t *testing.T, c gridCell) gridResult {
 // TASKRL_ADAPTIVE_GRID_OUT=FILE the table written to FILE. It logs every
 // cell and whether it meets the bars (at most 2 % of calls answered 429,
 // at least 85 % of the vendor's rate used from 10 s after each change),
-// and fails when more sampled cells miss them than sampledMissed: it
-// guards what the learner does (the simulation is deterministic), and the
-// count falls as it learns more shapes.
+// and fails when more sampled cells miss them than sampledMissed, leaving
+// out the cells whose bars no sender that spaces its calls evenly could
+// meet under the simulator's jitter (evenBound: a vendor of 300/s and
+// burst 1): it guards what the learner does (the simulation is
+// deterministic), and the count falls as it learns more shapes.
 func TestAdaptiveGrid(t *testing.T) {
 	full := os.Getenv("TASKRL_ADAPTIVE_GRID") == "full"
 	if testing.Short() && !full {
@@ -138,16 +215,24 @@ func TestAdaptiveGrid(t *testing.T) {
 	var table strings.Builder
 	table.WriteString("| vendor | shape | retry-after | workers | 429 % | lowest use % | bars |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	var missed []string
+	infeasible := 0
+	bounds := map[gcra.Limit]float64{}
 	for i, c := range cells {
 		r := results[i]
 		mark := "met"
-		if !r.ok() {
+		switch b := c.bound(bounds); {
+		case r.ok():
+		case b < 0.85:
+			// No even sender meets the bars: not counted.
+			mark = fmt.Sprintf("missed; an even sender uses at most %.0f %%", 100*b)
+			infeasible++
+		default:
 			mark = "missed"
 			missed = append(missed, fmt.Sprintf("%v: %.1f%% 429, %.0f%% used", c, 100*r.throttled, 100*r.used))
 		}
 		fmt.Fprintf(&table, "| %g/s burst %d | %s | %s | %d | %.1f | %.0f | %s |\n", c.rate, c.burst, c.shape, c.ra, c.workers, 100*r.throttled, 100*r.used, mark)
 	}
-	t.Logf("%d cells, %d miss the bars:\n%s", len(cells), len(missed), table.String())
+	t.Logf("%d cells, %d miss the bars, and %d more that no even sender could meet (evenBound):\n%s", len(cells), len(missed), infeasible, table.String())
 	if out := os.Getenv("TASKRL_ADAPTIVE_GRID_OUT"); out != "" {
 		if err := os.WriteFile(out, []byte(table.String()), 0o644); err != nil {
 			t.Fatal(err)
@@ -165,6 +250,7 @@ func TestAdaptiveGrid(t *testing.T) {
 
 // sampledMissed is how many cells of the sample (180) missed the bars
 // when the learner last changed (2026-11-27; docs/design.md 1.12), and
-// sampledMissedRace how many of its every fifth cell (36); lower them as
-// the learner gets better.
-const sampledMissed, sampledMissedRace = 124, 16
+// sampledMissedRace how many of its every fifth cell (36), both leaving
+// out the cells no even sender could meet (15 and 3: 300/s burst 1); lower
+// them as the learner gets better.
+const sampledMissed, sampledMissedRace = 109, 13

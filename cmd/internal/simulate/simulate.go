@@ -70,7 +70,7 @@ type Spec struct {
 	// Latency is the vendor's answer time (default 20ms).
 	Latency time.Duration
 	// Jitter: each call reaches the vendor up to this much later than it
-	// was made, uniformly (default 2ms; negative: none), as network and
+	// was made, uniformly (default defaultJitter, 2ms; negative: none), as network and
 	// scheduling delays do: a strict vendor throttles calls paced just
 	// under its limit that arrive bunched. Pseudo-random, the same every
 	// run.
@@ -151,6 +151,9 @@ func (r Report) ThrottledShare() float64 {
 // workers at asynq's default TaskCheckInterval).
 var paceLead = admission.PaceLead(0)
 
+// defaultJitter is Spec.Jitter's default.
+const defaultJitter = 2 * time.Millisecond
+
 func (s *Spec) defaults() error {
 	if s.Policy == nil {
 		return errors.New("simulate: a policy is required")
@@ -171,7 +174,7 @@ func (s *Spec) defaults() error {
 		s.Latency = 20 * time.Millisecond
 	}
 	if s.Jitter == 0 {
-		s.Jitter = 2 * time.Millisecond
+		s.Jitter = defaultJitter
 	}
 	if s.Interval == 0 {
 		s.Interval = max(time.Second, s.Duration/24)
