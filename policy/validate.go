@@ -270,13 +270,9 @@ func (c *crule) compilePriority(lim limits.Limit) (field, msg string) {
 	case r.Borrow != 0:
 		return "priority", "a borrowing rule cannot have priority: give the priority to the shared fair rule it borrows from"
 	}
-	switch l := lim.(type) {
-	case limits.GCRA:
-	case limits.Concurrency:
-		if l.Adaptive {
-			return "priority", "orders the tasks waiting for a gcra rate or a concurrency cap; this rule's limit is " + lim.String()
-		}
-	default:
+	_, rate := lim.(limits.GCRA)
+	cc, slots := lim.(limits.Concurrency)
+	if !rate && (!slots || cc.Adaptive) {
 		return "priority", "orders the tasks waiting for a gcra rate or a concurrency cap; this rule's limit is " + lim.String()
 	}
 	if r.Priority != "" {
