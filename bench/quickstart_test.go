@@ -48,7 +48,7 @@ func TestQuickstartFigure(t *testing.T) {
 				over = append(over, quickstartOver(t, bin, c.redisURL), quickstartOver(t, bin, c.redisURL))
 				slices.Sort(over)
 			}
-			t.Logf("over the ideal: %v %%", over)
+			t.Logf("%s: over the ideal: %v %%", c.name, over)
 			if m := over[len(over)/2]; m > c.bar {
 				t.Errorf("quickstart on %s: median %+.1f %% over the ideal (runs %v), bar %+.1f %%", c.name, m, over, c.bar)
 			}
