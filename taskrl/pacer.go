@@ -41,10 +41,10 @@ type pacer struct {
 
 // paceQueue is the pacer's state for one queue.
 type paceQueue struct {
-	key  string
-	own  slots     // the tasks this process parked, by when to move them
-	poll time.Time // when to look for others' due tasks next
-	hold time.Time // after a failed claim: no claim before then
+	key, moved, early string    // keys.Pace, keys.Moved, keys.Early
+	own               slots     // the tasks this process parked, by when to move them
+	poll              time.Time // when to look for others' due tasks next
+	hold              time.Time // after a failed claim: no claim before then
 }
 
 // paceSlack is how long after its booked slot asynq itself runs a task that
@@ -69,6 +69,12 @@ const paceKeep = time.Minute
 
 // paceBatch is the most tasks one claim looks at.
 const paceBatch = 100
+
+// paceBusyLead is how long before its slot a task moved to pending goes to
+// the head of the list, where a busy worker takes it as soon as it is
+// free; one moved earlier goes to the tail, behind the tasks not yet
+// decided (unpark.lua).
+const paceBusyLead = 300 * time.Millisecond
 
 // pacerDeps is what a pacer uses of its middleware.
 type pacerDeps struct {
@@ -98,7 +104,7 @@ func (p *pacer) leadTime() time.Duration { return time.Duration(p.lead.Load()) }
 func (p *pacer) queue(name string) *paceQueue {
 	q, ok := p.qs[name]
 	if !ok {
-		q = &paceQueue{key: keys.Pace(p.prefix, name)}
+		q = &paceQueue{key: keys.Pace(p.prefix, name), moved: keys.Moved(p.prefix, name), early: keys.Early(p.prefix, name)}
 		p.qs[name] = q
 		p.loop.start()
 	}
@@ -180,17 +186,24 @@ func (p *pacer) othersDue(queue string, q *paceQueue, by int64) bool {
 
 // claim moves the tasks of one queue due within lead to pending: mine,
 // parked here, whose runs asynq is done with, and any parked paceFence ago
-// or more. Those of mine it could not move are noted again.
+// or more. Those of mine it could not move are noted again; if it put
+// tasks at the tail of pending behind others, those of mine it moved ahead
+// of paceBusyLead are noted for a claim paceBusyLead before their slots,
+// which moves them to the head if no worker has taken them yet
+// (unpark.lua).
 func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration, mine []own) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ids := make([]string, len(mine))
-	for i, o := range mine {
-		ids[i] = o.id
+	ids := make([]string, 0, len(mine))
+	for _, o := range mine {
+		if !o.early { // not named: it may have been parked again since
+			ids = append(ids, o.id)
+		}
 	}
-	looked, _, err := asynqstore.Unpark(ctx, p.client, asynqstore.Claim{
-		Queue: queue, PaceKey: q.key, Now: -1, Most: paceBatch, Lead: lead.Microseconds(),
-		Fence: paceFence.Microseconds(), Mine: ids,
+	serverNow := p.serverNow().UnixMicro()
+	u, err := asynqstore.Unpark(ctx, p.client, asynqstore.Claim{
+		Queue: queue, PaceKey: q.key, Moved: q.moved, Early: q.early, Now: -1, Most: paceBatch, Lead: lead.Microseconds(),
+		BusyLead: paceBusyLead.Microseconds(), Fence: paceFence.Microseconds(), Mine: ids,
 	})
 	if err != nil {
 		p.logger.Warn("taskrl: pacer", "queue", queue, "err", err)
@@ -200,7 +213,19 @@ func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration, mine []own
 		q.hold = p.clock.Now().Add(200 * time.Millisecond)
 		return
 	}
-	if looked >= paceBatch {
+	var early []own
+	for _, o := range mine {
+		if u.Noted > 0 && !o.early && o.at-serverNow > paceBusyLead.Microseconds()/2 {
+			// Maybe moved to the tail (the script reads the server's
+			// clock itself): a claim when at-lead is, paceBusyLead before
+			// the slot.
+			early = append(early, own{at: o.at - paceBusyLead.Microseconds() + lead.Microseconds(), id: o.id, early: true})
+		}
+	}
+	p.mu.Lock()
+	q.own.keep(early)
+	p.mu.Unlock()
+	if u.Looked >= paceBatch {
 		q.poll = p.clock.Now() // more may be due
 	}
 }
@@ -211,6 +236,11 @@ type own struct {
 	at   int64
 	id   string
 	done <-chan struct{}
+	// early: at is its slot less paceBusyLead plus the lead; the claim
+	// then moves it from the tail of pending to its head. It is not
+	// named in that claim (Claim.Mine lets a task through the fence):
+	// the task may have run and been parked again since.
+	early bool
 }
 
 // slots is a min-heap of the tasks this process parked, by when to move

@@ -2,8 +2,18 @@ package taskrl
 
 import (
 	"container/heap"
+	"log/slog"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/taskrl/taskrl/internal/asynqstore"
+	"github.com/taskrl/taskrl/internal/clock"
+	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 // TestPacerWaitsForTheRun: a task this process parked is claimed once due
@@ -36,5 +46,63 @@ func TestPacerWaitsForTheRun(t *testing.T) {
 	s.keep(mine)
 	if mine, _ = s.due(100); !slices.Equal(ids(mine), []string{"running", "later"}) {
 		t.Fatalf("kept: due(100) = %v", ids(mine))
+	}
+}
+
+// TestPacerPromotes: a task booked 1 s ahead, in a queue with another task
+// pending, is moved at once (the lead is 1.6 s) to the tail of pending,
+// behind it, and is at the head by its slot less paceBusyLead, the
+// pacer's second claim; a worker that frees then takes it before the task
+// not yet decided. Without the second claim it stays behind.
+func TestPacerPromotes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Redis")
+	}
+	c := redistest.Client(t)
+	q := redistest.Queue(t, c, "promote")
+	prefix := redistest.Prefix(t)
+	ctx := t.Context()
+	client := asynq.NewClientFromRedisClient(c)
+	if _, err := client.Enqueue(asynq.NewTask("x", nil), asynq.Queue(q), asynq.TaskID("undecided")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Enqueue(asynq.NewTask("x", nil), asynq.Queue(q), asynq.TaskID("booked"), asynq.ProcessIn(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	server, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := server.Add(time.Second).UnixMicro()
+	c.HSet(ctx, asynqstore.TaskPrefix(q)+"booked", "taskrl_park", server.UnixMicro())
+	c.ZAdd(ctx, keys.Pace(prefix, q), redis.Z{Score: float64(slot), Member: "booked"})
+
+	var skew clock.Skew
+	skew.Learn(server, time.Now())
+	p := newPacer(pacerDeps{client: c, logger: slog.New(slog.DiscardHandler), clock: wallClock{}, skew: &skew, prefix: prefix})
+	defer p.close()
+	p.setLead(1600 * time.Millisecond)
+	p.add(q, "booked", slot, nil)
+
+	// order is pending from the head (the end workers take from).
+	order := func() []string {
+		got := c.LRange(ctx, asynqstore.Pending(q), 0, -1).Val()
+		slices.Reverse(got)
+		return got
+	}
+	local := func(us int64) time.Time {
+		return time.Now().Add(time.Duration(us-skew.Server(time.Now()).UnixMicro()) * time.Microsecond)
+	}
+	for deadline := time.Now().Add(300 * time.Millisecond); len(order()) < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not moved within 300 ms: pending %v", order())
+		}
+	}
+	if got := order(); !slices.Equal(got, []string{"undecided", "booked"}) {
+		t.Fatalf("moved a lead ahead: pending from the head %v, want [undecided booked]", got)
+	}
+	time.Sleep(time.Until(local(slot - paceBusyLead.Microseconds() + (100 * time.Millisecond).Microseconds())))
+	if got := order(); !slices.Equal(got, []string{"booked", "undecided"}) {
+		t.Fatalf("%v before its slot: pending from the head %v, want [booked undecided]", paceBusyLead-100*time.Millisecond, got)
 	}
 }

@@ -107,9 +107,17 @@ func fields(reason string, headers map[string]string) []byte {
 type Claim struct {
 	Queue   string
 	PaceKey string
-	Now     int64 // server µs, or -1: the server's TIME
-	Most    int   // the most due IDs to look at
-	Lead    int64 // move tasks due within this many µs
+	// Moved holds the ID of the task the last claim put deepest in
+	// pending (keys.Moved); Early the tasks a claim put at the tail of
+	// pending, by slot (keys.Early). Both in PaceKey's slot.
+	Moved, Early string
+	Now          int64 // server µs, or -1: the server's TIME
+	Most         int   // the most due IDs to look at
+	Lead         int64 // move tasks due within this many µs
+	// BusyLead: a task due within this many µs goes to the head of
+	// pending, a later one to its tail, and to the head when due within
+	// BusyLead if no worker has taken it by then.
+	BusyLead int64
 	// Fence: a task parked less than this many µs ago moves only if
 	// named in Mine, the caller's own parked tasks whose run asynq is
 	// done with.
@@ -117,23 +125,33 @@ type Claim struct {
 	Mine  []string
 }
 
+// Unparked is what a claim did (Unpark).
+type Unparked struct {
+	// Looked is how many due IDs the claim looked at (Claim.Most: there
+	// may be more), Moved how many tasks it moved from the scheduled set,
+	// and Noted how many of them it put at the tail of pending behind
+	// other tasks: a claim once they are due within Claim.BusyLead moves
+	// them to the head.
+	Looked, Moved, Noted int
+}
+
 // Unpark moves the parked tasks of a queue that are due within c.Lead from
-// asynq's scheduled set to its pending list, as asynq's forwarder would,
-// with the error message they had before they first waited. looked is how
-// many due IDs it looked at (c.Most: there may be more), moved how many
-// tasks moved. Safe for concurrent use: each task moves once.
-func Unpark(ctx context.Context, r redis.Scripter, c Claim) (looked, moved int, err error) {
-	argv := make([]any, 0, 5+len(c.Mine))
-	argv = append(argv, c.Now, c.Most, c.Lead, c.Fence, TaskPrefix(c.Queue))
+// asynq's scheduled set to its pending list (unpark.lua says where in
+// it), with the error message they had before they first waited, and moves
+// the tasks an earlier claim put at the tail to the head once they are due
+// within c.BusyLead. Safe for concurrent use: each task moves once.
+func Unpark(ctx context.Context, r redis.Scripter, c Claim) (Unparked, error) {
+	argv := make([]any, 0, 6+len(c.Mine))
+	argv = append(argv, c.Now, c.Most, c.Lead, c.BusyLead, c.Fence, TaskPrefix(c.Queue))
 	for _, id := range c.Mine {
 		argv = append(argv, id)
 	}
-	v, err := unparkScript.Run(ctx, r, []string{c.PaceKey, Scheduled(c.Queue), Pending(c.Queue)}, argv...).Int64Slice()
+	v, err := unparkScript.Run(ctx, r, []string{c.PaceKey, Scheduled(c.Queue), Pending(c.Queue), c.Moved, c.Early}, argv...).Int64Slice()
 	if err != nil {
-		return 0, 0, err
+		return Unparked{}, err
 	}
-	if len(v) != 2 {
-		return 0, 0, fmt.Errorf("asynqstore: unpark replied %v", v)
+	if len(v) != 3 {
+		return Unparked{}, fmt.Errorf("asynqstore: unpark replied %v", v)
 	}
-	return int(v[0]), int(v[1]), nil
+	return Unparked{Looked: int(v[0]), Moved: int(v[1]), Noted: int(v[2])}, nil
 }

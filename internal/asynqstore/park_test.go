@@ -3,13 +3,16 @@ package asynqstore_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/asynqstore"
+	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
@@ -26,7 +29,8 @@ func TestParkAgainstAsynq(t *testing.T) {
 	}
 	c := redistest.Client(t)
 	q := redistest.Queue(t, c, "park")
-	pace := "test:pace:{" + q + "}"
+	prefix := redistest.Prefix(t)
+	pace := keys.Pace(prefix, q)
 	client := asynq.NewClientFromRedisClient(c)
 	insp := asynq.NewInspectorFromRedisClient(c)
 	ctx := t.Context()
@@ -131,16 +135,16 @@ func TestParkAgainstAsynq(t *testing.T) {
 
 	// Parked a moment ago: no move without naming the task, then its own
 	// pacer's claim moves it.
-	claim := asynqstore.Claim{Queue: q, PaceKey: pace, Now: -1, Most: 100, Lead: 0, Fence: int64(time.Hour / time.Microsecond)}
-	if looked, moved, err := asynqstore.Unpark(ctx, c, claim); err != nil || looked != 3 || moved != 0 {
-		t.Fatalf("Unpark inside the fence = %d, %d, %v; want 3, 0", looked, moved, err)
+	claim := asynqstore.Claim{Queue: q, PaceKey: pace, Moved: keys.Moved(prefix, q), Early: keys.Early(prefix, q), Now: -1, Most: 100, Lead: 0, Fence: int64(time.Hour / time.Microsecond)}
+	if u, err := asynqstore.Unpark(ctx, c, claim); err != nil || u.Looked != 3 || u.Moved != 0 {
+		t.Fatalf("Unpark inside the fence = %+v, %v; want 3 looked, 0 moved", u, err)
 	}
 	if err := insp.DeleteTask(q, z.ID); err != nil {
 		t.Fatalf("DeleteTask(parked) = %v", err)
 	}
 	claim.Mine = []string{a.ID, b.ID, z.ID}
-	if looked, moved, err := asynqstore.Unpark(ctx, c, claim); err != nil || looked != 3 || moved != 2 {
-		t.Fatalf("Unpark = %d, %d, %v; want 3, 2 (z deleted)", looked, moved, err)
+	if u, err := asynqstore.Unpark(ctx, c, claim); err != nil || u.Looked != 3 || u.Moved != 2 {
+		t.Fatalf("Unpark = %+v, %v; want 3 looked, 2 moved (z deleted)", u, err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -194,5 +198,94 @@ func TestParkNotActive(t *testing.T) {
 	got, err := asynq.NewInspectorFromRedisClient(c).GetTaskInfo(q, info.ID)
 	if err != nil || got.State != asynq.TaskStatePending {
 		t.Fatalf("after: %+v, %v", got, err)
+	}
+}
+
+// TestUnparkOrder: a task due within the busy lead goes to the head of
+// pending (the end asynq's workers take from), earliest slot first, ahead
+// of tasks not yet decided; one due later goes to the tail, and a claim
+// once it is due within the busy lead moves it to the head if no worker
+// took it. Tasks an earlier claim put at the head and no worker took stay
+// ahead of the next claim's; once a worker has taken the last one moved,
+// the next claim's go to the head again.
+func TestUnparkOrder(t *testing.T) {
+	c := redistest.Client(t)
+	q := redistest.Queue(t, c, "order")
+	prefix := redistest.Prefix(t)
+	pace := keys.Pace(prefix, q)
+	ctx := t.Context()
+	client := asynq.NewClientFromRedisClient(c)
+	for _, id := range []string{"u1", "u2"} {
+		if _, err := client.Enqueue(asynq.NewTask("x", nil), asynq.Queue(q), asynq.TaskID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// b1..b8 parked an hour ago (past the fence), as park.lua leaves them.
+	now := time.Now()
+	for _, id := range []string{"b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8"} {
+		if _, err := client.Enqueue(asynq.NewTask("x", nil), asynq.Queue(q), asynq.TaskID(id), asynq.ProcessIn(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		c.HSet(ctx, asynqstore.TaskPrefix(q)+id, "taskrl_park", now.Add(-time.Hour).UnixMicro())
+	}
+	// due gives id its slot d from now.
+	due := func(id string, d time.Duration) {
+		c.ZAdd(ctx, pace, redis.Z{Score: float64(now.Add(d).UnixMicro()), Member: id})
+	}
+	// claim claims at now+at (the busy lead is 15 ms, the lead 1 s).
+	claim := func(at time.Duration, moved, noted int) {
+		t.Helper()
+		u, err := asynqstore.Unpark(ctx, c, asynqstore.Claim{Queue: q, PaceKey: pace, Moved: keys.Moved(prefix, q), Early: keys.Early(prefix, q),
+			Now: now.Add(at).UnixMicro(), Most: 100, Lead: time.Second.Microseconds(), BusyLead: (15 * time.Millisecond).Microseconds(), Fence: 1})
+		if err != nil || u.Moved != moved || u.Noted != noted {
+			t.Fatalf("Unpark = %+v, %v; want %d moved, %d noted", u, err, moved, noted)
+		}
+	}
+	// head lists pending from the end workers take from.
+	head := func(want ...string) {
+		t.Helper()
+		got := c.LRange(ctx, asynqstore.Pending(q), 0, -1).Val()
+		slices.Reverse(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("pending from the head %v, want %v", got, want)
+		}
+	}
+	due("b2", 0) // b2's slot first
+	due("b1", 10*time.Millisecond)
+	due("b7", 30*time.Millisecond) // beyond the busy lead: to the tail
+	claim(0, 3, 1)
+	head("b2", "b1", "u1", "u2", "b7")
+	due("b3", 20*time.Millisecond)
+	due("b4", 25*time.Millisecond)
+	claim(10*time.Millisecond, 2, 0)
+	head("b2", "b1", "b3", "b4", "u1", "u2", "b7")
+	claim(20*time.Millisecond, 0, 0) // b7 due within the busy lead now
+	head("b2", "b1", "b3", "b4", "b7", "u1", "u2")
+	// A worker takes b2, b1, b3, b4, b7 (asynq's dequeue: to active),
+	// given back before the queue is deleted.
+	t.Cleanup(func() {
+		for c.LMove(context.Background(), asynqstore.Active(q), asynqstore.Pending(q), "LEFT", "LEFT").Err() == nil {
+		}
+	})
+	take := func(n int) {
+		for range n {
+			id := c.RPopLPush(ctx, asynqstore.Pending(q), asynqstore.Active(q)).Val()
+			c.HSet(ctx, asynqstore.TaskPrefix(q)+id, "state", "active")
+		}
+	}
+	take(5)
+	due("b5", 20*time.Millisecond)
+	claim(20*time.Millisecond, 1, 0)
+	head("b5", "u1", "u2")
+	due("b6", 20*time.Millisecond)
+	claim(20*time.Millisecond, 1, 0)
+	head("b5", "b6", "u1", "u2")
+	// Nothing else pending: to the tail, not noted.
+	take(4)
+	due("b8", 100*time.Millisecond)
+	claim(20*time.Millisecond, 1, 0)
+	head("b8")
+	if n := c.ZCard(ctx, keys.Early(prefix, q)).Val(); n != 0 {
+		t.Errorf("early set holds %d, want 0", n)
 	}
 }

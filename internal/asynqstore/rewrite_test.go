@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/asynqstore"
+	"github.com/taskrl/taskrl/internal/keys"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
@@ -25,7 +26,8 @@ import (
 func TestParkRewrite(t *testing.T) {
 	c := redistest.Client(t)
 	q := redistest.Queue(t, c, "rewrite")
-	pace := "test:pace:{" + q + "}"
+	prefix := redistest.Prefix(t)
+	pace := keys.Pace(prefix, q)
 	client := asynq.NewClientFromRedisClient(c)
 	insp := asynq.NewInspectorFromRedisClient(c)
 	ctx := t.Context()
@@ -103,8 +105,8 @@ func TestParkRewrite(t *testing.T) {
 			got.Retention != info.Retention || got.Retried != 0 {
 			t.Fatalf("task %d parked:\n got %+v\nfrom %+v\nwant headers %q", i, got, info, want)
 		}
-		if _, moved, err := asynqstore.Unpark(ctx, c, asynqstore.Claim{Queue: q, PaceKey: pace, Now: -1, Most: 10, Fence: int64(time.Hour / time.Microsecond), Mine: []string{info.ID}}); err != nil || moved != 1 {
-			t.Fatalf("task %d: Unpark moved %d, %v", i, moved, err)
+		if u, err := asynqstore.Unpark(ctx, c, asynqstore.Claim{Queue: q, PaceKey: pace, Moved: keys.Moved(prefix, q), Early: keys.Early(prefix, q), Now: -1, Most: 10, Fence: int64(time.Hour / time.Microsecond), Mine: []string{info.ID}}); err != nil || u.Moved != 1 {
+			t.Fatalf("task %d: Unpark = %+v, %v", i, u, err)
 		}
 		back, err := insp.GetTaskInfo(q, info.ID)
 		if err != nil || back.State != asynq.TaskStatePending || back.LastErr != "" || !maps.Equal(back.Headers, want) || string(back.Payload) != string(payload) {

@@ -12,7 +12,8 @@ import "strconv"
 //	block markers   PREFIX "block:{" Tag(key) "}:" RULE
 //	pacer           PREFIX "pace:{" queue "}" (asynq's own tag for the
 //	                queue's keys, like the sweep's; a minute past its last
-//	                slot)
+//	                slot), that + ":moved" (ten minutes) and that +
+//	                ":early" (ten minutes past its last slot)
 //	sweep           PREFIX "sweep:{" queue "}" (asynq's own tag for the
 //	                queue's keys, the slot its scripts share with them; a
 //	                minute past its last estimated slot)
@@ -53,6 +54,14 @@ func Block(prefix, rule, entity string) string {
 // hash tag is asynq's for the queue's keys, as for Sweep: the scripts that
 // park a task and move it back touch both.
 func Pace(prefix, queue string) string { return prefix + "pace:{" + queue + "}" }
+
+// Moved returns the ID of the task the pacer's last move of queue put
+// deepest in asynq's pending list, in Pace's slot.
+func Moved(prefix, queue string) string { return Pace(prefix, queue) + ":moved" }
+
+// Early returns the sorted set of the tasks of queue the pacer moved to
+// the tail of asynq's pending list ahead of their slots, in Pace's slot.
+func Early(prefix, queue string) string { return Pace(prefix, queue) + ":early" }
 
 // Sweep returns the hash of the sweep's lock and cursors for queue. Its
 // hash tag is asynq's for the queue's keys ("asynq:{" queue "}:..."), raw

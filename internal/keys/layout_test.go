@@ -11,6 +11,8 @@ func TestLayout(t *testing.T) {
 		{Block("p:", "peak", ""), "p:block:{~g}:peak"},
 		{Block("p:", "per-business", "b:7"), "p:block:{b%3A7}:per-business"},
 		{Pace("p:", "critical"), "p:pace:{critical}"},
+		{Moved("p:", "a}b{c"), "p:pace:{a}b{c}:moved"},
+		{Early("p:", "critical"), "p:pace:{critical}:early"},
 		{Sweep("p:", "critical"), "p:sweep:{critical}"},
 		{Sweep("p:", "a}b{c"), "p:sweep:{a}b{c}"},
 		{HistorySampler("p:"), "p:hist:sampler"},
