@@ -20,8 +20,8 @@ var ranLine = regexp.MustCompile(`ideal under the policy [0-9.]+s \(([+-][0-9.]+
 // the whole campaign of 600 tasks, on the embedded server and on this
 // run's redis-server (REDIS_URL), and checks the run's time over the ideal
 // schedule against the figures examples/README.md quotes, measured on 2
-// cores: medians +0.8 % on the embedded server and +0.7 % on Redis (runs up
-// to +2.0 % and +1.0 %). The bars are 5 % and 4 %: the issue's goal on the
+// cores: medians +0.9 % on the embedded server and +0.9 % on Redis (runs up
+// to +3.0 % and +1.2 %). The bars are 5 % and 4 %: the issue's goal on the
 // embedded server, twice the ~2 % asked of Redis. (Before the pacer put
 // due tasks at the head of the pending list, CI runs on the embedded
 // server measured up to +8.6 %: docs/design.md 1.9.) A run over its bar is run twice more and the median of the three

@@ -45,6 +45,7 @@ type paceQueue struct {
 	own               slots     // the tasks this process parked, by when to move them
 	poll              time.Time // when to look for others' due tasks next
 	hold              time.Time // after a failed claim: no claim before then
+	last              int64     // server µs of the last claim made
 }
 
 // paceSlack is how long after its booked slot asynq itself runs a task that
@@ -73,8 +74,14 @@ const paceBatch = 100
 // paceBusyLead is how long before its slot a task moved to pending goes to
 // the head of the list, where a busy worker takes it as soon as it is
 // free; one moved earlier goes to the tail, behind the tasks not yet
-// decided (unpark.lua).
-const paceBusyLead = 300 * time.Millisecond
+// decided, and to the head by a claim pacePromote to paceBusyLead before
+// its slot if no worker has taken it by then (unpark.lua). The process
+// that moved it claims again paceBusyLead before the slot unless it made
+// a claim since pacePromote before it.
+const (
+	paceBusyLead = 300 * time.Millisecond
+	pacePromote  = 2 * paceBusyLead
+)
 
 // pacerDeps is what a pacer uses of its middleware.
 type pacerDeps struct {
@@ -187,23 +194,32 @@ func (p *pacer) othersDue(queue string, q *paceQueue, by int64) bool {
 // claim moves the tasks of one queue due within lead to pending: mine,
 // parked here, whose runs asynq is done with, and any parked paceFence ago
 // or more. Those of mine it could not move are noted again; if it put
-// tasks at the tail of pending behind others, those of mine it moved ahead
-// of paceBusyLead are noted for a claim paceBusyLead before their slots,
-// which moves them to the head if no worker has taken them yet
-// (unpark.lua).
+// tasks at the tail of pending behind others, those of mine it moved
+// ahead of paceBusyLead are noted for a claim paceBusyLead before their
+// slots, made unless a claim since pacePromote before the slot has moved
+// them to the head already.
 func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration, mine []own) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	ids := make([]string, 0, len(mine))
+	serverNow := p.serverNow().UnixMicro()
+	var ids []string
+	promote := false
 	for _, o := range mine {
-		if !o.early { // not named: it may have been parked again since
+		switch {
+		case !o.early:
 			ids = append(ids, o.id)
+		case q.last < o.slot-pacePromote.Microseconds():
+			// Not named (Claim.Mine lets a task through the fence): it may
+			// have run and been parked again since.
+			promote = true
 		}
 	}
-	serverNow := p.serverNow().UnixMicro()
+	if len(mine) > 0 && len(ids) == 0 && !promote {
+		return // a claim since pacePromote before their slots promoted them
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	u, err := asynqstore.Unpark(ctx, p.client, asynqstore.Claim{
 		Queue: queue, PaceKey: q.key, Moved: q.moved, Early: q.early, Now: -1, Most: paceBatch, Lead: lead.Microseconds(),
-		BusyLead: paceBusyLead.Microseconds(), Fence: paceFence.Microseconds(), Mine: ids,
+		BusyLead: paceBusyLead.Microseconds(), Promote: pacePromote.Microseconds(), Fence: paceFence.Microseconds(), Mine: ids,
 	})
 	if err != nil {
 		p.logger.Warn("taskrl: pacer", "queue", queue, "err", err)
@@ -213,13 +229,14 @@ func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration, mine []own
 		q.hold = p.clock.Now().Add(200 * time.Millisecond)
 		return
 	}
+	q.last = serverNow
 	var early []own
 	for _, o := range mine {
 		if u.Noted > 0 && !o.early && o.at-serverNow > paceBusyLead.Microseconds()/2 {
 			// Maybe moved to the tail (the script reads the server's
 			// clock itself): a claim when at-lead is, paceBusyLead before
 			// the slot.
-			early = append(early, own{at: o.at - paceBusyLead.Microseconds() + lead.Microseconds(), id: o.id, early: true})
+			early = append(early, own{at: o.at - paceBusyLead.Microseconds() + lead.Microseconds(), id: o.id, slot: o.at, early: true})
 		}
 	}
 	p.mu.Lock()
@@ -237,10 +254,9 @@ type own struct {
 	id   string
 	done <-chan struct{}
 	// early: at is its slot less paceBusyLead plus the lead; the claim
-	// then moves it from the tail of pending to its head. It is not
-	// named in that claim (Claim.Mine lets a task through the fence):
-	// the task may have run and been parked again since.
+	// then moves it from the tail of pending to its head.
 	early bool
+	slot  int64 // of an early one, server µs
 }
 
 // slots is a min-heap of the tasks this process parked, by when to move

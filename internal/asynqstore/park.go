@@ -115,9 +115,9 @@ type Claim struct {
 	Most         int   // the most due IDs to look at
 	Lead         int64 // move tasks due within this many µs
 	// BusyLead: a task due within this many µs goes to the head of
-	// pending, a later one to its tail, and to the head when due within
-	// BusyLead if no worker has taken it by then.
-	BusyLead int64
+	// pending, a later one to its tail, and to the head once due within
+	// Promote, by any claim, if no worker has taken it by then.
+	BusyLead, Promote int64
 	// Fence: a task parked less than this many µs ago moves only if
 	// named in Mine, the caller's own parked tasks whose run asynq is
 	// done with.
@@ -130,7 +130,7 @@ type Unparked struct {
 	// Looked is how many due IDs the claim looked at (Claim.Most: there
 	// may be more), Moved how many tasks it moved from the scheduled set,
 	// and Noted how many of them it put at the tail of pending behind
-	// other tasks: a claim once they are due within Claim.BusyLead moves
+	// other tasks: a claim once they are due within Claim.Promote moves
 	// them to the head.
 	Looked, Moved, Noted int
 }
@@ -139,10 +139,10 @@ type Unparked struct {
 // asynq's scheduled set to its pending list (unpark.lua says where in
 // it), with the error message they had before they first waited, and moves
 // the tasks an earlier claim put at the tail to the head once they are due
-// within c.BusyLead. Safe for concurrent use: each task moves once.
+// within c.Promote. Safe for concurrent use: each task moves once.
 func Unpark(ctx context.Context, r redis.Scripter, c Claim) (Unparked, error) {
-	argv := make([]any, 0, 6+len(c.Mine))
-	argv = append(argv, c.Now, c.Most, c.Lead, c.BusyLead, c.Fence, TaskPrefix(c.Queue))
+	argv := make([]any, 0, 7+len(c.Mine))
+	argv = append(argv, c.Now, c.Most, c.Lead, c.BusyLead, c.Promote, c.Fence, TaskPrefix(c.Queue))
 	for _, id := range c.Mine {
 		argv = append(argv, id)
 	}

@@ -232,11 +232,12 @@ func TestUnparkOrder(t *testing.T) {
 	due := func(id string, d time.Duration) {
 		c.ZAdd(ctx, pace, redis.Z{Score: float64(now.Add(d).UnixMicro()), Member: id})
 	}
-	// claim claims at now+at (the busy lead is 15 ms, the lead 1 s).
+	// claim claims at now+at (the busy lead and the promotion window are
+	// 15 ms, the lead 1 s).
 	claim := func(at time.Duration, moved, noted int) {
 		t.Helper()
 		u, err := asynqstore.Unpark(ctx, c, asynqstore.Claim{Queue: q, PaceKey: pace, Moved: keys.Moved(prefix, q), Early: keys.Early(prefix, q),
-			Now: now.Add(at).UnixMicro(), Most: 100, Lead: time.Second.Microseconds(), BusyLead: (15 * time.Millisecond).Microseconds(), Fence: 1})
+			Now: now.Add(at).UnixMicro(), Most: 100, Lead: time.Second.Microseconds(), BusyLead: (15 * time.Millisecond).Microseconds(), Promote: (15 * time.Millisecond).Microseconds(), Fence: 1})
 		if err != nil || u.Moved != moved || u.Noted != noted {
 			t.Fatalf("Unpark = %+v, %v; want %d moved, %d noted", u, err, moved, noted)
 		}

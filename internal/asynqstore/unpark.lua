@@ -10,10 +10,10 @@
 -- forwarder puts a task: at the head it would hold a worker until its
 -- slot while the tasks behind it wait to be decided. If other tasks were
 -- pending, it is noted in the early set, and the first claim once it is
--- due within the busy lead moves it to the head if no worker has taken it
--- yet. Tasks an earlier
--- claim put at the head that no worker has taken yet stay ahead (up to
--- AHEAD of them; beyond that the new ones go first).
+-- due within the promotion window moves it to the head if no worker has
+-- taken it yet. Tasks an earlier claim put at the head that no worker has
+-- taken yet stay ahead (up to AHEAD of them; beyond that the new ones go
+-- first).
 --
 -- A task parked less than a fence ago is claimed only when the caller
 -- names it: the worker that parked it knows when asynq is done with that
@@ -32,9 +32,10 @@
 -- ARGV[2]  most IDs to look at, in the pacing set and in the early set
 -- ARGV[3]  lead: move tasks due this many microseconds from now
 -- ARGV[4]  busy lead, µs
--- ARGV[5]  fence, µs
--- ARGV[6]  asynq's task key prefix of the queue (asynq:{q}:t:)
--- ARGV[7..] IDs the caller parked whose run asynq is done with
+-- ARGV[5]  promotion window, µs
+-- ARGV[6]  fence, µs
+-- ARGV[7]  asynq's task key prefix of the queue (asynq:{q}:t:)
+-- ARGV[8..] IDs the caller parked whose run asynq is done with
 --
 -- Reply: {looked, moved, noted}: how many due IDs were looked at (ARGV[2]:
 -- there may be more), how many tasks moved, and how many of them were
@@ -45,15 +46,15 @@ local AHEAD, KEEP = 500, 600000
 local now = tm_now(ARGV[1])
 local most, soon = tonumber(ARGV[2]), now + tonumber(ARGV[4])
 local mine = {}
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   mine[ARGV[i]] = true
 end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now + tonumber(ARGV[3])), 'WITHSCORES', 'LIMIT', 0, most)
-local fence, head, tail, noted, last = tonumber(ARGV[5]), {}, 0, 0, now
+local fence, head, tail, noted, last = tonumber(ARGV[6]), {}, 0, 0, now
 local others = redis.call('LLEN', KEYS[3]) > 0
 for i = 1, #due, 2 do
   local id, at = due[i], tonumber(due[i + 1])
-  local key = ARGV[6] .. id
+  local key = ARGV[7] .. id
   local parked, msg, saved = unpack(redis.call('HMGET', key, 'taskrl_park', 'msg', 'taskrl_err'))
   if mine[id] or not parked or tonumber(parked) + fence <= now then
     redis.call('ZREM', KEYS[1], id)
@@ -85,11 +86,11 @@ if noted > 0 and redis.call('PTTL', KEYS[5]) < math.ceil((last - now) / 1000) + 
   redis.call('PEXPIRE', KEYS[5], math.ceil((last - now) / 1000) + KEEP)
 end
 -- Tasks moved to the tail that are due now and still pending.
-local early = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', string.format('%d', soon), 'WITHSCORES', 'LIMIT', 0, most)
+local early = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', string.format('%d', now + tonumber(ARGV[5])), 'WITHSCORES', 'LIMIT', 0, most)
 for i = 1, #early, 2 do
   local id = early[i]
   redis.call('ZREM', KEYS[5], id)
-  if redis.call('HGET', ARGV[6] .. id, 'state') == 'pending' and redis.call('LREM', KEYS[3], -1, id) == 1 then
+  if redis.call('HGET', ARGV[7] .. id, 'state') == 'pending' and redis.call('LREM', KEYS[3], -1, id) == 1 then
     head[#head + 1] = {tonumber(early[i + 1]), id}
   end
 end
@@ -101,7 +102,7 @@ end
 -- right), stay there.
 local front = {}
 local deepest = redis.call('GET', KEYS[4])
-if deepest and redis.call('HGET', ARGV[6] .. deepest, 'state') == 'pending' then
+if deepest and redis.call('HGET', ARGV[7] .. deepest, 'state') == 'pending' then
   local at = redis.call('LPOS', KEYS[3], deepest, 'RANK', -1, 'MAXLEN', AHEAD)
   if at then
     front = redis.call('RPOP', KEYS[3], redis.call('LLEN', KEYS[3]) - at)
