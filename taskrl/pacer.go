@@ -206,8 +206,10 @@ func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration, mine []own
 		switch {
 		case !o.early:
 			ids = append(ids, o.id)
-		case q.last < o.slot-pacePromote.Microseconds():
-			// Not named (Claim.Mine lets a task through the fence): it may
+		case q.last < o.slot-(pacePromote-paceBusyLead/2).Microseconds():
+			// No claim of ours since pacePromote before its slot (with a
+			// margin for q.last, an estimate of the script's clock). Not
+			// named (Claim.Mine lets a task through the fence): it may
 			// have run and been parked again since.
 			promote = true
 		}
