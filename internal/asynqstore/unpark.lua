@@ -74,7 +74,7 @@ for i = 1, #due, 2 do
         redis.call('LPUSH', KEYS[3], id)
         tail = tail + 1
         if others then
-          redis.call('ZADD', KEYS[5], at, id)
+          redis.call('ZADD', KEYS[5], string.format('%d', at), id)
           noted, last = noted + 1, math.max(last, at)
         end
       end
