@@ -77,7 +77,8 @@ const paceBatch = 100
 // decided, and to the head by a claim pacePromote to paceBusyLead before
 // its slot if no worker has taken it by then (unpark.lua). The process
 // that moved it claims again paceBusyLead before the slot unless it made
-// a claim since pacePromote before it.
+// a claim since 450 ms before it (pacePromote less a margin for its
+// estimate of the server's clock).
 const (
 	paceBusyLead = 300 * time.Millisecond
 	pacePromote  = 2 * paceBusyLead
@@ -196,8 +197,8 @@ func (p *pacer) othersDue(queue string, q *paceQueue, by int64) bool {
 // or more. Those of mine it could not move are noted again; if it put
 // tasks at the tail of pending behind others, those of mine it moved
 // ahead of paceBusyLead are noted for a claim paceBusyLead before their
-// slots, made unless a claim since pacePromote before the slot has moved
-// them to the head already.
+// slots, made unless a claim since 450 ms before the slot (pacePromote
+// less a margin) has moved them to the head already.
 func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration, mine []own) {
 	serverNow := p.serverNow().UnixMicro()
 	var ids []string
@@ -215,7 +216,7 @@ func (p *pacer) claim(queue string, q *paceQueue, lead time.Duration, mine []own
 		}
 	}
 	if len(mine) > 0 && len(ids) == 0 && !promote {
-		return // a claim since pacePromote before their slots promoted them
+		return // a claim since 450 ms before their slots promoted them
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -85,7 +85,8 @@ local moved = #head + tail
 if noted > 0 and redis.call('PTTL', KEYS[5]) < math.ceil((last - now) / 1000) + KEEP then
   redis.call('PEXPIRE', KEYS[5], math.ceil((last - now) / 1000) + KEEP)
 end
--- Tasks moved to the tail that are due now and still pending.
+-- Tasks moved to the tail, due within the promotion window, that no
+-- worker has taken.
 local early = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', string.format('%d', now + tonumber(ARGV[5])), 'WITHSCORES', 'LIMIT', 0, most)
 for i = 1, #early, 2 do
   local id = early[i]
