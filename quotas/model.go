@@ -363,9 +363,12 @@ type model struct {
 	// and flow, and the current request's tag per TAT key (gc_load).
 	blocks map[string]int64
 	flows  map[string]map[string]int64
-	tags   map[string]fairTag
-	steals int // bookings taken over
-	leaps  int // of which by a request of a higher priority than the owner's
+	// returned: per returned key and flow, the tags of bookings taken
+	// over, in order (gc_return).
+	returned map[string]map[string][]int64
+	tags     map[string]fairTag
+	steals   int // bookings taken over
+	leaps    int // of which by a request of a higher priority than the owner's
 	// yielded counts the allows a fair concurrency rule refused while it
 	// had a slot free (left for flows before the request's).
 	yielded int
@@ -416,11 +419,16 @@ type booking struct {
 
 // fairTag is what a request brings to a fair rule: its tag, the waiting
 // flows' weights (booked.lua's W), its flow's weight, its priority's lead
-// (leadOf), and whether it is critical.
+// (leadOf), whether it is critical, and whether the tag is one returned to
+// its flow (gc_load).
 type fairTag struct {
 	tag, nact, weight, lead int64
-	critical                bool
+	critical, returned      bool
 }
+
+// returnedMax mirrors booked.lua's returned_max: how many tags a flow keeps
+// returned.
+const returnedMax = 64
 
 // leadOf mirrors booked.lua's gc_lead: how much earlier than its finish a
 // request of flow (its level after '!') is tagged at a rule aging aging µs
@@ -505,7 +513,7 @@ type logEntry struct {
 
 func newModel() *model {
 	return &model{tats: map[string]int64{}, lasts: map[string]int64{}, books: map[string][]booking{}, changed: map[string]int64{},
-		blocks: map[string]int64{}, flows: map[string]map[string]int64{}, tags: map[string]fairTag{}, wins: map[string]map[int64]int64{}, logs: map[string][]logEntry{},
+		blocks: map[string]int64{}, flows: map[string]map[string]int64{}, returned: map[string]map[string][]int64{}, tags: map[string]fairTag{}, wins: map[string]map[int64]int64{}, logs: map[string][]logEntry{},
 		holders: map[string]map[string]int64{}, tokens: map[string]map[string]int64{}, seq: map[string]int64{}, tills: map[string]int64{},
 		flowOf: map[string]map[string]string{}, slotsOf: map[string]map[string]int64{}, waits: map[string]map[string]ccWait{},
 		learns: map[string]learned{}, slotLearns: map[string]slotLearned{}}
@@ -953,28 +961,36 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 		case kindGCRA:
 			var x int64
 			var front bool
+			if m.tags[k].returned {
+				// Charged at a tag returned to its flow, which its finish
+				// already counts (booked.lua's gc_charge).
+				back := m.returned[c.keys[3]]
+				if back[c.flow] = back[c.flow][1:]; len(back[c.flow]) == 0 {
+					delete(back, c.flow)
+				}
+			}
 			if j == fair && victim >= 0 {
 				v := m.books[k][victim]
 				x = v.x
 				m.books[k] = append(m.books[k][:victim:victim], m.books[k][victim+1:]...)
 				// The owner's flow gets its round back (booked.lua): with
-				// priorities one round from its finish, else its finish
-				// no later than the lost booking's tag.
-				if fs, parts := m.flows[c.keys[2]], strings.Split(v.owner, ":"); fs != nil && len(parts) >= 3 {
+				// priorities one round off its finish, else the lost
+				// booking's tag for its next charge.
+				if fs, parts := m.flows[c.keys[2]], strings.Split(v.owner, ":"); len(parts) >= 3 {
 					vw, _ := strconv.ParseInt(parts[len(parts)-2], 10, 64)
 					vf := parts[len(parts)-1]
-					to, ok := v.tag, true
-					if c.c.aging > 0 {
-						to, ok = fs[vf]
+					if c.c.aging == 0 {
+						m.giveBack(c.keys[3], vf, v.tag)
+					} else if to, ok := fs[vf]; ok {
 						to -= n * c.em * m.tags[k].nact / vw
-					}
-					for i := int64(1); ok && i <= vw; i++ {
-						m := vf
-						if i > 1 {
-							m += "#" + strconv.FormatInt(i, 10)
-						}
-						if f, in := fs[m]; in && (c.c.aging > 0 || f > to) {
-							fs[m] = to
+						for i := int64(1); i <= vw; i++ {
+							m := vf
+							if i > 1 {
+								m += "#" + strconv.FormatInt(i, 10)
+							}
+							if _, in := fs[m]; in {
+								fs[m] = to
+							}
 						}
 					}
 				}
@@ -1007,7 +1023,7 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 				}
 				m.setTAT(k, tat, now)
 			}
-			if c.c.fair && !ft.critical {
+			if c.c.fair && !ft.critical && !ft.returned {
 				fs := m.flows[c.keys[2]]
 				if fs == nil {
 					fs = map[string]int64{}
@@ -1100,7 +1116,11 @@ func (m *model) load(calls []call, now int64, critical bool) {
 			f, n = now, n+c.weight
 		}
 		lead := leadOf(c.c.aging, c.flow)
-		m.tags[c.keys[0]] = fairTag{tag: f - lead, nact: n, weight: c.weight, lead: lead}
+		ft := fairTag{tag: f - lead, nact: n, weight: c.weight, lead: lead}
+		if back := m.returned[c.keys[3]][c.flow]; c.c.aging == 0 && len(back) > 0 {
+			ft.tag, ft.returned = back[0], true
+		}
+		m.tags[c.keys[0]] = ft
 	}
 }
 
@@ -1493,4 +1513,17 @@ func (m *model) learned(c call, now int64) learned {
 		return l
 	}
 	return c.c.learn.fresh(now)
+}
+
+// giveBack mirrors booked.lua's gc_return: tag, of a booking taken over,
+// goes back to flow at returned key k, in order, the latest dropped beyond
+// returnedMax.
+func (m *model) giveBack(k, flow string, tag int64) {
+	if m.returned[k] == nil {
+		m.returned[k] = map[string][]int64{}
+	}
+	back := m.returned[k][flow]
+	i := sort.Search(len(back), func(i int) bool { return back[i] > tag })
+	back = slices.Insert(back, i, tag)
+	m.returned[k][flow] = back[:min(len(back), returnedMax)]
 }

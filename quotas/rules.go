@@ -199,7 +199,9 @@ func NewSet(rules ...Rule) (*Set, error) {
 		case kindGCRA:
 			c.tails = []string{":" + r.Name + ":" + c.suffix, ":" + r.Name + ":" + c.suffix + ":booked"}
 			if c.fair {
-				c.tails = append(c.tails, ":"+r.Name+":gcra:flows")
+				// The virtual finishes, and the tags of bookings taken
+				// over, returned to their flows (booked.lua, Fair).
+				c.tails = append(c.tails, ":"+r.Name+":gcra:flows", ":"+r.Name+":gcra:returned")
 			}
 			if c.learn != nil {
 				c.tails = append(c.tails, ":"+r.Name+":adaptive:learn")

@@ -16,14 +16,17 @@
 -- interval there and leaves the virtual time before it free for others,
 -- instead of moving the TAT there.
 --
--- State of a rule r (its keys r.key, r.bkey and, fair, r.fkey: one tag):
+-- State of a rule r (its keys r.key, r.bkey and, fair, r.fkey and r.rkey:
+-- one tag):
 --   r.key   string: the TAT, the end of the virtual time occupied without
 --           a gap from now; "tat:last" while bookings exist, last being the
 --           latest booking end ever added (it sets the keys' TTL);
 --           "tat:last:block" while a block holds (fair rules);
 --   r.bkey  sorted set of bookings: score = end x + n*em, member =
 --           x ":" tag ":" t ":" g ":" owner: t is the real time the request
---           was booked for, owner its nonce; tag and g: see Fair.
+--           was booked for, owner its nonce; tag and g: see Fair;
+--   r.fkey  sorted set flow -> virtual finish; r.rkey hash flow -> tags
+--           returned to it (see Fair).
 -- A booking is dropped when the next booking is added, 10 s after it ended
 -- (so that its owner can still learn whether it held it, gc_held); once its
 -- end has passed it is only skipped.
@@ -61,13 +64,18 @@
 -- the fair rule): the taker runs at t in the owner's place, inheriting the
 -- owner's charges on those rules (gc_inherit), and is charged its own
 -- rules (the keyed ones) at t; the owner gives back only its own. The
--- owner's flow (and weight: the end of the booking's owner nonce,
--- requestNonce in wire.go) gets its finish back to no later than the lost
--- booking's tag, so that the owner, deciding again, is tagged about where
--- it stood rather than after all its flow's bookings (without it, a light
--- flow whose bookings are taken over loses its rounds and starves: weights
--- 3, 2, 1 measured 53, 5 and 3 calls in 5 s against shares of 30, 20 and
--- 10). Critical requests are tagged 0 and move no finish: they take over
+-- lost booking's tag goes back to the owner's flow (the end of the owner's
+-- nonce, requestNonce in wire.go): r.rkey, a hash flow -> the tags
+-- returned to it, in order (gc_return). The flow's next charge (its owner
+-- deciding again, or any request of the flow before it) is tagged with the
+-- earliest of them and leaves the flow's finish where it is, as that
+-- already counts the tag: a flow whose bookings are taken over keeps its
+-- place and its rounds exactly (without a return, a light flow loses its
+-- rounds and starves: weights 3, 2, 1 measured 53, 5 and 3 calls in 5 s
+-- against shares of 30, 20 and 10; with its finish moved back to the lost
+-- tag instead, the flow's next charges set the finish from there, ahead
+-- of the backlog it still has, and weight 2 got up to 1.25x its share in
+-- 5 s). Critical requests are tagged 0 and move no finish: they take over
 -- any booking but a critical one, and theirs are never taken.
 --
 -- Priorities (a fair rule with r.aging > 0). A request of level p (1
@@ -81,11 +89,13 @@
 -- in the fair queue, which a flow that asks for more than its share uses
 -- up (its finish runs ahead of now), so a lower level is held back, never
 -- starved. Two differences from a plain fair rule: a booking taken over
--- gives its flow back one round (at the weights waiting now) rather than
--- its finish back to the lost tag, which would tag the flow's later
--- requests as if it had no backlog, so that they, reaching the front,
--- could no longer be taken over by a higher level; and a request never
--- takes over a booking of its own flow and level (gc_takeable).
+-- gives its flow back one round off its finish (at the weights waiting
+-- now), not its tag (gc_return is not used, nor measured, with
+-- priorities; moving the finish back to the lost tag, as plain rules once
+-- did, tagged the flow's later requests as if it had no backlog, so that
+-- they, reaching the front, could no longer be taken over by a higher
+-- level); and a request never takes over a booking of its own flow and
+-- level (gc_takeable).
 --
 -- A batch (Limiter prefetch: an allow whose units its process hands out up
 -- to ahead = HORIZON later) is placed at x >= a + ahead, and must still end
@@ -176,6 +186,7 @@ end
 local function gc_load(r, now, critical)
   r.stored = tat_get(r.key)
   if not r.fair then return end
+  r.rest = false
   if critical then
     r.tag, r.nact, r.weight, r.lead = 0, 1, 1, 0
     return
@@ -185,6 +196,32 @@ local function gc_load(r, now, critical)
   if f <= now then f, n = now, n + r.weight end
   r.lead = gc_lead(r, r.flow)
   r.tag, r.nact = f - r.lead, n
+  if r.aging == 0 then
+    -- The earliest tag returned to the flow, if any (gc_return).
+    local back = call('HGET', r.rkey, r.flow)
+    if back then
+      local first, rest = string.match(back, '^(%d+) ?(.*)$')
+      r.tag, r.rest = tonumber(first), rest
+    end
+  end
+end
+
+-- gc_return gives the tag of a booking taken over back to its flow, for
+-- the flow's next charge: the tags are kept in order, at most returned_max
+-- (the latest dropped), until 10 s past the booking's moment t at least.
+local returned_max = 64
+local function gc_return(r, flow, tag, t, now, ttl_floor)
+  local tags, placed = {}, false
+  for v in string.gmatch(call('HGET', r.rkey, flow) or '', '%d+') do
+    if not placed and tag < tonumber(v) then
+      tags[#tags + 1], placed = fmt(tag), true
+    end
+    tags[#tags + 1] = v
+  end
+  if not placed then tags[#tags + 1] = fmt(tag) end
+  call('HSET', r.rkey, flow, table.concat(tags, ' ', 1, min(#tags, returned_max)))
+  local ttl = ttl_ms(t - now + keep, ttl_floor)
+  if call('PTTL', r.rkey) < ttl then call('PEXPIRE', r.rkey, fmt(ttl)) end
 end
 
 -- gc_round is how far a charge of n moves a fair rule's flow's finish: its
@@ -334,16 +371,22 @@ local function gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
   end
   local tag = 0
   if r.fair then tag = r.tag end
+  if r.rest == '' then
+    -- Charged at a tag returned to its flow (gc_load), which the flow's
+    -- finish already counts: the finish stays.
+    call('HDEL', r.rkey, r.flow)
+  elseif r.rest then
+    call('HSET', r.rkey, r.flow, r.rest)
+  end
   if r.victim then
     call('ZREM', r.bkey, r.victim)
-    -- The owner's flow (the end of its nonce) gets its round back: its
-    -- finish goes no later than the tag of the booking it lost.
-    local _, vtag, _, _, vowner = booking(r.victim)
+    -- The owner's flow (the end of its nonce) gets its round back.
+    local _, vtag, vt, _, vowner = booking(r.victim)
     local vw, vflow = string.match(vowner, ':(%d+):([^:]*)$')
     if vflow and r.aging > 0 then
-      -- With priorities: one round, as the lost booking's weight counts
-      -- now, so that the flow's later requests keep their place
-      -- (Priorities).
+      -- With priorities: one round off its finish, as the lost booking's
+      -- weight counts now, so that the flow's later requests keep their
+      -- place (Priorities).
       local f = tonumber(call('ZSCORE', r.fkey, vflow))
       if f then
         local tf = fmt(f - math.floor(n * r.em * r.nact / tonumber(vw)))
@@ -351,9 +394,8 @@ local function gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
         for i = 2, tonumber(vw) do call('ZADD', r.fkey, 'XX', tf, vflow .. '#' .. i) end
       end
     elseif vflow then
-      local tf = fmt(vtag)
-      call('ZADD', r.fkey, 'XX', 'LT', tf, vflow)
-      for i = 2, tonumber(vw) do call('ZADD', r.fkey, 'XX', 'LT', tf, vflow .. '#' .. i) end
+      -- Else the lost booking's own tag, for the flow's next charge.
+      gc_return(r, vflow, vtag, vt, now, ttl_floor)
     end
   end
   call('ZADD', r.bkey, fmt(e), member(r.x, tag, t, g, nonce))
@@ -372,7 +414,7 @@ local function gc_charge(r, t, n, now, ttl_floor, nonce, critical, g)
     r.stored = r.stored or now
     tat_set(r.key, r.stored, now, ttl_floor)
   end
-  if r.fair and not critical then
+  if r.fair and not critical and not r.rest then
     local f = r.tag + r.lead + gc_round(r, n)
     local fs = fmt(f)
     local add = {fs, r.flow}

@@ -292,8 +292,8 @@ local function take_keys(r, k)
     r.bkey = KEYS[k]
     k = k + 1
     if r.fair then
-      r.fkey = KEYS[k]
-      k = k + 1
+      r.fkey, r.rkey = KEYS[k], KEYS[k + 1]
+      k = k + 2
     end
     if r.adapt then
       r.lkey = KEYS[k]
@@ -330,7 +330,7 @@ local function read_rule(a)
   -- Every field a rule table gets is in its constructor: a field added
   -- later makes Lua grow and rehash the table.
   local r = {kind = tonumber(ARGV[a]), n = 0, key = false, em = 0, burst = 0, limit = 0, p = false,
-    max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, fair = false,
+    max = 0, reserved = 0, lease = 0, hkey = false, bkey = false, fkey = false, rkey = false, rest = false, fair = false,
     flow = false, weight = 1, aging = 0, lead = 0, own = false, tag = 0, nact = 0, victim = false, vowner = false, u1 = 0, u2 = 0,
     stored = false, at = false, x = 0, front = false, w = false, total = 0, count = 0, oldest = false,
     blk = false, till = 0, seq = 0, live = 0, adapt = false, lkey = false, lmin = 0, lmax = 0, lstart = 0, lper = 0,
