@@ -171,15 +171,7 @@ func priorityFleet(t *testing.T, seed uint64, heavy int) {
 			ran[tk.flow]++
 		}
 	}
-	slices.SortFunc(runs, func(a, b time.Time) int { return a.Compare(b) })
-	em := lim.Interval()
-	for i := range runs {
-		for j := i; j < len(runs) && runs[j].Sub(runs[i]) <= 10*time.Second; j++ {
-			if allowed := burst + int(runs[j].Sub(runs[i])/em); j-i+1 > allowed {
-				t.Fatalf("%d runs in %v from %v, over the limit's %d", j-i+1, runs[j].Sub(runs[i]), runs[i].Sub(t0), allowed)
-			}
-		}
-	}
+	checkRuns(t, runs, lim, t0)
 	t.Logf("%d/s burst %d, aging %v, weights %d and %d: %d tasks, %d decided again; the light level's tasks waited %v at most (%v from 20 s on), %v at most past twice the ideal", rate, burst, aging, sum[1], sum[5], len(tasks), retakes, lightMax, steady, over)
 	switch {
 	case heavy == 5 && lightMax > time.Second:
@@ -210,4 +202,19 @@ func maxTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// checkRuns fails t when the runs (moments, any order) exceed GCRA limit
+// lim in any span of up to 10 s: more than burst + span/T of them.
+func checkRuns(t *testing.T, runs []time.Time, lim gcra.Limit, t0 time.Time) {
+	t.Helper()
+	slices.SortFunc(runs, func(a, b time.Time) int { return a.Compare(b) })
+	em := lim.Interval()
+	for i := range runs {
+		for j := i; j < len(runs) && runs[j].Sub(runs[i]) <= 10*time.Second; j++ {
+			if allowed := lim.Burst + int(runs[j].Sub(runs[i])/em); j-i+1 > allowed {
+				t.Fatalf("%d runs in %v from %v, over the limit's %d", j-i+1, runs[j].Sub(runs[i]), runs[i].Sub(t0), allowed)
+			}
+		}
+	}
 }

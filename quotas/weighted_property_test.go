@@ -116,15 +116,7 @@ func weightedFleet(t *testing.T, seed uint64) {
 		runs = append(runs, tk.ran)
 		last[tk.flow] = maxTime(last[tk.flow], tk.ran)
 	}
-	slices.SortFunc(runs, func(a, b time.Time) int { return a.Compare(b) })
-	em := lim.Interval()
-	for i := range runs {
-		for j := i; j < len(runs) && runs[j].Sub(runs[i]) <= 10*time.Second; j++ {
-			if allowed := lim.Burst + int(runs[j].Sub(runs[i])/em); j-i+1 > allowed {
-				t.Fatalf("%d runs in %v from %v, over the limit's %d", j-i+1, runs[j].Sub(runs[i]), runs[i].Sub(t0), allowed)
-			}
-		}
-	}
+	checkRuns(t, runs, lim, t0)
 	// check tests every 5 s span from `from` that ends by `to`, for the
 	// busy flows.
 	check := func(what string, from, to time.Time, busy []int, margin float64) {
