@@ -10,8 +10,8 @@
 --
 -- KEYS     per request, its rules' keys in rule order: for GCRA the TAT and
 --          the bookings sorted set (see booked.lua; and for a fair one the
---          flows' finishes, for an adaptive one its learned state, see
---          learn.lua); for a fixed or calendar window its hash of
+--          flows' finishes and the tags returned to them, for an adaptive
+--          one its learned state, see learn.lua); for a fixed or calendar window its hash of
 --          counts, which keeps a Block's end too (field "~blk",
 --          win_block); for concurrency the holders sorted set and tokens
 --          hash (which keeps a Block's end in "~blk", cc_block), and
