@@ -111,18 +111,7 @@ func priorityFleet(t *testing.T, seed uint64, heavy int) {
 				next[i] = next[i].Add(flows[i].every)
 			}
 		}
-		for _, tk := range tasks {
-			if !tk.ran.IsZero() || tk.d.Now.Add(tk.d.Delay).After(now) {
-				continue
-			}
-			held, err := m.HeldAt(now, set, req(flows[tk.flow]), tk.d)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if held {
-				tk.ran = tk.d.Now.Add(tk.d.Delay)
-				continue
-			}
+		for _, tk := range takenOver(t, m, set, now, tasks, func(f int) Request { return req(flows[f]) }) {
 			retakes++
 			reserve(now, tk)
 		}
@@ -202,6 +191,29 @@ func maxTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// takenOver checks the booking of each task due by now and not run yet, as
+// the middleware does at its slot: a task that still holds it runs then;
+// the tasks whose booking was taken over are returned, to decide again.
+func takenOver(t *testing.T, m *Model, set *Set, now time.Time, tasks []*pTask, req func(flow int) Request) []*pTask {
+	t.Helper()
+	var out []*pTask
+	for _, tk := range tasks {
+		if !tk.ran.IsZero() || tk.d.Now.Add(tk.d.Delay).After(now) {
+			continue
+		}
+		held, err := m.HeldAt(now, set, req(tk.flow), tk.d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held {
+			tk.ran = tk.d.Now.Add(tk.d.Delay)
+		} else {
+			out = append(out, tk)
+		}
+	}
+	return out
 }
 
 // checkRuns fails t when the runs (moments, any order) exceed GCRA limit

@@ -58,11 +58,6 @@ func weightedFleet(t *testing.T, seed uint64) {
 	req := func(f int) Request {
 		return Request{Fair: []string{fmt.Sprint("b", f)}, Weights: []int{weights[f]}}
 	}
-	type task struct {
-		flow int
-		d    Decision
-		ran  time.Time
-	}
 	var order []int
 	for i := range slices.Max(counts) {
 		for f := range 3 {
@@ -73,7 +68,7 @@ func weightedFleet(t *testing.T, seed uint64) {
 	}
 	m := NewModel()
 	t0 := time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)
-	var tasks []*task
+	var tasks []*pTask
 	again, next, arrive := 0, 0, t0
 	end := t0.Add(time.Duration(len(order)+10*rate) * lim.Interval())
 	for now := t0; now.Before(end); now = now.Add(time.Millisecond) {
@@ -83,23 +78,13 @@ func weightedFleet(t *testing.T, seed uint64) {
 			if err != nil || !d.Allowed {
 				t.Fatalf("reserve at %v: %+v %v", now.Sub(t0), d, err)
 			}
-			tasks = append(tasks, &task{flow: f, d: d})
+			tasks = append(tasks, &pTask{flow: f, arrived: now, d: d})
 			next, arrive = next+1, arrive.Add(gap)
 		}
-		for _, tk := range tasks {
-			if !tk.ran.IsZero() || tk.d.Now.Add(tk.d.Delay).After(now) {
-				continue
-			}
-			held, err := m.HeldAt(now, set, req(tk.flow), tk.d)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if held {
-				tk.ran = tk.d.Now.Add(tk.d.Delay)
-				continue
-			}
+		for _, tk := range takenOver(t, m, set, now, tasks, req) {
 			again++
-			if err := m.RefundAt(now, set, req(tk.flow), tk.d); err != nil {
+			err := m.RefundAt(now, set, req(tk.flow), tk.d)
+			if err != nil {
 				t.Fatal(err)
 			}
 			if tk.d, err = m.ReserveAt(now, set, req(tk.flow), time.Hour); err != nil || !tk.d.Allowed {
