@@ -162,3 +162,58 @@ func TestFairSlotsOutliveBlock(t *testing.T) {
 	}
 	check("release")
 }
+
+// TestFairSlotsNextBehind: a fair concurrency rule's refusals say whose
+// turn comes. Flow a holds both slots of 2; b asks alone (no other flow
+// waits): neither Next nor Behind. a asks again: b, holding none, ranks
+// below it, so a is Behind. b asks again: it is Next. A Critical request
+// of a, and any request once the rule is blocked, says neither. The same
+// against the Model.
+func TestFairSlotsNextBehind(t *testing.T) {
+	c := redistest.Client(t)
+	l, err := New(Config{Client: c, Prefix: redistest.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, d := range map[string]Decider{"redis": l, "model": NewModel()} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			set := mustSet(Rule{Name: "slots", Fair: true, Limit: Concurrency{Max: 2, Lease: time.Minute}})
+			ask := func(flow, holder string, critical bool) RuleStatus {
+				t.Helper()
+				dec, err := d.Allow(ctx, set, Request{Holder: holder, Fair: []string{flow}, Critical: critical})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if flow == "a" && (holder == "a1" || holder == "a2") != dec.Allowed {
+					t.Fatalf("%s: allowed %v", holder, dec.Allowed)
+				}
+				return dec.Rules[0]
+			}
+			ask("a", "a1", false)
+			ask("a", "a2", false)
+			for _, c := range []struct {
+				flow, holder string
+				critical     bool
+				next, behind bool
+			}{
+				{"b", "b1", false, false, false},
+				{"a", "a3", false, false, true},
+				{"b", "b1", false, true, false},
+				{"a", "a3", true, false, false},
+			} {
+				if st := ask(c.flow, c.holder, c.critical); st.Next != c.next || st.Behind != c.behind {
+					t.Errorf("%s (critical %v): Next %v Behind %v, want %v %v", c.holder, c.critical, st.Next, st.Behind, c.next, c.behind)
+				}
+			}
+			if _, err := d.Block(ctx, set, Request{Fair: []string{"a"}}, time.Now().Add(time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range []string{"a3", "b1"} {
+				if st := ask(map[string]string{"a3": "a", "b1": "b"}[h], h, false); st.Next || st.Behind {
+					t.Errorf("%s under a block: Next %v Behind %v", h, st.Next, st.Behind)
+				}
+			}
+		})
+	}
+}

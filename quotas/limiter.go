@@ -107,6 +107,12 @@ type RuleStatus struct {
 	// wait in its worker and ask again soon. False otherwise, and for a
 	// Critical request.
 	Next bool
+	// Behind, for a fair Concurrency rule that refused the request with no
+	// Block in force, says that another flow waiting ranks below the
+	// request's: slots go to it first, and more tasks of the request's flow
+	// waiting in workers would only keep them from other flows' tasks.
+	// False otherwise, and for a Critical request.
+	Behind bool
 }
 
 // Lease is a concurrency slot taken by an admitted request; Renew keeps it,

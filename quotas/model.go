@@ -793,9 +793,10 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 	m.housekeep(calls, now)
 	m.learnLoad(calls, now, op != opStatus)
 	m.load(calls, now, critical)
-	// next: per call, 1 if a fair concurrency rule refused with no slot
-	// free and the request's flow the next of several waiting (rules.lua's
-	// cc_earliest, r.next).
+	// next: per call, for a fair concurrency rule that refused with no
+	// block in force, 2 if another waiting flow ranks below the request's,
+	// else 1 if no slot is free and the request's flow is the next of
+	// several waiting (rules.lua's cc_earliest, r.behind and r.next).
 	next := make([]int64, len(calls))
 	out := func(st, wait, rule, t int64, undo map[int][2]int64) reply {
 		r := reply{status: st, wait: wait, rule: rule, now: now, at: t}
@@ -837,8 +838,11 @@ func (m *model) decide(calls []call, op int, now, n, horizon, notBefore int64, h
 			if e < 0 {
 				return out(stDenied, -1, int64(i+1), now, nil)
 			}
-			if c.c.cfair && !critical && !m.slotFree(c, now, holder, critical) {
-				if int64(len(m.holders[c.keys[0]])) >= c.c.max-c.c.reserved && m.tills[blockKey(c)] <= now && !m.ahead(c, 1, now) && m.others(c, now) {
+			if c.c.cfair && !critical && !m.slotFree(c, now, holder, critical) && m.tills[blockKey(c)] <= now {
+				switch {
+				case m.ahead(c, 1, now):
+					next[i] = 2
+				case int64(len(m.holders[c.keys[0]])) >= c.c.max-c.c.reserved && m.others(c, now):
 					next[i] = 1
 				}
 			}

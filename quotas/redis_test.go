@@ -125,8 +125,11 @@ type differ struct {
 	settling bool
 	settled  int // Settle calls compared
 	// slots: sets with a fair concurrency rule, many holders of weighted
-	// flows, steps shorter than a flow's wait, mostly allows and releases.
-	slots bool
+	// flows, steps shorter than a flow's wait, mostly allows and releases;
+	// next and behind count the refusals that said RuleStatus.Next and
+	// RuleStatus.Behind.
+	slots        bool
+	next, behind int
 }
 
 func newDiffer(t testing.TB, c redis.UniversalClient, prefix string, seed uint64) *differ {
@@ -283,6 +286,14 @@ func (d *differ) step(t testing.TB) {
 		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Fatalf("op %d %s at %s on %v keys %q cost %d costs %v holder %s:\n redis %+v\n model %+v %v", d.ops, name,
 				d.l.now.Format(time.RFC3339Nano), s.rules, req.Keys, req.Cost, req.Costs, req.Holder, got, want, err)
+		}
+		for _, r := range got.Rules {
+			if r.Next {
+				d.next++
+			}
+			if r.Behind {
+				d.behind++
+			}
 		}
 	}
 	// Allow and Reserve are compared on the model's state, given the
@@ -676,12 +687,18 @@ func TestDifferentialSlotLearning(t *testing.T) {
 // slots free (left to flows before them) often, and that flows often
 // waited at a level their wait had aged to.
 func TestDifferentialFairSlots(t *testing.T) {
-	var yielded, aged atomic.Int64
+	var yielded, aged, next, behind atomic.Int64
 	runDiffers(t, newSlotsDiffer, 500, 3000, func(d *differ) {
 		yielded.Add(int64(d.mod.m.yielded))
 		aged.Add(int64(d.mod.m.aged))
+		next.Add(int64(d.next))
+		behind.Add(int64(d.behind))
 	})
-	t.Logf("%d allows left a free slot to flows before them; %d denials waited at an earlier level than their own", yielded.Load(), aged.Load())
+	t.Logf("%d allows left a free slot to flows before them; %d denials waited at an earlier level than their own; %d refusals said Next, %d Behind",
+		yielded.Load(), aged.Load(), next.Load(), behind.Load())
+	if next.Load() < 100 || behind.Load() < 100 {
+		t.Errorf("only %d refusals said Next and %d Behind", next.Load(), behind.Load())
+	}
 	if yielded.Load() < 200 {
 		t.Errorf("only %d allows left a free slot to other flows", yielded.Load())
 	}

@@ -566,14 +566,14 @@ func (l *Limiter) assemble(s *Set, gs [][]call, rs []reply, p params) Decision {
 // status is rule c's status from its reply fields st; the last is a GCRA
 // rule's interval, an adaptive concurrency rule's learned slots, or
 // whether a fair concurrency rule that refused gives the request's flow
-// the next slot.
+// the next slot (1) or serves another waiting flow first (2).
 func status(s *Set, c call, st [replyRule]int64) RuleStatus {
 	rs := RuleStatus{Name: s.rules[c.i].Name, Key: c.key, Used: int(st[0]), Remaining: int(st[1]), ResetAfter: time.Duration(st[2]) * time.Microsecond}
 	switch {
 	case c.c.amin > 0:
 		rs.Slots = int(st[5])
 	case c.c.kind == kindConcurrency:
-		rs.Next = st[5] == 1
+		rs.Next, rs.Behind = st[5] == 1, st[5] == 2
 	default:
 		rs.Interval = time.Duration(st[5]) * time.Microsecond
 	}

@@ -385,6 +385,8 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 	holdEnd := m.serverNow().Add(m.cfg.MaxHold)
 	var held time.Duration // waiting for a slot in the worker
 	var nextLast time.Time // the latest holdEnd a fair rule's next slot allows
+	var waiting fairFlow   // the fair rule's flow the task counts as waiting in (fairWaiters)
+	defer func() { m.waiters.leave(waiting) }()
 	var d quotas.Decision
 	for backoff := 50 * time.Millisecond; ; {
 		var err error
@@ -412,7 +414,15 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 			}
 			holdEnd = later(holdEnd, earlier(now.Add(nextHold), nextLast))
 		}
-		a := admission.Plan(j.lim, j.step(admission.Step{Stage: admission.Slots, Decision: o, Err: err, Charged: j.charge.Allowed, HoldEnd: holdEnd, Lease: j.sp.lease}))
+		var crowded time.Duration
+		if err == nil && !d.Allowed && !o.Next && waiting == (fairFlow{}) {
+			if f := j.fairFlow(req, d.Rule); f != (fairFlow{}) {
+				if crowded = m.waiters.join(f, m.cfg.Clock.Now(), behindSlot(d)); crowded == 0 {
+					waiting = f
+				}
+			}
+		}
+		a := admission.Plan(j.lim, j.step(admission.Step{Stage: admission.Slots, Decision: o, Err: err, Charged: j.charge.Allowed, HoldEnd: holdEnd, Lease: j.sp.lease, Crowded: crowded}))
 		switch a.Verb {
 		case admission.Unlimited:
 			m.cfg.Logger.Warn("taskrl: Redis unavailable; running without a concurrency slot", "task", j.id, "err", err)
@@ -452,6 +462,9 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 		}
 		break
 	}
+	m.waiters.leave(waiting)
+	waiting = fairFlow{}
+	j.fairStarted(req)
 	switch admit.Outcome {
 	case "": // the slots were the task's only decision
 		j.observe(Event{Outcome: Admitted, Wait: held, Rules: d.Rules})
@@ -559,6 +572,27 @@ func (j *job) slotRequest() quotas.Request {
 		j.holderOnce = j.holder()
 	}
 	return quotas.Request{Keys: pick(j.keys, j.sp.slotIdx), Fair: pick(j.flows, j.sp.slotIdx), Weights: pick(j.weights, j.sp.slotIdx), Priorities: pick(j.levels, j.sp.slotIdx), Waited: j.w.waited, Holder: j.holderOnce, Critical: j.sp.critical}
+}
+
+// fairFlow is the task's flow at the fair concurrency rule named rule of
+// its slots (req), or the zero fairFlow if that rule is not fair.
+func (j *job) fairFlow(req quotas.Request, rule string) fairFlow {
+	for _, f := range j.sp.fairSlots {
+		if f.name == rule && f.i < len(req.Fair) && req.Fair[f.i] != "" {
+			return fairFlow{rule, req.Fair[f.i]}
+		}
+	}
+	return fairFlow{}
+}
+
+// fairStarted notes, for each fair rule of the task's slots (req), that a
+// task of its flow took its slot (fairWaiters).
+func (j *job) fairStarted(req quotas.Request) {
+	for _, f := range j.sp.fairSlots {
+		if f.i < len(req.Fair) && req.Fair[f.i] != "" {
+			j.m.waiters.started(fairFlow{f.name, req.Fair[f.i]}, j.m.cfg.Clock.Now())
+		}
+	}
 }
 
 // releaseSlots gives back the slots decided with the rates (j.slots) when

@@ -109,9 +109,10 @@ type Middleware struct {
 	jumps   jumpWatch  // of the server's clock against the local one
 	shed    *shedder
 	renew   *renewer
-	parked  parkedSet // tasks parked in the last minute (asynqlog.go)
-	pauses  pauses    // operators' pauses of rules (PauseRule)
-	plans   planNotes // the payloads' plans noted for worker status
+	parked  parkedSet   // tasks parked in the last minute (asynqlog.go)
+	pauses  pauses      // operators' pauses of rules (PauseRule)
+	plans   planNotes   // the payloads' plans noted for worker status
+	waiters fairWaiters // tasks waiting for fair concurrency rules' slots
 }
 
 // New validates cfg and returns a Middleware.
@@ -235,12 +236,26 @@ type split struct {
 	digest           string         // of the rate rules' limits (HeaderLimits)
 	spacing          time.Duration  // between two tasks at the tightest rate rule; 0: not swept
 	names            []string       // the binding's rules' names (Event.Keys)
+	fairSlots        []fairSlot     // the fair concurrency rules among the slots
+}
+
+// fairSlot is a fair concurrency rule of a split's slots: its position
+// there and its name.
+type fairSlot struct {
+	i    int
+	name string
 }
 
 // nextSlot reports whether d is a denial by a fair concurrency rule that gives
 // the task's flow the next slot that frees (quotas.RuleStatus.Next).
 func nextSlot(d quotas.Decision) bool {
 	return !d.Allowed && slices.ContainsFunc(d.Rules, func(r quotas.RuleStatus) bool { return r.Next && r.Name == d.Rule })
+}
+
+// behindSlot reports whether d is a denial by a fair concurrency rule that
+// serves another waiting flow before the task's (quotas.RuleStatus.Behind).
+func behindSlot(d quotas.Decision) bool {
+	return !d.Allowed && slices.ContainsFunc(d.Rules, func(r quotas.RuleStatus) bool { return r.Behind && r.Name == d.Rule })
 }
 
 // nextHold is how long a task whose flow gets the next slot of a fair
@@ -295,6 +310,9 @@ func (m *Middleware) split(b *policy.Binding) (*split, error) {
 			scoped, sp.throttleIdx = append(scoped, r), append(sp.throttleIdx, i)
 		}
 		if c, ok := r.Limit.(quotas.Concurrency); ok {
+			if r.Fair {
+				sp.fairSlots = append(sp.fairSlots, fairSlot{len(slots), r.Name})
+			}
 			slots, sp.slotIdx = append(slots, r), append(sp.slotIdx, i)
 			sp.lease = max(sp.lease, c.Lease)
 			continue

@@ -58,6 +58,12 @@ type Step struct {
 	Charged  bool          // Slots: the rate rules hold a charge
 	HoldEnd  time.Time     // Slots: the worker stops waiting then
 	Lease    time.Duration // Slots: the longest lease of the slots
+	// Crowded (Slots): a fair concurrency rule serves another flow
+	// before the task's, and enough other tasks of its flow wait for a
+	// slot in this process's workers: the task is rescheduled at once for
+	// Crowded, leaving the worker to the tasks of other flows behind it in
+	// asynq's queue. Zero: not crowded.
+	Crowded time.Duration
 }
 
 // NoDeadline is Step.Left for a task without a deadline.
@@ -198,6 +204,13 @@ func planSlots(c Limits, s Step) Action {
 	d := s.Decision
 	if d.Allowed {
 		return Action{Verb: Run}
+	}
+	if s.Crowded > 0 {
+		a := Action{Verb: Reschedule, Wait: s.Crowded, Rule: d.Rule}
+		if s.Charged {
+			a.Booked = s.Now.Add(a.Wait)
+		}
+		return a
 	}
 	poll := 100 * time.Millisecond
 	if d.Next {

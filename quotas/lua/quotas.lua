@@ -108,7 +108,8 @@
 --           an adaptive rule); an adaptive concurrency rule's number of
 --           slots (learned); for a fair concurrency rule that refused, 1
 --           if none is free and the request's flow is the next of several
---           waiting (cc_earliest); else 0
+--           waiting, 2 if another flow waiting ranks below the request's
+--           (cc_earliest); else 0
 --
 -- A reserve of a set with a fair rule may take over another request's
 -- booking of the set's first fair rule instead of booking free time, when
@@ -487,6 +488,8 @@ local function reply(st, wait, rule, t, charged)
       em = r.max
     elseif r.next then
       em = 1
+    elseif r.behind then
+      em = 2
     end
     out[j + 1], out[j + 2], out[j + 3], out[j + 4], out[j + 5], out[j + 6] = used, rem, reset, u1, u2, em
     j = j + REPLY.RULE

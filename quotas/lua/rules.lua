@@ -462,7 +462,7 @@ local function cc_load(r, now)
     st = call('HMGET', r.hkey, '~blk', '~seq', '~exp')
   end
   r.till, r.seq, r.live = tonumber(st[1]) or 0, tonumber(st[2]) or 0, tonumber(st[3]) or 0
-  r.wants, r.next = false, false
+  r.wants, r.next, r.behind = false, false, false
   cc_oldest(r)
   if r.oldest and r.oldest <= now then
     cc_reclaim(r.key, r.hkey, now, r.fk)
@@ -549,9 +549,10 @@ end
 -- cc_earliest asks whether holder already holds a slot only when none is
 -- free, or when a fair rule would not give it one: a holder that acquires
 -- again replaces its own lease. A critical request is not held back by
--- fairness. A refusal marks the rule (r.wants) for cc_wait, and says
--- whether, none free and no block, the request's flow is the next of
--- several waiting (r.next, replied in the em field).
+-- fairness. A refusal marks the rule (r.wants) for cc_wait, and says,
+-- with no block in force, whether another flow waiting ranks below the
+-- request's (r.behind), or else whether, none free, the request's flow
+-- is the next of several waiting (r.next; both replied in the em field).
 local function cc_earliest(r, t, critical, holder, now)
   local cap = r.max
   if not critical then cap = r.max - r.reserved end
@@ -561,8 +562,13 @@ local function cc_earliest(r, t, critical, holder, now)
   if r.count < cap and not cc_ahead(r, rank, cap - r.count, now) then return t end
   if r.cfair then
     r.wants = true
-    r.next = not critical and r.count >= cap and r.till <= now and
-      not cc_ahead(r, rank, 1, now) and cc_ahead(r, false, 1, now)
+    if not critical and r.till <= now then
+      if cc_ahead(r, rank, 1, now) then
+        r.behind = true
+      else
+        r.next = r.count >= cap and cc_ahead(r, false, 1, now)
+      end
+    end
   end
   return r.oldest or t + CC_RETRY
 end

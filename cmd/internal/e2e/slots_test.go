@@ -102,14 +102,15 @@ rules:
 // Business big enqueues 360 calls; 2 s later s1 and s2 enqueue 60 each,
 // behind big's in the queue. Alone, big holds at least 8 of the 12 slots
 // on average over the last second. Over the 4 s from 2 s after s1 or s2
-// first gets a slot, big no longer holds nearly every slot: at most 8 (its
-// share, 4, computed from the max alone, doubled) and at least 1.2; s1
-// and s2 at least 1.5 each, and the three together at least 9. A rule that
-// is not fair gave big 10.3 and s1 and s2 0.85 each. Measured in eight
-// runs, three under load (two at once, or CI): big alone 11.1-11.9; then
-// big 2.3-6.3, s1 and s2 2.3-4.8, together 11.2-11.8 (docs/design.md 1.5
-// says why big may get less than its share). The calls in flight never
-// exceed 12; every call is made once, and none answers 429.
+// first gets a slot, each holds about its share, 4, computed from the max
+// alone: big between 2.4 and 6 (0.6-1.5x), s1 and s2 at least 2.7 each
+// (0.675x), the three together at least 10.5. A rule that is not fair gave
+// big 10.3 and s1 and s2 0.85 each; the fair rule before the workers
+// crowded out the tasks of a flow served after others (docs/design.md 1.5)
+// gave big 1.59-1.72x and s1 and s2 0.60-0.65x (three runs). Measured in
+// ten runs, two of them two at once: big alone 11.2-11.9; then big
+// 0.99-1.24x, s1 and s2 0.75-1.00x, together 11.0-11.9. The calls in
+// flight never exceed 12; every call is made once, and none answers 429.
 func TestFairSlots(t *testing.T) {
 	// Alone: the small flows' tasks ask too seldom beside other tests'
 	// load (docs/design.md, fair concurrency).
@@ -169,15 +170,15 @@ func TestFairSlots(t *testing.T) {
 	for _, b := range []string{"big", "s1", "s2"} {
 		t.Logf("from 2 s after their first call: %s held %.2f slots (share 4, %.2fx)", b, shared[b], shared[b]/4)
 	}
-	if shared["big"] > 8 || shared["big"] < 1.2 {
-		t.Errorf("big held %.2f slots on average while s1 and s2 asked: its share is 4 (bars 1.2-8)", shared["big"])
+	if shared["big"] > 6 || shared["big"] < 2.4 {
+		t.Errorf("big held %.2f slots on average while s1 and s2 asked: its share is 4 (bars 2.4-6)", shared["big"])
 	}
 	for _, b := range []string{"s1", "s2"} {
-		if shared[b] < 1.5 {
-			t.Errorf("%s held %.2f slots on average: its share is 4 (bar 1.5)", b, shared[b])
+		if shared[b] < 2.7 {
+			t.Errorf("%s held %.2f slots on average: its share is 4 (bar 2.7)", b, shared[b])
 		}
 	}
-	if sum := shared["big"] + shared["s1"] + shared["s2"]; sum < 9 {
+	if sum := shared["big"] + shared["s1"] + shared["s2"]; sum < 10.5 {
 		t.Errorf("%.2f of 12 slots in use on average while all three asked", sum)
 	}
 	most := mostInFlight(calls, latency, time.Time{}, time.Now())
