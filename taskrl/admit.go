@@ -47,6 +47,7 @@ type job struct {
 	holderOnce string       // the holder of the task's slots (holder), once chosen
 	pause      atomic.Int64 // the longest Pause the handler asked for, ns
 	onHold     bool         // an operator's pause holds the task (hold)
+	crowded    bool         // the task is crowded out (fairWaiters): it has no due time
 }
 
 // outcome is what admission.Plan reads of a decision.
@@ -386,6 +387,7 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 	var held time.Duration // waiting for a slot in the worker
 	var nextLast time.Time // the latest holdEnd a fair rule's next slot allows
 	var waiting fairFlow   // the fair rule's flow the task counts as waiting in (fairWaiters)
+	refused := false       // a decision refused the task
 	defer func() { m.waiters.leave(waiting) }()
 	var d quotas.Decision
 	for backoff := 50 * time.Millisecond; ; {
@@ -400,6 +402,7 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 			j.observe(Event{Outcome: RedisError, Err: err})
 		}
 		o := outcome(d)
+		refused = refused || !d.Allowed
 		if o.Next = err == nil && nextSlot(d); o.Next {
 			// The task's flow gets the next slot that frees: it waits
 			// for it nextHold past the last such answer, until nextMax
@@ -415,9 +418,16 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 			holdEnd = later(holdEnd, earlier(now.Add(nextHold), nextLast))
 		}
 		var crowded time.Duration
-		if err == nil && !d.Allowed && !o.Next && waiting == (fairFlow{}) {
-			if f := j.fairFlow(req, d.Rule); f != (fairFlow{}) {
-				if crowded = m.waiters.join(f, m.cfg.Clock.Now(), behindSlot(d)); crowded == 0 {
+		if f := j.fairFlow(req, d.Rule); err == nil && !d.Allowed && f != (fairFlow{}) {
+			if m.scout != nil {
+				m.scout.note(j.queue, f)
+			}
+			if !o.Next && waiting == (fairFlow{}) {
+				id := j.id
+				if j.charge.Allowed {
+					id = "" // booked at its return (a rate charge): not pulled back
+				}
+				if crowded = m.waiters.join(f, m.cfg.Clock.Now(), behindSlot(d), j.queue, id); crowded == 0 {
 					waiting = f
 				}
 			}
@@ -452,6 +462,7 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 			// The rate charge already made stays, as the booking of the
 			// task's slot then, so only the slots are tried again.
 			j.observe(Event{Outcome: Rescheduled, Rule: a.Rule, Wait: a.Wait, Rules: d.Rules})
+			j.crowded = crowded > 0
 			return j.reschedule(a.Rule, a.Wait, a.Booked, j.charge.Receipt())
 		case admission.Wait:
 			if err := hold(j.ctx, a.Wait); err != nil {
@@ -464,7 +475,7 @@ func (j *job) runHolding(admit Event, next asynq.Handler) error {
 	}
 	m.waiters.leave(waiting)
 	waiting = fairFlow{}
-	j.fairStarted(req)
+	j.fairStarted(req, !refused)
 	switch admit.Outcome {
 	case "": // the slots were the task's only decision
 		j.observe(Event{Outcome: Admitted, Wait: held, Rules: d.Rules})
@@ -586,11 +597,26 @@ func (j *job) fairFlow(req quotas.Request, rule string) fairFlow {
 }
 
 // fairStarted notes, for each fair rule of the task's slots (req), that a
-// task of its flow took its slot (fairWaiters).
-func (j *job) fairStarted(req quotas.Request) {
+// task of its flow took its slot (fairWaiters), and pulls back the first
+// of the flow's tasks crowded out here to take its place, two if the slots
+// were free at the task's first ask (free): the flow has slots to spare,
+// and each task pulled that finds one free pulls two more.
+func (j *job) fairStarted(req quotas.Request, free bool) {
+	n := 1
+	if free {
+		n = 2
+	}
 	for _, f := range j.sp.fairSlots {
 		if f.i < len(req.Fair) && req.Fair[f.i] != "" {
-			j.m.waiters.started(fairFlow{f.name, req.Fair[f.i]}, j.m.cfg.Clock.Now())
+			flow, now := fairFlow{f.name, req.Fair[f.i]}, j.m.cfg.Clock.Now()
+			j.m.waiters.started(flow, now)
+			pulled := map[string][]string{} // by queue
+			for _, t := range j.m.waiters.pull(flow, now, n) {
+				pulled[t.queue] = append(pulled[t.queue], t.id)
+			}
+			for q, ids := range pulled {
+				j.m.pace.pull(q, ids)
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package taskrl
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -19,7 +20,9 @@ import (
 // crowded out, to come back about when its flow would start it: the
 // flow's tasks crowded out come back one after another, half the flow's
 // recent time between two starts here apart, crowdMin from now at the
-// earliest. Safe for concurrent use; the zero value is empty.
+// earliest and about crowdAhead at the latest; and each start of the flow
+// here pulls the first of them back at once (pull). Safe for concurrent
+// use; the zero value is empty.
 type fairWaiters struct {
 	mu    sync.Mutex
 	flows map[fairFlow]*flowWait
@@ -35,6 +38,14 @@ type flowWait struct {
 	last    time.Time     // its last start here
 	gap     time.Duration // the time between two starts here, averaged
 	back    time.Time     // when the last task crowded out comes back
+	out     []crowdedTask // the tasks crowded out here not yet back, in order
+}
+
+// crowdedTask is a task crowded out: its queue, its ID and when it comes
+// back.
+type crowdedTask struct {
+	queue, id string
+	back      time.Time
 }
 
 const (
@@ -46,6 +57,10 @@ const (
 	// crowdGap is the most one start counts for in a flow's time between
 	// two starts.
 	crowdGap = 2 * time.Second
+	// crowdAhead is how far ahead the returns of a flow's tasks crowded
+	// out reach at most: beyond, they come back crowdAhead from now, one
+	// after another as they were crowded out.
+	crowdAhead = 10 * time.Second
 	// crowdKeep is how long a flow nothing happened to is kept.
 	crowdKeep = time.Minute
 )
@@ -74,8 +89,9 @@ func (w *fairWaiters) flow(f fairFlow, now time.Time) *flowWait {
 
 // join counts one more task of f waiting in a worker and returns 0, or, if
 // the rule serves another flow first (behind) and crowdWaiters of f wait
-// already, returns how long the task is rescheduled for instead.
-func (w *fairWaiters) join(f fairFlow, now time.Time, behind bool) time.Duration {
+// already, returns how long the task (id, of queue; "": one that is not to
+// be pulled back) is rescheduled for instead.
+func (w *fairWaiters) join(f fairFlow, now time.Time, behind bool, queue, id string) time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.flow(f, now)
@@ -83,8 +99,37 @@ func (w *fairWaiters) join(f fairFlow, now time.Time, behind bool) time.Duration
 		s.waiting++
 		return 0
 	}
-	s.back = later(now.Add(crowdMin), s.back.Add(max(s.gap/2, time.Millisecond)))
+	s.back = later(now.Add(crowdMin), earlier(s.back, now.Add(crowdAhead)).Add(max(s.gap/2, time.Millisecond)))
+	if s.out = back(s.out, now); id != "" {
+		s.out = append(s.out, crowdedTask{queue, id, s.back})
+	}
 	return s.back.Sub(now)
+}
+
+// pull takes up to n of the tasks of f crowded out here that are not back
+// yet, those due first, for the pacer to move now: a task of f found a
+// slot free, so f needs no more waiting for its turn.
+func (w *fairWaiters) pull(f fairFlow, now time.Time, n int) []crowdedTask {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.flows[f]
+	if s == nil {
+		return nil
+	}
+	s.out = back(s.out, now)
+	n = min(n, len(s.out))
+	pulled := slices.Clone(s.out[:n])
+	s.out = slices.Delete(s.out, 0, n)
+	return pulled
+}
+
+// back drops the tasks of out (in order of coming back) back by now.
+func back(out []crowdedTask, now time.Time) []crowdedTask {
+	i := 0
+	for i < len(out) && !out[i].back.After(now) {
+		i++
+	}
+	return slices.Delete(out, 0, i)
 }
 
 // leave counts one task of f fewer waiting (the zero fairFlow: none).

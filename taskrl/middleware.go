@@ -79,7 +79,10 @@ type Config struct {
 	// business's 10,000 queued tasks do not stand between the tasks behind
 	// them and the workers (docs/design.md, "Setting a backlog aside").
 	// Nothing is charged for them: they decide when they come back.
-	// Default false.
+	// Likewise, when a fair concurrency rule refuses a task, the tasks of
+	// the rule's other flows enqueued behind it are moved to the head of
+	// the pending list, so that those flows get their turn (the scout,
+	// docs/design.md 1.5). KeepOrder turns both off. Default false.
 	KeepOrder bool
 	// Clock is where the middleware reads the time. Default: the wall
 	// clock. Waits in the worker still pass in real time.
@@ -103,6 +106,7 @@ type Middleware struct {
 	prefix  string
 	pace    *pacer
 	sweep   *sweeper // nil: Config.KeepOrder
+	scout   *scout   // nil: Config.KeepOrder
 	limiter *quotas.Limiter
 	splits  sync.Map   // *Binding -> *split
 	skew    clock.Skew // of the server's clock, from the last decision
@@ -162,6 +166,7 @@ func New(cfg Config) (*Middleware, error) {
 	m.pace = newPacer(pacerDeps{client: cfg.Client, logger: cfg.Logger, clock: cfg.Clock, skew: &m.skew, prefix: cfg.Prefix})
 	if !cfg.KeepOrder {
 		m.sweep = newSweeper(m)
+		m.scout = newScout(m)
 	}
 	m.renew = newRenewer(m)
 	m.shed = newShedder(m)
@@ -212,6 +217,7 @@ func (m *Middleware) Close() error {
 	m.pace.close()
 	if m.sweep != nil {
 		m.sweep.close()
+		m.scout.loop.close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -5,6 +5,7 @@ import (
 	"context"
 	_ "embed"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -141,6 +142,36 @@ func (p *pacer) add(queue, id string, at int64, done <-chan struct{}) {
 			p.loop.poke()
 		}()
 	}
+}
+
+// pull makes tasks this process parked in queue (ids) due now, in the
+// queue's pacing set and here, and wakes the pacer: they move to pending
+// at once. A task no longer in the pacing set is left alone.
+func (p *pacer) pull(queue string, ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	now := p.serverNow().UnixMicro()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	zs := make([]redis.Z, len(ids))
+	for i, id := range ids {
+		zs[i] = redis.Z{Score: float64(now), Member: id}
+	}
+	if err := p.client.ZAddArgs(ctx, keys.Pace(p.prefix, queue), redis.ZAddArgs{XX: true, LT: true, Members: zs}).Err(); err != nil {
+		p.logger.Debug("taskrl: pacer could not pull tasks", "queue", queue, "err", err)
+		return
+	}
+	p.mu.Lock()
+	q := p.queue(queue)
+	for i := range q.own {
+		if slices.Contains(ids, q.own[i].id) && q.own[i].at > now {
+			q.own[i].at, q.own[i].early = now, false
+		}
+	}
+	heap.Init(&q.own)
+	p.mu.Unlock()
+	p.loop.poke()
 }
 
 // pass claims the tasks due in every queue where this process parked

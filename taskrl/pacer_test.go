@@ -106,3 +106,48 @@ func TestPacerPromotes(t *testing.T) {
 		t.Fatalf("%v before its slot: pending from the head %v, want [booked undecided]", paceBusyLead-100*time.Millisecond, got)
 	}
 }
+
+// TestPacerPull: a task this process parked an hour ahead, pulled, moves
+// to pending at once; another parked beside it stays scheduled, and an ID
+// the pacing set does not hold is not added to it.
+func TestPacerPull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Redis")
+	}
+	c := redistest.Client(t)
+	q := redistest.Queue(t, c, "pull")
+	prefix := redistest.Prefix(t)
+	ctx := t.Context()
+	client := asynq.NewClientFromRedisClient(c)
+	server, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var skew clock.Skew
+	skew.Learn(server, time.Now())
+	p := newPacer(pacerDeps{client: c, logger: slog.New(slog.DiscardHandler), clock: wallClock{}, skew: &skew, prefix: prefix})
+	defer p.close()
+	at := server.Add(time.Hour).UnixMicro()
+	for _, id := range []string{"crowded", "other"} {
+		if _, err := client.Enqueue(asynq.NewTask("x", nil), asynq.Queue(q), asynq.TaskID(id), asynq.ProcessIn(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		c.HSet(ctx, asynqstore.TaskPrefix(q)+id, "taskrl_park", server.UnixMicro())
+		c.ZAdd(ctx, keys.Pace(prefix, q), redis.Z{Score: float64(at), Member: id})
+		p.add(q, id, at, nil)
+	}
+	p.pull(q, []string{"crowded", "gone"})
+	for deadline := time.Now().Add(300 * time.Millisecond); ; time.Sleep(5 * time.Millisecond) {
+		if got := c.LRange(ctx, asynqstore.Pending(q), 0, -1).Val(); slices.Equal(got, []string{"crowded"}) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("pulled: pending %v within 300 ms, want [crowded]", got)
+		}
+	}
+	if n := c.ZCard(ctx, asynqstore.Scheduled(q)).Val(); n != 1 {
+		t.Errorf("%d scheduled, want other alone", n)
+	}
+	if got := c.ZRange(ctx, keys.Pace(prefix, q), 0, -1).Val(); !slices.Equal(got, []string{"other"}) {
+		t.Errorf("pacing set %v, want [other]", got)
+	}
+}

@@ -122,7 +122,11 @@ func (j *job) reschedule(rule string, delay time.Duration, booked time.Time, rec
 	slot, paced := booked, true
 	if booked.IsZero() {
 		slot = m.serverNow().Add(delay)
-		h[HeaderDue] = strconv.FormatInt(slot.UnixMicro(), 10)
+		if !j.crowded {
+			// A task crowded out may be pulled back before its time
+			// (fairWaiters.pull): it then runs at once.
+			h[HeaderDue] = strconv.FormatInt(slot.UnixMicro(), 10)
+		}
 		// Far off, asynq's own forwarder is punctual enough (it looks
 		// every 5 s), and a backlog pushed past MaxReserve saves a call
 		// per task.

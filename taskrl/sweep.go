@@ -11,6 +11,7 @@ import (
 
 	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/keys"
+	"github.com/taskrl/taskrl/limits"
 	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
 )
@@ -238,29 +239,37 @@ func (s *sweeper) sweep(queue string) error {
 // backlogOf returns the backlog signature, and the deadline, of a pending
 // task's message; ok is false for a task the sweep leaves in place.
 func (s *sweeper) backlogOf(p *policy.Policy, queue, msg string) (sig string, deadline int64, ok bool) {
-	t, err := asynqstore.Decode([]byte(msg))
-	if err != nil {
-		return "", 0, false
-	}
-	if _, booked := t.Headers[HeaderBooked]; booked {
-		return "", 0, false
-	}
-	if _, due := t.Headers[HeaderDue]; due {
-		return "", 0, false
-	}
-	b := p.Bind(t.Type, queue)
-	if b == nil {
-		return "", 0, false
-	}
-	rq, err := b.Request(t.Payload)
-	if err != nil {
-		return "", 0, false
-	}
-	sp, err := s.m.split(b.ForPayload(rq.Keys, t.Payload))
-	if err != nil || sp.spacing == 0 {
+	t, rq, sp, ok := s.m.bindPending(p, queue, msg)
+	if !ok || sp.spacing == 0 {
 		return "", 0, false
 	}
 	return sp.signature(rq.Keys, pick(rq.Costs, sp.rateIdx)), t.Deadline, true
+}
+
+// bindPending decodes a pending task's message and binds it to p as the
+// middleware would when it runs; ok is false for a task that is booked or
+// due (rescheduled by taskrl: its moment is set), or that p does not
+// govern or cannot key.
+func (m *Middleware) bindPending(p *policy.Policy, queue, msg string) (t asynqstore.Msg, rq limits.Request, sp *split, ok bool) {
+	t, err := asynqstore.Decode([]byte(msg))
+	if err != nil {
+		return t, rq, nil, false
+	}
+	if _, booked := t.Headers[HeaderBooked]; booked {
+		return t, rq, nil, false
+	}
+	if _, due := t.Headers[HeaderDue]; due {
+		return t, rq, nil, false
+	}
+	b := p.Bind(t.Type, queue)
+	if b == nil {
+		return t, rq, nil, false
+	}
+	if rq, err = b.Request(t.Payload); err != nil {
+		return t, rq, nil, false
+	}
+	sp, err = m.split(b.ForPayload(rq.Keys, t.Payload))
+	return t, rq, sp, err == nil
 }
 
 // signature names the backlog of a task of sp with keys (one per rule of

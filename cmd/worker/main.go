@@ -132,7 +132,9 @@ Flags (--name and -name are the same; values as --name=V or --name V):
                            rescheduled a minute or more ahead, the tasks of the same backlog
                            pending behind it whose turn is a minute or more away are moved to the
                            scheduled set until shortly before it, so that they do not hold back
-                           other tasks.
+                           other tasks; and when a fair concurrency rule refuses a task, the
+                           tasks of its other flows enqueued behind it move to the head of the
+                           queue, so that those flows get their turn.
   --max-hold D             longest a task waits for its turn inside the worker; longer waits
                            reschedule the task. Default 500ms.
   --task-check-interval D  how long an idle worker sleeps between looks at its queues (asynq's
