@@ -84,12 +84,7 @@ func TestPacerPromotes(t *testing.T) {
 	p.setLead(1600 * time.Millisecond)
 	p.add(q, "booked", slot, nil)
 
-	// order is pending from the head (the end workers take from).
-	order := func() []string {
-		got := c.LRange(ctx, asynqstore.Pending(q), 0, -1).Val()
-		slices.Reverse(got)
-		return got
-	}
+	order := func() []string { return pendingFromHead(t, c, q) }
 	local := func(us int64) time.Time {
 		return time.Now().Add(time.Duration(us-skew.Server(time.Now()).UnixMicro()) * time.Microsecond)
 	}
@@ -105,6 +100,14 @@ func TestPacerPromotes(t *testing.T) {
 	if got := order(); !slices.Equal(got, []string{"booked", "undecided"}) {
 		t.Fatalf("%v before its slot: pending from the head %v, want [booked undecided]", paceBusyLead-100*time.Millisecond, got)
 	}
+}
+
+// pendingFromHead lists queue q's pending tasks from the end asynq's
+// workers take from.
+func pendingFromHead(t *testing.T, c redis.UniversalClient, q string) []string {
+	got := c.LRange(t.Context(), asynqstore.Pending(q), 0, -1).Val()
+	slices.Reverse(got)
+	return got
 }
 
 // TestPacerPull: a task this process parked an hour ahead, pulled, moves

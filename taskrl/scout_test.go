@@ -9,7 +9,6 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 	"github.com/taskrl/taskrl/policy"
 	"github.com/taskrl/taskrl/quotas"
@@ -64,13 +63,7 @@ func testScout(t *testing.T, c redis.UniversalClient, q string) {
 	add("s2", scoutPerFlow+10)
 	add("s1", 2)
 	all = append(all, enqueue(asynq.NewTaskWithHeaders("call", []byte(`{"b":"s3"}`), map[string]string{HeaderBooked: "1"})))
-	ctx := t.Context()
-	// pending lists the queue from the head (the end workers take from).
-	pending := func() []string {
-		got := c.LRange(ctx, asynqstore.Pending(q), 0, -1).Val()
-		slices.Reverse(got)
-		return got
-	}
+	pending := func() []string { return pendingFromHead(t, c, q) }
 	look := func(want ...string) {
 		t.Helper()
 		if err := m.scout.look(scoutKey{q, "slots"}, "big"); err != nil {

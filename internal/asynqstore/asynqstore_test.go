@@ -2,16 +2,29 @@ package asynqstore_test
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/taskrl/taskrl/internal/asynqstore"
 	"github.com/taskrl/taskrl/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
+
+// checkHead checks queue q's pending list, from the end asynq's workers
+// take from.
+func checkHead(t *testing.T, c redis.UniversalClient, q string, want ...string) {
+	t.Helper()
+	got := c.LRange(t.Context(), asynqstore.Pending(q), 0, -1).Val()
+	slices.Reverse(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("pending from the head %v, want %v", got, want)
+	}
+}
 
 // TestAgainstAsynq enqueues tasks with the pinned asynq and reads them back
 // through asynqstore's keys and Decode: an asynq that lays out its keys or

@@ -3,7 +3,6 @@ package asynqstore_test
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -242,15 +241,7 @@ func TestUnparkOrder(t *testing.T) {
 			t.Fatalf("Unpark = %+v, %v; want %d moved, %d noted", u, err, moved, noted)
 		}
 	}
-	// head lists pending from the end workers take from.
-	head := func(want ...string) {
-		t.Helper()
-		got := c.LRange(ctx, asynqstore.Pending(q), 0, -1).Val()
-		slices.Reverse(got)
-		if !slices.Equal(got, want) {
-			t.Errorf("pending from the head %v, want %v", got, want)
-		}
-	}
+	head := func(want ...string) { t.Helper(); checkHead(t, c, q, want...) }
 	due("b2", 0) // b2's slot first
 	due("b1", 10*time.Millisecond)
 	due("b7", 30*time.Millisecond) // beyond the busy lead: to the tail

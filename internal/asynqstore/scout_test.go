@@ -50,14 +50,7 @@ func TestScout(t *testing.T) {
 			t.Errorf("look %q: read %v, want %v", mark, ids, want)
 		}
 	}
-	head := func(want ...string) {
-		t.Helper()
-		got := c.LRange(ctx, asynqstore.Pending(q), 0, -1).Val()
-		slices.Reverse(got)
-		if !slices.Equal(got, want) {
-			t.Errorf("pending from the head %v, want %v", got, want)
-		}
-	}
+	head := func(want ...string) { t.Helper(); checkHead(t, c, q, want...) }
 	enqueue("a1", "a2", "a3")
 	look("r", 2, "a3", "a2") // the window: the newest two
 	enqueue("b1", "b2")
