@@ -24,6 +24,8 @@ const (
 	learnCool       = 1000000          // µs: throttles within this of a cut are one event
 	learnScale      = units.LearnScale // rates are stored in billionths of a unit per second
 	learnTTL        = 24 * time.Hour
+	learnExcess     = 5 // a probe is good once it also passed this many units above the good rate...
+	learnExcessBack = 4 // ... or was busy for this many P while a remembered rate is more than 10 % above, else the hold
 )
 
 // learnParams are an adaptive rule's bounds in the units the script takes:
@@ -71,11 +73,16 @@ func (p *learnParams) credit(s learned, now, tat int64) learned {
 }
 
 // grow is learn.lua's ad_grow: after a charge at now, a rate busy for a
-// dwell is good (a probe that was is kept, and the next is due at once);
+// dwell is good (a probe that was, and that passed learnExcess units more
+// than the good rate in it or was busy for excessWait, is kept, and the
+// next is due at once);
 // then a due probe starts. Its units come after the TAT tat, so busy time
 // counts for it from there.
 func (p *learnParams) grow(s learned, now, tat int64) learned {
 	if s.a < max(p.per/learnDwell, learnDwellUnits*intervalOf(s.r)) {
+		return s
+	}
+	if s.g > 0 && s.a < p.excessWait(s) && float64(s.a)*float64(s.r-s.g)/1e15 < learnExcess {
 		return s
 	}
 	s.a, s.c = 0, 1
@@ -111,6 +118,18 @@ func (p *learnParams) hold(s learned) int64 {
 		h = learnHoldBack
 	}
 	return max(h*p.per, learnHoldUnits*intervalOf(s.r))
+}
+
+// excessWait is learn.lua's ad_excess_wait: the busy time, µs, after
+// which a probe that has not yet passed learnExcess units above the good
+// rate is good all the same: 4 P while a remembered rate is more than
+// 10 % above the current one (so that probes back to it stay as
+// frequent), the hold otherwise.
+func (p *learnParams) excessWait(s learned) int64 {
+	if s.h*10 > s.r*11 {
+		return learnExcessBack * p.per
+	}
+	return p.hold(s)
 }
 
 // cut is learn.lua's ad_cut: the state after a Block at now until till of

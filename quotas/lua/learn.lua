@@ -22,6 +22,7 @@
 local learn_dwell, learn_dwell_units, learn_hold, learn_hold_back, learn_hold_units = 2, 4, 24, 8, 60
 local learn_step0, learn_step_min, learn_step_max = 0.25, 0.02, 1.0
 local learn_cut, learn_nudge, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.97, 1000000, 86400000000
+local learn_excess, learn_excess_back = 5, 4
 
 -- ad_em is the emission interval, in µs, of rate r.
 local function ad_em(r)
@@ -59,12 +60,31 @@ local function ad_load(r, now, credit)
   end
 end
 
+-- ad_hold is how long after a failure the next probe waits, µs: shorter
+-- while a remembered rate is more than 10 % above the current one.
+local function ad_hold(r)
+  local h = learn_hold
+  if r.lh * 10 > r.lr * 11 then h = learn_hold_back end
+  return max(h * r.lper, learn_hold_units * ad_em(r.lr))
+end
+
+-- ad_excess_wait is the busy time, µs, after which a probe that has not
+-- passed learn_excess units above the good rate is good all the same:
+-- learn_excess_back P while a remembered rate is more than 10 % above the
+-- current one, the hold otherwise.
+local function ad_excess_wait(r)
+  if r.lh * 10 > r.lr * 11 then return learn_excess_back * r.lper end
+  return ad_hold(r)
+end
+
 -- ad_grow, after a charge at now: a rate busy for a dwell is good (a probe
--- that was is kept, the next due at once; two in a row double the step);
--- then a due probe starts, straight to the remembered rate if higher
--- (unless the last probe to it failed).
+-- that was, and that passed learn_excess units more than the good rate in
+-- it or was busy for ad_excess_wait, is kept, the next due at once; two in
+-- a row double the step); then a due probe starts, straight to the
+-- remembered rate if higher (unless the last probe to it failed).
 local function ad_grow(r, now)
   if r.la < max(floor(r.lper / learn_dwell), learn_dwell_units * ad_em(r.lr)) then return end
+  if r.lg > 0 and r.la < ad_excess_wait(r) and r.la * (r.lr - r.lg) / 1e15 < learn_excess then return end
   r.la, r.lc = 0, 1
   if r.lg > 0 then
     r.lg, r.ln = 0, now
@@ -80,14 +100,6 @@ local function ad_grow(r, now)
     r.lr = up
   end
   ad_store(r)
-end
-
--- ad_hold is how long after a failure the next probe waits, µs: shorter
--- while a remembered rate is more than 10 % above the current one.
-local function ad_hold(r)
-  local h = learn_hold
-  if r.lh * 10 > r.lr * 11 then h = learn_hold_back end
-  return max(h * r.lper, learn_hold_units * ad_em(r.lr))
 end
 
 -- ad_cut lowers the rate for a block at now until till of a call decided
