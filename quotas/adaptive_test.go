@@ -173,11 +173,12 @@ func TestAdaptiveRemembers(t *testing.T) {
 }
 
 // TestAdaptiveProbeOutlastsBurst: a probe is kept only once it has passed
-// 5 units more than the good rate would have, however long its dwell, so
-// a vendor's burst of up to 5 cannot make a rate above its limit look
-// good: from 10/s, a probe to 12.5/s is still a probe after a second
-// (twice the dwell, 2.5 units above) and kept after 2 s; a probe that
-// would take longer than the hold to pass them is kept after the hold.
+// 5 units more than the good rate would have, not at the end of its
+// dwell, so a vendor's burst of up to 5 cannot make a rate above its
+// limit look good: from 10/s, a probe to 12.5/s is still a probe after a
+// second (twice the dwell, 2.5 units above) and kept after 2 s; a probe
+// that would take longer than the hold to pass them is kept after the
+// hold.
 func TestAdaptiveProbeOutlastsBurst(t *testing.T) {
 	w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 40, Min: 1, Start: 10, Per: time.Second}})}
 	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
