@@ -20,8 +20,10 @@ import (
 // day starts at Start again).
 //
 // The algorithm keeps a rate known to be good and probes above it. P is
-// Per; em the interval of the current rate; a dwell is the longer of P/2
-// and 4 em; the hold the longer of 60 em and 24 P (8 P while a remembered
+// Per; em the interval of the current rate; a dwell is the longest of
+// P/2, 4 em and 16 em up to 4 P (so that a vendor's burst, refilled
+// while a Retry-After held the calls, seldom makes a rate above its limit
+// look good); the hold the longer of 60 em and 24 P (8 P while a remembered
 // rate, see below, is more than 10 % above the current one).
 //
 //   - Good. A rate is good once the rule has been busy at it for a dwell
@@ -35,7 +37,7 @@ import (
 //     limit look good) or for the hold (4 P while a remembered rate is
 //     more than 10 % above), is kept and the next is due at once; after
 //     two good probes in a row the step doubles, up to 100 %: a limit far
-//     above is found in a few dwells (1/s to 300/s in about 55 s of
+//     above is found in a few dwells (1/s to 300/s in about 57 s of
 //     traffic, most of it the first steps at the lowest rates).
 //   - Throttled while probing. Back to the last good rate at once, the
 //     step halved (at least 2 %); the next probe is due after a dwell

@@ -11,7 +11,9 @@ import (
 // same values. P is the rule's Per; em the interval of the current rate.
 const (
 	learnDwell      = 2                // a rate is good after P/learnDwell busy...
-	learnDwellUnits = 4                // ... and at least this many em
+	learnDwellUnits = 4                // ... and at least this many em...
+	learnDwellMore  = 16               // ... and this many em...
+	learnDwellCap   = 4                // ... up to this many P
 	learnHold       = 24               // P to the next probe after one failed at the smallest step...
 	learnHoldBack   = 8                // ... or while a remembered rate is more than 10 % above
 	learnHoldUnits  = 60               // ... and at least this many em
@@ -79,7 +81,7 @@ func (p *learnParams) credit(s learned, now, tat int64) learned {
 // then a due probe starts. Its units come after the TAT tat, so busy time
 // counts for it from there.
 func (p *learnParams) grow(s learned, now, tat int64) learned {
-	if s.a < max(p.per/learnDwell, learnDwellUnits*intervalOf(s.r)) {
+	if s.a < p.dwell(s.r) {
 		return s
 	}
 	if s.g > 0 && s.a < p.excessWait(s) && float64(s.a)*float64(s.r-s.g)/1e15 < learnExcess {
@@ -107,6 +109,18 @@ func (p *learnParams) grow(s learned, now, tat int64) learned {
 		s.r = up
 	}
 	return s
+}
+
+// dwell is learn.lua's ad_dwell: the busy time, µs, that makes rate r
+// good: the longest of P/2, 4 em and 16 em up to 4 P. A vendor's burst,
+// refilled while a block (most often a whole second) held the calls, lets
+// a rate above its limit through for a while: at 2.5/s, burst 5, 3.3/s
+// for up to 6 s after each block, longer than 4 em (1.2 s), so each 429
+// only nudged it, for minutes. The cap (4 P) leaves the dwell below 4
+// units per P as it was, and the climb from there no slower.
+func (p *learnParams) dwell(r int64) int64 {
+	em := intervalOf(r)
+	return max(p.per/learnDwell, learnDwellUnits*em, min(learnDwellMore*em, learnDwellCap*p.per))
 }
 
 // hold is learn.lua's ad_hold: how long after a failure the next probe

@@ -81,10 +81,10 @@ func TestAdaptiveLearns(t *testing.T) {
 	near(t, "a throttle at a rate never good cuts it to 0.7", block(t0), 28)
 	near(t, "a throttle 0.5s later is the same event", block(t0.Add(500*time.Millisecond)), 28)
 	// From a hard cut the rule searches up with a 25 % step after a dwell
-	// (half a P busy, counted from the end of the block)...
+	// (16 em busy at 28/s, 0.57 s, counted from the end of the block)...
 	at := admit(t0.Add(time.Second), t0.Add(1400*time.Millisecond))
 	near(t, "no probe before a dwell", status(at), 28)
-	at = admit(at, t0.Add(1600*time.Millisecond))
+	at = admit(at, t0.Add(1700*time.Millisecond))
 	near(t, "search probe", status(at), 35)
 	// ... and a throttle while probing goes back to the last good rate.
 	near(t, "failed probe", block(at), 28)
@@ -175,14 +175,16 @@ func TestAdaptiveRemembers(t *testing.T) {
 // TestAdaptiveProbeOutlastsBurst: a probe is kept only once it has passed
 // 5 units more than the good rate would have, not at the end of its
 // dwell, so a vendor's burst of up to 5 cannot make a rate above its
-// limit look good: from 10/s, a probe to 12.5/s is still a probe after a
-// second (twice the dwell, 2.5 units above) and kept after 2 s; a probe
-// that would take longer than the hold to pass them is kept after the
-// hold.
+// limit look good: from 10/s (good after a dwell of 16 em, 1.6 s), a
+// probe to 12.5/s is still a probe after a second (2.5 units above) and
+// kept after 2 s; a probe that would take longer than the hold to pass
+// them is kept after the hold.
 func TestAdaptiveProbeOutlastsBurst(t *testing.T) {
 	w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 40, Min: 1, Start: 10, Per: time.Second}})}
 	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
-	at := w.admit(t0, t0.Add(600*time.Millisecond))
+	at := w.admit(t0, t0.Add(time.Second))
+	near(t, "the start, not good before 16 em", w.status(at), 10)
+	at = w.admit(at, t0.Add(1700*time.Millisecond))
 	near(t, "the start, good after a dwell, probed", w.status(at), 12.5)
 	probe := at
 	at = w.admit(at, probe.Add(time.Second))
@@ -198,7 +200,7 @@ func TestAdaptiveProbeOutlastsBurst(t *testing.T) {
 		want float64
 	}{{20 * time.Second, 2}, {31 * time.Second, 2.05 * 0.97}} {
 		w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 2.05, Min: 1, Start: 2, Per: time.Second}})}
-		at := w.admit(t0, t0.Add(2100*time.Millisecond))
+		at := w.admit(t0, t0.Add(4100*time.Millisecond)) // a dwell of 4 P (16 em is 8 s)
 		near(t, "the start, good after a dwell, probed", w.status(at), 2.05)
 		at = w.admit(at, at.Add(c.busy))
 		near(t, fmt.Sprintf("a throttle after %v at the probe", c.busy), w.block(at), c.want)

@@ -19,7 +19,8 @@
 -- Rule parameters (from the arguments): r.lmin, r.lmax, r.lstart (rates,
 -- as r) and r.lper (the rule's Per, µs).
 
-local learn_dwell, learn_dwell_units, learn_hold, learn_hold_back, learn_hold_units = 2, 4, 24, 8, 60
+local learn_dwell, learn_dwell_units, learn_dwell_more, learn_dwell_cap = 2, 4, 16, 4
+local learn_hold, learn_hold_back, learn_hold_units = 24, 8, 60
 local learn_step0, learn_step_min, learn_step_max = 0.25, 0.02, 1.0
 local learn_cut, learn_nudge, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.97, 1000000, 86400000000
 local learn_excess, learn_excess_back = 5, 4
@@ -27,6 +28,13 @@ local learn_excess, learn_excess_back = 5, 4
 -- ad_em is the emission interval, in µs, of rate r.
 local function ad_em(r)
   return max(1, ceil(1e15 / r))
+end
+
+-- ad_dwell is the busy time, µs, that makes the rate of r good: the
+-- longest of P/2, 4 em and 16 em up to 4 P.
+local function ad_dwell(r)
+  local em = ad_em(r.lr)
+  return max(floor(r.lper / learn_dwell), learn_dwell_units * em, min(learn_dwell_more * em, learn_dwell_cap * r.lper))
 end
 
 local function ad_store(r)
@@ -83,7 +91,7 @@ end
 -- a row double the step); then a due probe starts, straight to the
 -- remembered rate if higher (unless the last probe to it failed).
 local function ad_grow(r, now)
-  if r.la < max(floor(r.lper / learn_dwell), learn_dwell_units * ad_em(r.lr)) then return end
+  if r.la < ad_dwell(r) then return end
   if r.lg > 0 and r.la < ad_excess_wait(r) and r.la * (r.lr - r.lg) / 1e15 < learn_excess then return end
   r.la, r.lc = 0, 1
   if r.lg > 0 then
