@@ -207,6 +207,34 @@ func TestAdaptiveProbeOutlastsBurst(t *testing.T) {
 	}
 }
 
+// TestAdaptiveNextProbeSooner: a probe right after a kept one is kept
+// after 8 P busy even short of its 5 units, so that a limit that rose is
+// followed sooner: from 10/s, after three failed probes, a probe of
+// 3.125 % is kept on its 5 units (16 s), the next, as small (5 units in
+// 15.5 s), after 8 s.
+func TestAdaptiveNextProbeSooner(t *testing.T) {
+	w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 40, Min: 1, Start: 10, Per: time.Second}})}
+	at := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	for _, want := range []float64{12.5, 11.25, 10.625} { // the step halves
+		at = w.admit(at, at.Add(1700*time.Millisecond))
+		near(t, "a probe", w.status(at), want)
+		near(t, "which fails", w.block(at), 10)
+		at = w.admit(at, at.Add(time.Second)) // the block
+	}
+	at = w.admit(at, at.Add(1700*time.Millisecond))
+	near(t, "a probe of 3.125 %", w.status(at), 10.3125)
+	probe := at
+	at = w.admit(at, probe.Add(15*time.Second))
+	near(t, "short of its 5 units", w.status(at), 10.3125)
+	at = w.admit(at, probe.Add(16500*time.Millisecond))
+	near(t, "kept, the next probe", w.status(at), 10.3125*1.03125)
+	next := at
+	at = w.admit(at, next.Add(7500*time.Millisecond))
+	near(t, "the next, 7.5 s in", w.status(at), 10.3125*1.03125)
+	at = w.admit(at, next.Add(8500*time.Millisecond))
+	near(t, "kept after 8 s, the step doubled", w.status(at), 10.3125*1.03125*1.0625)
+}
+
 // TestAdaptiveClimbs: a rule that starts far below its Max finds it in
 // under a minute of traffic, doubling its probe step while probes stay
 // good (each kept once 5 units above the rate before it: 20 s for the

@@ -23,7 +23,7 @@ local learn_dwell, learn_dwell_units, learn_dwell_more, learn_dwell_cap = 2, 4, 
 local learn_hold, learn_hold_back, learn_hold_units = 24, 8, 60
 local learn_step0, learn_step_min, learn_step_max = 0.25, 0.02, 1.0
 local learn_cut, learn_nudge, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.97, 1000000, 86400000000
-local learn_excess, learn_excess_back = 5, 4
+local learn_excess, learn_excess_back, learn_excess_next = 5, 4, 8
 
 -- ad_em is the emission interval, in µs, of rate r.
 local function ad_em(r)
@@ -79,9 +79,11 @@ end
 -- ad_excess_wait is the busy time, µs, after which a probe that has not
 -- passed learn_excess units above the good rate is good all the same:
 -- learn_excess_back P while a remembered rate is more than 10 % above the
--- current one, the hold otherwise.
+-- current one, learn_excess_next P right after a kept probe (k), the hold
+-- otherwise.
 local function ad_excess_wait(r)
   if r.lh * 10 > r.lr * 11 then return learn_excess_back * r.lper end
+  if r.lk == 1 then return learn_excess_next * r.lper end
   return ad_hold(r)
 end
 

@@ -160,7 +160,8 @@ func TestAdaptiveDay(t *testing.T) {
 // stand when it comes back: the low phase lasts 15 to 45 s, a second
 // apart. Measured (2026-11-28): 81.7 % of the third phase used from 10 s
 // in on average, 63.2 % at worst, 1.30 % of calls 429; with a dwell of
-// 16 em, 79.9 %, 61.0 % and 1.50 %. The bars (the
+// 16 em, 79.9 %, 61.0 % and 1.50 %; with 8 P after a kept probe too,
+// 80.0 %, 61.0 % and 1.50 %. The bars (the
 // simulation is deterministic): 78 % on average, 60 % at worst, 2 % of
 // calls 429. Probes confirmed by their 5 units above the good rate with
 // no bound gave 65.2 and 30.0 %; bounded by the hold alone, without the
