@@ -115,10 +115,11 @@ func (p *learnParams) grow(s learned, now, tat int64) learned {
 // dwell is learn.lua's ad_dwell: the busy time, µs, that makes rate r
 // good: the longest of P/2, 4 em and 16 em up to 4 P. A vendor's burst,
 // refilled while a block (most often a whole second) held the calls, lets
-// a rate above its limit through for a while: at 2.5/s, burst 5, 3.3/s
-// for up to 6 s after each block, longer than 4 em (1.2 s), so each 429
-// only nudged it, for minutes. The cap (4 P) leaves the dwell below 4
-// units per P as it was, and the climb from there no slower.
+// a rate above its limit through for a while after it, and with a dwell
+// of 4 em every 429 found a rate good for a dwell and only nudged it: a
+// vendor down from 10/s to 2.5/s, burst 5, saw 6.8/s learned, then 4.2/s
+// 40 s later, a 429 every 2 to 3 s. The cap (4 P) leaves the dwell below
+// 4 units per P as it was, and the climb from there no slower.
 func (p *learnParams) dwell(r int64) int64 {
 	em := intervalOf(r)
 	return max(p.per/learnDwell, learnDwellUnits*em, min(learnDwellMore*em, learnDwellCap*p.per))
