@@ -46,12 +46,13 @@ func compileAdaptive(a Adaptive) compiled {
 
 // learned is an adaptive rule's state (learn.lua): the rate r and the last
 // good rate g while probing (0: not probing), in billionths of a unit per
-// second; the probe step s in millionths; when the next probe is due (n),
-// the time of the last cut (d), the time busy time is counted from (w),
-// the busy time at the current rate (a), all in µs; k, 1 after a good
-// probe; h, the rate that was good before the limit fell (0: none), as r;
-// c, 1 once the current rate was good for a dwell; m, 1 when the next
-// probe is a step even below h (after a probe to h failed).
+// second; the probe step s in millionths; when the next probe is due (n;
+// while probing, when its units start), the time of the last cut (d), the
+// time busy time is counted from (w), the busy time at the current rate
+// (a), all in µs; k, 1 after a good probe; h, the rate that was good
+// before the limit fell (0: none), as r; c, 1 once the current rate was
+// good for a dwell; m, 1 when the next probe is a step even below h
+// (after a probe to h failed).
 type learned struct{ r, g, s, n, d, w, a, k, h, c, m int64 }
 
 // fresh is the state of a key with none.
@@ -100,7 +101,8 @@ func (p *learnParams) grow(s learned, now, tat int64) learned {
 		}
 	}
 	if now >= s.n && s.r < p.max {
-		s.g, s.w, s.c = s.r, max(s.w, tat), 0
+		start := max(s.w, tat)
+		s.g, s.w, s.n, s.c = s.r, start, start, 0
 		up := min(p.max, int64(math.Floor(float64(s.r)*(1+float64(s.s)/1e6))))
 		if s.m == 1 {
 			s.m = 0
@@ -162,6 +164,11 @@ func (p *learnParams) cut(s learned, now, till, decided int64) (learned, bool) {
 		return s, false
 	}
 	c := int64(0)
+	if s.g > 0 && now < s.n {
+		// The probe's units have not gone out yet: the throttle is the
+		// good rate's, good for a dwell.
+		s.r, s.g, s.c = s.g, 0, 1
+	}
 	if s.g > 0 {
 		if s.h > 0 && s.r >= s.h {
 			// The level that was good before the limit fell is not yet.

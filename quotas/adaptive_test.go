@@ -207,6 +207,29 @@ func TestAdaptiveProbeOutlastsBurst(t *testing.T) {
 	}
 }
 
+// TestAdaptiveThrottleBeforeProbe: a throttle that comes before a probe's
+// first unit went out is the good rate's, not the probe's: the good rate
+// is nudged (10/s to 9.7/s) rather than kept with the probe failed. A
+// vendor at 2.5/s, burst 5, let 2.94/s through for 10 s; the 429 came a
+// moment after the next probe started, and 2.94/s stayed, each probe from
+// it failing, for 35 s.
+func TestAdaptiveThrottleBeforeProbe(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		what string
+		at   time.Duration // from the probe's first unit
+		want float64
+	}{
+		{"before the probe's first unit: the good rate nudged", -time.Millisecond, 9.7},
+		{"at it: the probe failed, back to the good rate", 0, 10},
+	} {
+		w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 40, Min: 1, Start: 10, Per: time.Second}})}
+		at := w.admit(t0, t0.Add(1700*time.Millisecond))
+		near(t, "the start, good after a dwell, probed", w.status(at), 12.5)
+		near(t, "a throttle "+c.what, w.block(at.Add(c.at)), c.want)
+	}
+}
+
 // TestAdaptiveNextProbeSooner: a probe right after a kept one is kept
 // after 8 P busy even short of its 5 units, so that a limit that rose is
 // followed sooner: from 10/s, after three failed probes, a probe of

@@ -7,9 +7,10 @@
 -- State of an adaptive rule r: the string at r.lkey,
 -- "r:g:s:n:d:w:a:k:h:c:m" (quotas/adaptive.go, learned): the rate r and the
 -- last good rate g while probing (0: not), in billionths of a unit per
--- second; the probe step s in millionths; when the next probe is due (n),
--- the last cut (d), the time busy time is counted from (w) and the busy
--- time at the current rate (a), in µs; k, 1 after a good probe; h, the
+-- second; the probe step s in millionths; when the next probe is due (n;
+-- while probing, when its units start), the last cut (d), the time busy
+-- time is counted from (w) and the busy time at the current rate (a), in
+-- µs; k, 1 after a good probe; h, the
 -- rate that was good before the limit fell (0: none); c, 1 once the
 -- current rate was good for a dwell; m, 1 when the next probe steps from
 -- the good rate even below h. Absent, or a day after w (also on an
@@ -104,7 +105,8 @@ local function ad_grow(r, now)
   end
   if now >= r.ln and r.lr < r.lmax then
     -- The probe's units come after the TAT: busy time counts from there.
-    r.lg, r.lw, r.lc = r.lr, max(r.lw, tat_get(r.key) or 0), 0
+    r.lw = max(r.lw, tat_get(r.key) or 0)
+    r.lg, r.ln, r.lc = r.lr, r.lw, 0
     local up = min(r.lmax, floor(r.lr * (1 + r.ls / 1e6)))
     if r.lm == 1 then r.lm = 0 else up = max(up, r.lh) end
     r.lr = up
@@ -128,6 +130,11 @@ local function ad_cut(r, now, till, decided)
     end
   end
   local c = 0
+  if r.lg > 0 and now < r.ln then
+    -- The probe's units have not gone out yet: the throttle is the good
+    -- rate's, good for a dwell.
+    r.lr, r.lg, r.lc = r.lg, 0, 1
+  end
   if r.lg > 0 then
     if r.lh > 0 and r.lr >= r.lh then
       -- The rate that was good before the limit fell is not yet.
