@@ -41,10 +41,12 @@ import (
 //     (1/s to 300/s in about 50 s of traffic, most of it the first steps
 //     at the lowest rates).
 //   - Throttled while probing. Back to the last good rate at once, the
-//     step halved (at least 2 %); the next probe is due after a dwell
-//     while the step is above 4 %, after the hold once it is not: at a
-//     stable limit the rule stays within a few % below it and probes once
-//     a hold.
+//     step quartered (at least 2 %); the next probe is due after a dwell
+//     while the step that failed was above 4 %, after the hold once it
+//     was not: at a stable limit the rule stays within a few % below it
+//     and probes once a hold. A throttle that comes before the probe's
+//     first unit went out (booked units go first) is the good rate's,
+//     and is taken as below.
 //   - Throttled not probing: the limit fell, or the rate sat so close to
 //     it that the calls' jitter crossed it. A rate good for a dwell (as
 //     the last good rate after a failed probe is) is cut to 0.97 of it and

@@ -20,6 +20,7 @@ const (
 	learnStep0      = 0.25             // the first probe step
 	learnStepMin    = 0.02             // the smallest probe step
 	learnStepMax    = 1.0              // the largest probe step
+	learnStepFail   = 4                // a failed probe divides the step by this
 	learnCut        = 0.7              // a throttle at a rate not yet good cuts it to this share...
 	learnNudge      = 0.97             // ... at a rate good for a dwell to this one
 	learnForget     = 0.97             // a failed probe at the remembered rate lowers it by this share
@@ -183,7 +184,7 @@ func (p *learnParams) cut(s learned, now, till, decided int64) (learned, bool) {
 		if s.s > 2*learnStepMin*1e6 {
 			s.n = now + p.per/learnDwell
 		}
-		s.s = max(learnStepMin*1e6, s.s/2)
+		s.s = max(learnStepMin*1e6, s.s/learnStepFail)
 	} else if s.c == 1 {
 		// Good for a dwell: the limit fell, or the calls' jitter crossed
 		// it. A small cut, the rate remembered (a little lower if it was

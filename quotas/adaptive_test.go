@@ -88,7 +88,7 @@ func TestAdaptiveLearns(t *testing.T) {
 	near(t, "search probe", status(at), 35)
 	// ... and a throttle while probing goes back to the last good rate.
 	near(t, "failed probe", block(at), 28)
-	// Good probes are kept, the step halved after the failure: 12.5 %,
+	// Good probes are kept, the step quartered after the failure: 6.25 %,
 	// then doubling after two good ones in a row.
 	at = at.Add(time.Second)
 	rates := []float64{28}
@@ -98,7 +98,7 @@ func TestAdaptiveLearns(t *testing.T) {
 			rates = append(rates, r)
 		}
 	}
-	for i, step := range []float64{0.125, 0.125, 0.25} {
+	for i, step := range []float64{0.0625, 0.0625, 0.125} {
 		near(t, fmt.Sprintf("probe %d", i+1), rates[i+1], rates[i]*(1+step))
 	}
 	// A throttle at a rate good for a dwell (the last good one after a
@@ -168,7 +168,7 @@ func TestAdaptiveRemembers(t *testing.T) {
 		t.Fatalf("only %d rate changes", len(seen))
 	}
 	near(t, "first probe: the remembered rate", seen[1], 19.4)
-	near(t, "next: a step from the good rate", seen[3], seen[2]*1.125)
+	near(t, "next: a step from the good rate", seen[3], seen[2]*1.0625)
 	near(t, "then the remembered rate, 3 % lower", seen[5], 19.4*0.97)
 }
 
@@ -232,30 +232,37 @@ func TestAdaptiveThrottleBeforeProbe(t *testing.T) {
 
 // TestAdaptiveNextProbeSooner: a probe right after a kept one is kept
 // after 8 P busy even short of its 5 units, so that a limit that rose is
-// followed sooner: from 10/s, after three failed probes, a probe of
-// 3.125 % is kept on its 5 units (16 s), the next, as small (5 units in
-// 15.5 s), after 8 s.
+// followed sooner: from 10/s, after three failed probes (the step
+// quartered each time, to 2 %), a probe of 2 % is kept after the hold
+// (24 s), short of its 5 units (25 s), and the next, as small (5 units
+// in 24.5 s), after 8 s.
 func TestAdaptiveNextProbeSooner(t *testing.T) {
 	w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 40, Min: 1, Start: 10, Per: time.Second}})}
 	at := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
-	for _, want := range []float64{12.5, 11.25, 10.625} { // the step halves
+	var cut time.Time
+	for _, want := range []float64{12.5, 10.625, 10.2} { // the step quartered
 		at = w.admit(at, at.Add(1700*time.Millisecond))
 		near(t, "a probe", w.status(at), want)
 		near(t, "which fails", w.block(at), 10)
+		cut = at
 		at = w.admit(at, at.Add(time.Second)) // the block
 	}
-	at = w.admit(at, at.Add(1700*time.Millisecond))
-	near(t, "a probe of 3.125 %", w.status(at), 10.3125)
+	at = w.admit(at, cut.Add(23500*time.Millisecond))
+	near(t, "no probe within the hold", w.status(at), 10)
+	for w.status(at) < 10.1 && at.Before(cut.Add(26*time.Second)) { // at the end of a dwell after it
+		at = w.admit(at, at.Add(100*time.Millisecond))
+	}
+	near(t, "a probe of 2 % after it", w.status(at), 10.2)
 	probe := at
-	at = w.admit(at, probe.Add(15*time.Second))
-	near(t, "short of its 5 units", w.status(at), 10.3125)
-	at = w.admit(at, probe.Add(16500*time.Millisecond))
-	near(t, "kept, the next probe", w.status(at), 10.3125*1.03125)
+	at = w.admit(at, probe.Add(23500*time.Millisecond))
+	near(t, "short of its 5 units and of the hold", w.status(at), 10.2)
+	at = w.admit(at, probe.Add(24500*time.Millisecond))
+	near(t, "kept after the hold, the next probe", w.status(at), 10.2*1.02)
 	next := at
 	at = w.admit(at, next.Add(7500*time.Millisecond))
-	near(t, "the next, 7.5 s in", w.status(at), 10.3125*1.03125)
+	near(t, "the next, 7.5 s in", w.status(at), 10.2*1.02)
 	at = w.admit(at, next.Add(8500*time.Millisecond))
-	near(t, "kept after 8 s, the step doubled", w.status(at), 10.3125*1.03125*1.0625)
+	near(t, "kept after 8 s, the step doubled", w.status(at), 10.2*1.02*1.04)
 }
 
 // TestAdaptiveClimbs: a rule that starts far below its Max finds it in

@@ -22,7 +22,7 @@
 
 local learn_dwell, learn_dwell_units, learn_dwell_more, learn_dwell_cap = 2, 4, 16, 4
 local learn_hold, learn_hold_back, learn_hold_units = 24, 8, 60
-local learn_step0, learn_step_min, learn_step_max = 0.25, 0.02, 1.0
+local learn_step0, learn_step_min, learn_step_max, learn_step_fail = 0.25, 0.02, 1.0, 4
 local learn_cut, learn_nudge, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.97, 1000000, 86400000000
 local learn_excess, learn_excess_back, learn_excess_next = 5, 4, 8
 
@@ -146,7 +146,7 @@ local function ad_cut(r, now, till, decided)
     c = 1 -- the last good rate was good for a dwell
     r.ln = now + ad_hold(r)
     if r.ls > 2 * learn_step_min * 1e6 then r.ln = now + floor(r.lper / learn_dwell) end
-    r.ls = max(learn_step_min * 1e6, floor(r.ls / 2))
+    r.ls = max(learn_step_min * 1e6, floor(r.ls / learn_step_fail))
   elseif r.lc == 1 then
     -- Good for a dwell: the limit fell, or the calls' jitter crossed it.
     -- A small cut, the rate remembered (a little lower if it was
