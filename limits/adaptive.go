@@ -23,8 +23,9 @@ import (
 // Per; em the interval of the current rate; a dwell is the longest of
 // P/2, 4 em and 16 em up to 4 P (so that a vendor's burst, refilled
 // while a Retry-After held the calls, seldom makes a rate above its limit
-// look good); the hold the longer of 60 em and 24 P (8 P while a remembered
-// rate, see below, is more than 10 % above the current one).
+// look good); the hold the longer of 100 em and 24 P (so that a failed
+// probe a hold costs at most 1 % of the calls), or of 60 em and 8 P while
+// a remembered rate, see below, is more than 10 % above the current one.
 //
 //   - Good. A rate is good once the rule has been busy at it for a dwell
 //     (the time its admitted units occupied, as the TAT shows, from the

@@ -15,8 +15,9 @@ const (
 	learnDwellMore  = 16               // ... and this many em...
 	learnDwellCap   = 4                // ... up to this many P
 	learnHold       = 24               // P to the next probe after one failed at the smallest step...
-	learnHoldBack   = 8                // ... or while a remembered rate is more than 10 % above
-	learnHoldUnits  = 60               // ... and at least this many em
+	learnHoldUnits  = 100              // ... and at least this many em...
+	learnHoldBack   = 8                // ... or, while a remembered rate is more than 10 % above, this many P...
+	learnBackUnits  = 60               // ... and at least this many em
 	learnStep0      = 0.25             // the first probe step
 	learnStepMin    = 0.02             // the smallest probe step
 	learnStepMax    = 1.0              // the largest probe step
@@ -129,14 +130,15 @@ func (p *learnParams) dwell(r int64) int64 {
 }
 
 // hold is learn.lua's ad_hold: how long after a failure the next probe
-// waits, µs: 24 P, or 8 P while a remembered rate is more than 10 %
-// above the current one; at least 60 em.
+// waits, µs: 24 P and at least 100 em (a failed probe a hold costs at
+// most 1 % of the calls: at 2/s, 60 em was 1.7 %, and with the 429s of
+// the start most of a 3-minute run's 2 %), or 8 P and at least 60 em
+// while a remembered rate is more than 10 % above the current one.
 func (p *learnParams) hold(s learned) int64 {
-	h := int64(learnHold)
 	if s.h*10 > s.r*11 {
-		h = learnHoldBack
+		return max(learnHoldBack*p.per, learnBackUnits*intervalOf(s.r))
 	}
-	return max(h*p.per, learnHoldUnits*intervalOf(s.r))
+	return max(learnHold*p.per, learnHoldUnits*intervalOf(s.r))
 }
 
 // excessWait is learn.lua's ad_excess_wait: the busy time, µs, after

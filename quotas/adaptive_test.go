@@ -194,11 +194,11 @@ func TestAdaptiveProbeOutlastsBurst(t *testing.T) {
 	near(t, "which fails back to the kept one", w.block(at), 12.5)
 
 	// A probe too small to pass 5 units soon (2/s to its Max of 2.05/s:
-	// 100 s) is kept after the hold all the same (29.3 s busy, 60 em).
+	// 100 s) is kept after the hold all the same (48.8 s busy, 100 em).
 	for _, c := range []struct {
 		busy time.Duration
 		want float64
-	}{{20 * time.Second, 2}, {31 * time.Second, 2.05 * 0.97}} {
+	}{{47 * time.Second, 2}, {50 * time.Second, 2.05 * 0.97}} {
 		w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 2.05, Min: 1, Start: 2, Per: time.Second}})}
 		at := w.admit(t0, t0.Add(4100*time.Millisecond)) // a dwell of 4 P (16 em is 8 s)
 		near(t, "the start, good after a dwell, probed", w.status(at), 2.05)

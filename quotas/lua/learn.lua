@@ -21,7 +21,7 @@
 -- as r) and r.lper (the rule's Per, µs).
 
 local learn_dwell, learn_dwell_units, learn_dwell_more, learn_dwell_cap = 2, 4, 16, 4
-local learn_hold, learn_hold_back, learn_hold_units = 24, 8, 60
+local learn_hold, learn_hold_units, learn_hold_back, learn_back_units = 24, 100, 8, 60
 local learn_step0, learn_step_min, learn_step_max, learn_step_fail = 0.25, 0.02, 1.0, 4
 local learn_cut, learn_nudge, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.97, 1000000, 86400000000
 local learn_excess, learn_excess_back, learn_excess_next = 5, 4, 8
@@ -72,9 +72,8 @@ end
 -- ad_hold is how long after a failure the next probe waits, µs: shorter
 -- while a remembered rate is more than 10 % above the current one.
 local function ad_hold(r)
-  local h = learn_hold
-  if r.lh * 10 > r.lr * 11 then h = learn_hold_back end
-  return max(h * r.lper, learn_hold_units * ad_em(r.lr))
+  if r.lh * 10 > r.lr * 11 then return max(learn_hold_back * r.lper, learn_back_units * ad_em(r.lr)) end
+  return max(learn_hold * r.lper, learn_hold_units * ad_em(r.lr))
 end
 
 -- ad_excess_wait is the busy time, µs, after which a probe that has not
