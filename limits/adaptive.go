@@ -52,7 +52,9 @@ import (
 //     it that the calls' jitter crossed it. A rate good for a dwell (as
 //     the last good rate after a failed probe is) is cut to 0.97 of it and
 //     remembered (3 % lower if it was the remembered rate already); the
-//     step is 2 % and the next probe is due after the hold. A rate not yet
+//     step is 2 % and the next probe is due after the hold. Cut so once
+//     already within the hold, with no probe since, it is above the limit
+//     rather than at it (a burst made it look good), and is cut to 0.9. A rate not yet
 //     good (the start, or after a cut) is cut to 0.7, again after each
 //     block while it is too high, and searched up from with a 25 % step
 //     after a dwell. Every other probe goes straight back to the

@@ -23,7 +23,8 @@ const (
 	learnStepMax    = 1.0              // the largest probe step
 	learnStepFail   = 4                // a failed probe divides the step by this
 	learnCut        = 0.7              // a throttle at a rate not yet good cuts it to this share...
-	learnNudge      = 0.97             // ... at a rate good for a dwell to this one
+	learnNudge      = 0.97             // ... at a rate good for a dwell to this one...
+	learnNudgeAgain = 0.9              // ... or this one if it was nudged within the hold, no probe since
 	learnForget     = 0.97             // a failed probe at the remembered rate lowers it by this share
 	learnCool       = 1000000          // µs: throttles within this of a cut are one event
 	learnScale      = units.LearnScale // rates are stored in billionths of a unit per second
@@ -54,7 +55,7 @@ func compileAdaptive(a Adaptive) compiled {
 // (a), all in µs; k, 1 after a good probe; h, the rate that was good
 // before the limit fell (0: none), as r; c, 1 once the current rate was
 // good for a dwell; m, 1 when the next probe is a step even below h
-// (after a probe to h failed).
+// (after a probe to h failed), 2 after a nudge until the next probe.
 type learned struct{ r, g, s, n, d, w, a, k, h, c, m int64 }
 
 // fresh is the state of a key with none.
@@ -106,12 +107,10 @@ func (p *learnParams) grow(s learned, now, tat int64) learned {
 		start := max(s.w, tat)
 		s.g, s.w, s.n, s.c = s.r, start, start, 0
 		up := min(p.max, int64(math.Floor(float64(s.r)*(1+float64(s.s)/1e6))))
-		if s.m == 1 {
-			s.m = 0
-		} else {
+		if s.m != 1 {
 			up = max(up, s.h)
 		}
-		s.r = up
+		s.r, s.m = up, 0
 	}
 	return s
 }
@@ -190,12 +189,22 @@ func (p *learnParams) cut(s learned, now, till, decided int64) (learned, bool) {
 	} else if s.c == 1 {
 		// Good for a dwell: the limit fell, or the calls' jitter crossed
 		// it. A small cut, the rate remembered (a little lower if it was
-		// already), and small probes after the hold.
+		// already), and small probes after the hold. Nudged already
+		// within the hold, with no probe since, the rate is above the
+		// limit, not at it (a vendor's burst made it look good): a larger
+		// cut.
 		if s.h = max(s.h, s.r); s.r >= s.h {
 			s.h = int64(math.Floor(float64(s.r) * learnForget))
 		}
-		s.r = max(p.min, int64(math.Floor(float64(s.r)*learnNudge)))
+		f := learnNudge
+		if s.m == 2 && now < s.n {
+			f = learnNudgeAgain
+		}
+		s.r = max(p.min, int64(math.Floor(float64(s.r)*f)))
 		s.s, s.n = learnStepMin*1e6, now+p.hold(s)
+		if s.m == 0 {
+			s.m = 2
+		}
 	} else {
 		// A rate not yet good: cut hard, and search up from there with
 		// big steps after a dwell.

@@ -230,6 +230,26 @@ func TestAdaptiveThrottleBeforeProbe(t *testing.T) {
 	}
 }
 
+// TestAdaptiveNudgedAgain: a rate good for a dwell and throttled is
+// nudged to 0.97 of it; good for a dwell again and throttled within the
+// hold, no probe since, it is above the limit rather than at it, and is
+// cut to 0.9; after a probe, a nudge is 0.97 again. A vendor at 10/s,
+// burst 20, let a start of 20/s look good for its dwell, and 21 nudges of
+// 3 %, a 429 each, took it to 10.5/s.
+func TestAdaptiveNudgedAgain(t *testing.T) {
+	w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 10, Min: 1, Per: time.Second}})}
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	at := w.admit(t0, t0.Add(1700*time.Millisecond))
+	near(t, "good for a dwell, throttled: nudged", w.block(at), 9.7)
+	at = w.admit(at, at.Add(3*time.Second)) // the block, then a dwell
+	near(t, "good again, throttled within the hold: cut", w.block(at), 9.7*0.9)
+	at = w.admit(at, at.Add(27*time.Second))
+	near(t, "after the hold, a probe to the remembered rate", w.status(at), 9.7*0.97)
+	near(t, "which fails", w.block(at), 9.7*0.9)
+	at = w.admit(at, at.Add(3*time.Second))
+	near(t, "a probe since: nudged", w.block(at), 9.7*0.9*0.97)
+}
+
 // TestAdaptiveNextProbeSooner: a probe right after a kept one is kept
 // after 8 P busy even short of its 5 units, so that a limit that rose is
 // followed sooner: from 10/s, after three failed probes (the step

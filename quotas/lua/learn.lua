@@ -13,7 +13,7 @@
 -- µs; k, 1 after a good probe; h, the
 -- rate that was good before the limit fell (0: none); c, 1 once the
 -- current rate was good for a dwell; m, 1 when the next probe steps from
--- the good rate even below h. Absent, or a day after w (also on an
+-- the good rate even below h, 2 after a nudge until the next probe. Absent, or a day after w (also on an
 -- explicit clock), it is the rule's start. The key lives a day. r.em is
 -- the emission interval of the rate, in µs.
 --
@@ -23,7 +23,7 @@
 local learn_dwell, learn_dwell_units, learn_dwell_more, learn_dwell_cap = 2, 4, 16, 4
 local learn_hold, learn_hold_units, learn_hold_back, learn_back_units = 24, 100, 8, 60
 local learn_step0, learn_step_min, learn_step_max, learn_step_fail = 0.25, 0.02, 1.0, 4
-local learn_cut, learn_nudge, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.97, 1000000, 86400000000
+local learn_cut, learn_nudge, learn_nudge_again, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.9, 0.97, 1000000, 86400000000
 local learn_excess, learn_excess_back, learn_excess_next = 5, 4, 8
 
 -- ad_em is the emission interval, in µs, of rate r.
@@ -107,8 +107,8 @@ local function ad_grow(r, now)
     r.lw = max(r.lw, tat_get(r.key) or 0)
     r.lg, r.ln, r.lc = r.lr, r.lw, 0
     local up = min(r.lmax, floor(r.lr * (1 + r.ls / 1e6)))
-    if r.lm == 1 then r.lm = 0 else up = max(up, r.lh) end
-    r.lr = up
+    if r.lm ~= 1 then up = max(up, r.lh) end
+    r.lr, r.lm = up, 0
   end
   ad_store(r)
 end
@@ -149,11 +149,16 @@ local function ad_cut(r, now, till, decided)
   elseif r.lc == 1 then
     -- Good for a dwell: the limit fell, or the calls' jitter crossed it.
     -- A small cut, the rate remembered (a little lower if it was
-    -- already), and small probes after the hold.
+    -- already), and small probes after the hold. Nudged already within
+    -- the hold, with no probe since, the rate is above the limit, not at
+    -- it (a vendor's burst made it look good): a larger cut.
     r.lh = max(r.lh, r.lr)
     if r.lr >= r.lh then r.lh = floor(r.lr * learn_forget) end
-    r.lr = max(r.lmin, floor(r.lr * learn_nudge))
+    local f = learn_nudge
+    if r.lm == 2 and now < r.ln then f = learn_nudge_again end
+    r.lr = max(r.lmin, floor(r.lr * f))
     r.ls, r.ln = learn_step_min * 1e6, now + ad_hold(r)
+    if r.lm == 0 then r.lm = 2 end
   else
     -- A rate not yet good: cut hard, and search up from there with big
     -- steps after a dwell.
