@@ -54,10 +54,11 @@ import (
 //     remembered (3 % lower if it was the remembered rate already); the
 //     step is 2 % and the next probe is due after the hold. Cut so once
 //     already within the hold, with no probe since, it is above the limit
-//     rather than at it (a burst made it look good), and is cut to 0.9. A rate not yet
-//     good (the start, or after a cut) is cut to 0.7, again after each
-//     block while it is too high, and searched up from with a 25 % step
-//     after a dwell. Every other probe goes straight back to the
+//     rather than at it (a burst made it look good), and is cut to 0.9.
+//     A rate not yet good (after a cut), or the start until its first
+//     cut or kept probe (good for a dwell or not: never measured), is cut
+//     to 0.7, again after each block while it is too high, and searched
+//     up from with a 25 % step after a dwell. Every other probe goes straight back to the
 //     remembered rate (the others step up from the good rate), and each
 //     that fails remembers 3 % less: a limit that comes back is found
 //     within two holds.

@@ -186,7 +186,7 @@ func (p *learnParams) cut(s learned, now, till, decided int64) (learned, bool) {
 			s.n = now + p.per/learnDwell
 		}
 		s.s = max(learnStepMin*1e6, s.s/learnStepFail)
-	} else if s.c == 1 {
+	} else if s.c == 1 && (s.d > 0 || s.k == 1) {
 		// Good for a dwell: the limit fell, or the calls' jitter crossed
 		// it. A small cut, the rate remembered (a little lower if it was
 		// already), and small probes after the hold. Nudged already
@@ -206,8 +206,11 @@ func (p *learnParams) cut(s learned, now, till, decided int64) (learned, bool) {
 			s.m = 2
 		}
 	} else {
-		// A rate not yet good: cut hard, and search up from there with
-		// big steps after a dwell.
+		// A rate not yet good, or the start before any cut or kept probe
+		// (never measured: a vendor's burst can make a start far above
+		// its limit look good, and remembered it drew a 429 every other
+		// probe): cut hard, and search up from there with big steps after
+		// a dwell.
 		s.r = max(p.min, int64(math.Floor(float64(s.r)*learnCut)))
 		s.s, s.n = learnStep0*1e6, now+p.per/learnDwell
 	}

@@ -127,6 +127,12 @@ func TestAdaptiveRemembers(t *testing.T) {
 	s := mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 20, Min: 1, Per: time.Second}})
 	m := NewModel()
 	at := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	// The start (Max), never measured, is cut hard at its first throttle,
+	// and searched up from to Max again.
+	w := walk{t, m, s}
+	near(t, "the start cut", w.block(at), 14)
+	at = w.admit(at.Add(time.Second), at.Add(10*time.Second))
+	near(t, "back at Max", w.status(at), 20)
 	for i := 0; i < 40; i++ { // 2 s at 20/s: good
 		if d, err := m.AllowAt(at, s, Request{}); err != nil || !d.Allowed {
 			t.Fatalf("%+v %v", d, err)
@@ -209,7 +215,7 @@ func TestAdaptiveProbeOutlastsBurst(t *testing.T) {
 
 // TestAdaptiveThrottleBeforeProbe: a throttle that comes before a probe's
 // first unit went out is the good rate's, not the probe's: the good rate
-// is nudged (10/s to 9.7/s) rather than kept with the probe failed. A
+// is nudged (7/s to 6.79/s) rather than kept with the probe failed. A
 // vendor at 2.5/s, burst 5, let 2.94/s through for 10 s; the 429 came a
 // moment after the next probe started, and 2.94/s stayed, each probe from
 // it failing, for 35 s.
@@ -220,12 +226,16 @@ func TestAdaptiveThrottleBeforeProbe(t *testing.T) {
 		at   time.Duration // from the probe's first unit
 		want float64
 	}{
-		{"before the probe's first unit: the good rate nudged", -time.Millisecond, 9.7},
-		{"at it: the probe failed, back to the good rate", 0, 10},
+		{"before the probe's first unit: the good rate nudged", -time.Millisecond, 7 * 0.97},
+		{"at it: the probe failed, back to the good rate", 0, 7},
 	} {
 		w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 40, Min: 1, Start: 10, Per: time.Second}})}
-		at := w.admit(t0, t0.Add(1700*time.Millisecond))
-		near(t, "the start, good after a dwell, probed", w.status(at), 12.5)
+		near(t, "the start cut", w.block(t0), 7)
+		at := t0.Add(time.Second) // the block
+		for w.status(at) < 8 && at.Before(t0.Add(4*time.Second)) {
+			at = w.admit(at, at.Add(time.Millisecond)) // a unit
+		}
+		near(t, "good after a dwell, probed", w.status(at), 8.75)
 		near(t, "a throttle "+c.what, w.block(at.Add(c.at)), c.want)
 	}
 }
@@ -235,12 +245,21 @@ func TestAdaptiveThrottleBeforeProbe(t *testing.T) {
 // hold, no probe since, it is above the limit rather than at it, and is
 // cut to 0.9; after a probe, a nudge is 0.97 again. A vendor at 10/s,
 // burst 20, let a start of 20/s look good for its dwell, and 21 nudges of
-// 3 %, a 429 each, took it to 10.5/s.
+// 3 %, a 429 each, took it to 10.5/s. The start itself, good for a dwell,
+// is cut to 0.7 at its first throttle: it was never measured, and
+// remembered it would draw a 429 every other probe.
 func TestAdaptiveNudgedAgain(t *testing.T) {
-	w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 10, Min: 1, Per: time.Second}})}
 	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 10, Min: 1, Per: time.Second}})}
 	at := w.admit(t0, t0.Add(1700*time.Millisecond))
-	near(t, "good for a dwell, throttled: nudged", w.block(at), 9.7)
+	near(t, "the start, good for a dwell, throttled", w.block(at), 7)
+
+	w = walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 40, Min: 1, Start: 10, Per: time.Second}})}
+	at = w.admit(t0, t0.Add(1700*time.Millisecond))
+	near(t, "the start, good for a dwell, probed", w.status(at), 12.5)
+	near(t, "the probe fails", w.block(at), 10)
+	at = at.Add(1500 * time.Millisecond) // the block; no dwell since
+	near(t, "the good rate throttled: nudged", w.block(at), 9.7)
 	at = w.admit(at, at.Add(3*time.Second)) // the block, then a dwell
 	near(t, "good again, throttled within the hold: cut", w.block(at), 9.7*0.9)
 	at = w.admit(at, at.Add(27*time.Second))

@@ -146,7 +146,7 @@ local function ad_cut(r, now, till, decided)
     r.ln = now + ad_hold(r)
     if r.ls > 2 * learn_step_min * 1e6 then r.ln = now + floor(r.lper / learn_dwell) end
     r.ls = max(learn_step_min * 1e6, floor(r.ls / learn_step_fail))
-  elseif r.lc == 1 then
+  elseif r.lc == 1 and (r.ld > 0 or r.lk == 1) then
     -- Good for a dwell: the limit fell, or the calls' jitter crossed it.
     -- A small cut, the rate remembered (a little lower if it was
     -- already), and small probes after the hold. Nudged already within
@@ -160,8 +160,10 @@ local function ad_cut(r, now, till, decided)
     r.ls, r.ln = learn_step_min * 1e6, now + ad_hold(r)
     if r.lm == 0 then r.lm = 2 end
   else
-    -- A rate not yet good: cut hard, and search up from there with big
-    -- steps after a dwell.
+    -- A rate not yet good, or the start before any cut or kept probe
+    -- (never measured: a vendor's burst can make a start far above its
+    -- limit look good, and remembered it drew a 429 every other probe):
+    -- cut hard, and search up from there with big steps after a dwell.
     r.lr = max(r.lmin, floor(r.lr * learn_cut))
     r.ls, r.ln = learn_step0 * 1e6, now + floor(r.lper / learn_dwell)
   end
