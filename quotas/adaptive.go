@@ -82,9 +82,12 @@ func (p *learnParams) credit(s learned, now, tat int64) learned {
 // grow is learn.lua's ad_grow: after a charge at now, a rate busy for a
 // dwell is good (a probe that was, and that passed learnExcess units more
 // than the good rate in it or was busy for excessWait, is kept, and the
-// next is due at once);
-// then a due probe starts. Its units come after the TAT tat, so busy time
-// counts for it from there.
+// next is due at once); then a due probe starts: a step up, or straight
+// to the remembered rate h once the hold has passed since the last cut
+// (unless the last probe to it failed; before, a kept step had the next
+// probe go to h at once, and at 0.5/s after a fall from 2/s each drew a
+// 429). Its units come after the TAT tat, so busy time counts for it
+// from there.
 func (p *learnParams) grow(s learned, now, tat int64) learned {
 	if s.a < p.dwell(s.r) {
 		return s
@@ -107,7 +110,7 @@ func (p *learnParams) grow(s learned, now, tat int64) learned {
 		start := max(s.w, tat)
 		s.g, s.w, s.n, s.c = s.r, start, start, 0
 		up := min(p.max, int64(math.Floor(float64(s.r)*(1+float64(s.s)/1e6))))
-		if s.m != 1 {
+		if s.m != 1 && now >= s.d+p.hold(s) {
 			up = max(up, s.h)
 		}
 		s.r, s.m = up, 0

@@ -91,7 +91,8 @@ end
 -- that was, and that passed learn_excess units more than the good rate in
 -- it or was busy for ad_excess_wait, is kept, the next due at once; two in
 -- a row double the step); then a due probe starts, straight to the
--- remembered rate if higher (unless the last probe to it failed).
+-- remembered rate if higher once the hold has passed since the last cut
+-- (unless the last probe to it failed).
 local function ad_grow(r, now)
   if r.la < ad_dwell(r) then return end
   if r.lg > 0 and r.la < ad_excess_wait(r) and r.la * (r.lr - r.lg) / 1e15 < learn_excess then return end
@@ -107,7 +108,7 @@ local function ad_grow(r, now)
     r.lw = max(r.lw, tat_get(r.key) or 0)
     r.lg, r.ln, r.lc = r.lr, r.lw, 0
     local up = min(r.lmax, floor(r.lr * (1 + r.ls / 1e6)))
-    if r.lm ~= 1 then up = max(up, r.lh) end
+    if r.lm ~= 1 and now >= r.ld + ad_hold(r) then up = max(up, r.lh) end
     r.lr, r.lm = up, 0
   end
   ad_store(r)

@@ -257,5 +257,6 @@ func TestAdaptiveGrid(t *testing.T) {
 // to 4 P, 92 and 7; a throttle before a probe's first unit nudging the
 // good rate, 90 and 7; a hold of at least 100 em, 88 and 5; a second
 // nudge within the hold cutting to 0.9, 83 and 5; the start cut hard at
-// its first throttle, 80 and 2.
-const sampledMissed, sampledMissedRace = 80, 2
+// its first throttle, 80 and 2; probes back to the remembered rate only
+// a hold after the last cut, 79 and 2.
+const sampledMissed, sampledMissedRace = 79, 2
