@@ -36,10 +36,10 @@ import (
 //     and until it has passed 5 units more than the good rate would have
 //     (so a remote side's burst of up to 5 cannot make a rate above its
 //     limit look good) or for the hold (4 P while a remembered rate is
-//     more than 10 % above, 8 P right after a kept probe), is kept and
+//     more than 10 % above, 5 P right after a kept probe), is kept and
 //     the next is due at once; after two good probes in a row the step
 //     doubles, up to 100 %: a limit far above is found in a few dwells
-//     (1/s to 300/s in about 50 s of traffic, most of it the first steps
+//     (1/s to 300/s in about 45 s of traffic, most of it the first steps
 //     at the lowest rates).
 //   - Throttled while probing. Back to the last good rate at once, the
 //     step quartered (at least 2 %); the next probe is due after a dwell

@@ -31,7 +31,7 @@ const (
 	learnTTL        = 24 * time.Hour
 	learnExcess     = 5 // a probe is good once it also passed this many units above the good rate...
 	learnExcessBack = 4 // ... or was busy for this many P while a remembered rate is more than 10 % above...
-	learnExcessNext = 8 // ... or this many P after a kept probe, else the hold
+	learnExcessNext = 5 // ... or this many P after a kept probe, else the hold
 )
 
 // learnParams are an adaptive rule's bounds in the units the script takes:
@@ -147,7 +147,7 @@ func (p *learnParams) hold(s learned) int64 {
 // which a probe that has not yet passed learnExcess units above the good
 // rate is good all the same: 4 P while a remembered rate is more than
 // 10 % above the current one (so that probes back to it stay as
-// frequent), 8 P right after a kept probe (so that a limit that rose is
+// frequent), 5 P right after a kept probe (so that a limit that rose is
 // followed sooner: from 5/s, each 2 % probe waited the hold, 24 s, for
 // its 5 units), the hold otherwise.
 func (p *learnParams) excessWait(s learned) int64 {

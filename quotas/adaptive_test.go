@@ -274,11 +274,11 @@ func TestAdaptiveNudgedAgain(t *testing.T) {
 }
 
 // TestAdaptiveNextProbeSooner: a probe right after a kept one is kept
-// after 8 P busy even short of its 5 units, so that a limit that rose is
+// after 5 P busy even short of its 5 units, so that a limit that rose is
 // followed sooner: from 10/s, after three failed probes (the step
 // quartered each time, to 2 %), a probe of 2 % is kept after the hold
 // (24 s), short of its 5 units (25 s), and the next, as small (5 units
-// in 24.5 s), after 8 s.
+// in 24.5 s), after 5 s.
 func TestAdaptiveNextProbeSooner(t *testing.T) {
 	w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 40, Min: 1, Start: 10, Per: time.Second}})}
 	at := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
@@ -302,10 +302,10 @@ func TestAdaptiveNextProbeSooner(t *testing.T) {
 	at = w.admit(at, probe.Add(24500*time.Millisecond))
 	near(t, "kept after the hold, the next probe", w.status(at), 10.2*1.02)
 	next := at
-	at = w.admit(at, next.Add(7500*time.Millisecond))
-	near(t, "the next, 7.5 s in", w.status(at), 10.2*1.02)
-	at = w.admit(at, next.Add(8500*time.Millisecond))
-	near(t, "kept after 8 s, the step doubled", w.status(at), 10.2*1.02*1.04)
+	at = w.admit(at, next.Add(4500*time.Millisecond))
+	near(t, "the next, 4.5 s in", w.status(at), 10.2*1.02)
+	at = w.admit(at, next.Add(5500*time.Millisecond))
+	near(t, "kept after 5 s, the step doubled", w.status(at), 10.2*1.02*1.04)
 }
 
 // TestAdaptiveClimbs: a rule that starts far below its Max finds it in

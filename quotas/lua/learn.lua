@@ -24,7 +24,7 @@ local learn_dwell, learn_dwell_units, learn_dwell_more, learn_dwell_cap = 2, 4, 
 local learn_hold, learn_hold_units, learn_hold_back, learn_back_units = 24, 100, 8, 60
 local learn_step0, learn_step_min, learn_step_max, learn_step_fail = 0.25, 0.02, 1.0, 4
 local learn_cut, learn_nudge, learn_nudge_again, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.9, 0.97, 1000000, 86400000000
-local learn_excess, learn_excess_back, learn_excess_next = 5, 4, 8
+local learn_excess, learn_excess_back, learn_excess_next = 5, 4, 5
 
 -- ad_em is the emission interval, in µs, of rate r.
 local function ad_em(r)
