@@ -58,7 +58,7 @@ import (
 //     A rate not yet good (after a cut), or the start until its first
 //     cut or kept probe (good for a dwell or not: never measured), is cut
 //     to 0.7, again after each block while it is too high, and searched
-//     up from with a 25 % step after a dwell. Once the hold has passed
+//     up from with a 20 % step after a dwell. Once the hold has passed
 //     since the last cut, a probe goes straight back to the remembered
 //     rate (every other probe; the others step up from the good rate),
 //     and each that fails remembers 3 % less: a limit that comes back is

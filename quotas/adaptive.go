@@ -18,7 +18,8 @@ const (
 	learnHoldUnits  = 100              // ... and at least this many em...
 	learnHoldBack   = 8                // ... or, while a remembered rate is more than 10 % above, this many P...
 	learnBackUnits  = 60               // ... and at least this many em
-	learnStep0      = 0.25             // the first probe step
+	learnStep0      = 0.25             // the first probe step...
+	learnStepCut    = 0.2              // ... and after a hard cut
 	learnStepMin    = 0.02             // the smallest probe step
 	learnStepMax    = 1.0              // the largest probe step
 	learnStepFail   = 4                // a failed probe divides the step by this
@@ -215,7 +216,7 @@ func (p *learnParams) cut(s learned, now, till, decided int64) (learned, bool) {
 		// probe): cut hard, and search up from there with big steps after
 		// a dwell.
 		s.r = max(p.min, int64(math.Floor(float64(s.r)*learnCut)))
-		s.s, s.n = learnStep0*1e6, now+p.per/learnDwell
+		s.s, s.n = learnStepCut*1e6, now+p.per/learnDwell
 	}
 	s.k, s.c, s.d, s.a, s.w = 0, c, now, 0, max(s.w, till)
 	return s, true

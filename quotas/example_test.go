@@ -339,7 +339,7 @@ func ExampleAdaptive() {
 	d, _ = m.BlockAt(now, set, quotas.Request{}, now.Add(time.Second)) // a 429 with Retry-After: 1
 	fmt.Printf("after a 429: %.1f/s\n", rate(d))
 	// Calls flow at that rate for half a second after the block without
-	// a 429: it is good, and a probe 25 % above it starts.
+	// a 429: it is good, and a probe 20 % above it starts.
 	for now = now.Add(time.Second); now.Before(monday9.Add(1800 * time.Millisecond)); {
 		d, _ = m.AllowAt(now, set, quotas.Request{})
 		now = now.Add(d.Rules[0].Interval)
@@ -348,7 +348,7 @@ func ExampleAdaptive() {
 	// Output:
 	// start: 40.0/s
 	// after a 429: 28.0/s
-	// probing: 35.0/s
+	// probing: 33.6/s
 }
 
 // A rule of 10,000 calls a second is worth less than a Redis call per

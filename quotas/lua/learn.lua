@@ -22,7 +22,7 @@
 
 local learn_dwell, learn_dwell_units, learn_dwell_more, learn_dwell_cap = 2, 4, 16, 4
 local learn_hold, learn_hold_units, learn_hold_back, learn_back_units = 24, 100, 8, 60
-local learn_step0, learn_step_min, learn_step_max, learn_step_fail = 0.25, 0.02, 1.0, 4
+local learn_step0, learn_step_cut, learn_step_min, learn_step_max, learn_step_fail = 0.25, 0.2, 0.02, 1.0, 4
 local learn_cut, learn_nudge, learn_nudge_again, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.9, 0.97, 1000000, 86400000000
 local learn_excess, learn_excess_back, learn_excess_next = 5, 4, 5
 
@@ -166,7 +166,7 @@ local function ad_cut(r, now, till, decided)
     -- limit look good, and remembered it drew a 429 every other probe):
     -- cut hard, and search up from there with big steps after a dwell.
     r.lr = max(r.lmin, floor(r.lr * learn_cut))
-    r.ls, r.ln = learn_step0 * 1e6, now + floor(r.lper / learn_dwell)
+    r.ls, r.ln = learn_step_cut * 1e6, now + floor(r.lper / learn_dwell)
   end
   r.lk, r.lc, r.ld, r.la, r.lw = 0, c, now, 0, max(r.lw, till)
   r.em = ad_em(r.lr)
