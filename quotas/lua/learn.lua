@@ -10,10 +10,10 @@
 -- second; the probe step s in millionths; when the next probe is due (n;
 -- while probing, when its units start), the last cut (d), the time busy
 -- time is counted from (w) and the busy time at the current rate (a), in
--- µs; k, 1 after a good probe; h, the
--- rate that was good before the limit fell (0: none); c, 1 once the
--- current rate was good for a dwell; m, 1 when the next probe steps from
--- the good rate even below h, 2 after a nudge until the next probe. Absent, or a day after w (also on an
+-- µs; k, 1 after a good probe; h, the rate that was good before the limit
+-- fell (0: none); c, 1 once the current rate was good for a dwell; m, 1
+-- when the next probe steps from the good rate even below h, 2 after a
+-- nudge until the next probe. Absent, or a day after w (also on an
 -- explicit clock), it is the rule's start. The key lives a day. r.em is
 -- the emission interval of the rate, in µs.
 --
