@@ -33,14 +33,16 @@ import (
 //     no throttle.
 //   - Probe. When the rate is good and a probe is due, the rate is raised
 //     by the step (25 % at first). A probe that stays good for a dwell,
-//     and until it has passed 5 units more than the good rate would have
-//     (so a remote side's burst of up to 5 cannot make a rate above its
-//     limit look good) or for the hold (4 P while a remembered rate is
-//     more than 10 % above, 5 P right after a kept probe), is kept and
-//     the next is due at once; after two good probes in a row the step
-//     doubles, up to 100 %: a limit far above is found in a few dwells
-//     (1/s to 300/s in about 45 s of traffic, most of it the first steps
-//     at the lowest rates).
+//     and until it has passed 5 units more than the good rate would have,
+//     or as many as a failed probe passed before its throttle if more (so
+//     a remote side's burst cannot make a rate above its limit look
+//     good), or for the hold (4 P while a remembered rate is more than
+//     10 % above, 5 P right after a kept probe), is kept and the next is
+//     due at once; after two good probes in a row the step doubles, up
+//     to 100 %, and after one kept at the smallest step it is 10 % (a
+//     limit that rose): a limit far above is found in a few dwells (1/s
+//     to 300/s in about 45 s of traffic, most of it the first steps at
+//     the lowest rates).
 //   - Throttled while probing. Back to the last good rate at once, the
 //     step quartered (at least 2 %); the next probe is due after a dwell
 //     while the step that failed was above 4 %, after the hold once it

@@ -20,6 +20,7 @@ const (
 	learnBackUnits  = 60               // ... and at least this many em
 	learnStep0      = 0.25             // the first probe step...
 	learnStepCut    = 0.2              // ... and after a hard cut
+	learnStepJump   = 0.1              // ... and after the first probe kept at the smallest step
 	learnStepMin    = 0.02             // the smallest probe step
 	learnStepMax    = 1.0              // the largest probe step
 	learnStepFail   = 4                // a failed probe divides the step by this
@@ -30,7 +31,7 @@ const (
 	learnCool       = 1000000          // µs: throttles within this of a cut are one event
 	learnScale      = units.LearnScale // rates are stored in billionths of a unit per second
 	learnTTL        = 24 * time.Hour
-	learnExcess     = 5 // a probe is good once it also passed this many units above the good rate...
+	learnExcess     = 5 // a probe is good once it also passed this many units above the good rate (x if more)...
 	learnExcessBack = 4 // ... or was busy for this many P while a remembered rate is more than 10 % above...
 	learnExcessNext = 5 // ... or this many P after a kept probe, else the hold
 )
@@ -56,8 +57,10 @@ func compileAdaptive(a Adaptive) compiled {
 // (a), all in µs; k, 1 after a good probe; h, the rate that was good
 // before the limit fell (0: none), as r; c, 1 once the current rate was
 // good for a dwell; m, 1 when the next probe is a step even below h
-// (after a probe to h failed), 2 after a nudge until the next probe.
-type learned struct{ r, g, s, n, d, w, a, k, h, c, m int64 }
+// (after a probe to h failed), 2 after a nudge until the next probe; x,
+// the most units above the good rate a failed probe passed before its
+// throttle, in thousandths (the vendor's burst, as far as seen).
+type learned struct{ r, g, s, n, d, w, a, k, h, c, m, x int64 }
 
 // fresh is the state of a key with none.
 func (p *learnParams) fresh(now int64) learned {
@@ -82,18 +85,20 @@ func (p *learnParams) credit(s learned, now, tat int64) learned {
 
 // grow is learn.lua's ad_grow: after a charge at now, a rate busy for a
 // dwell is good (a probe that was, and that passed learnExcess units more
-// than the good rate in it or was busy for excessWait, is kept, and the
-// next is due at once); then a due probe starts: a step up, or straight
-// to the remembered rate h once the hold has passed since the last cut
-// (unless the last probe to it failed; before, a kept step had the next
-// probe go to h at once, and at 0.5/s after a fall from 2/s each drew a
-// 429). Its units come after the TAT tat, so busy time counts for it
-// from there.
+// than the good rate in it, or x thousandths if more, or was busy for
+// excessWait, is kept, and the next is due at once: two kept in a row
+// double the step, the first kept at the smallest step makes it
+// learnStepJump, as a limit that rose calls for); then a due probe
+// starts: a step up, or straight to the remembered rate h once the hold
+// has passed since the last cut (unless the last probe to it failed;
+// before, a kept step had the next probe go to h at once, and at 0.5/s
+// after a fall from 2/s each drew a 429). Its units come after the TAT
+// tat, so busy time counts for it from there.
 func (p *learnParams) grow(s learned, now, tat int64) learned {
 	if s.a < p.dwell(s.r) {
 		return s
 	}
-	if s.g > 0 && s.a < p.excessWait(s) && float64(s.a)*float64(s.r-s.g)/1e15 < learnExcess {
+	if s.g > 0 && s.a < p.excessWait(s) && s.excess() < max(learnExcess, float64(s.x)/1e3) {
 		return s
 	}
 	s.a, s.c = 0, 1
@@ -101,6 +106,8 @@ func (p *learnParams) grow(s learned, now, tat int64) learned {
 		s.g, s.n = 0, now
 		if s.k == 1 {
 			s.s = min(learnStepMax*1e6, 2*s.s)
+		} else if s.s <= learnStepMin*1e6 {
+			s.s = learnStepJump * 1e6
 		}
 		s.k = 1
 		if s.r >= s.h {
@@ -117,6 +124,12 @@ func (p *learnParams) grow(s learned, now, tat int64) learned {
 		s.r, s.m = up, 0
 	}
 	return s
+}
+
+// excess is learn.lua's ad_excess: the units a probe passed above the
+// good rate g, busy at rate r for a.
+func (s learned) excess() float64 {
+	return float64(s.a) * float64(s.r-s.g) / 1e15
 }
 
 // dwell is learn.lua's ad_dwell: the busy time, µs, that makes rate r
@@ -176,6 +189,7 @@ func (p *learnParams) cut(s learned, now, till, decided int64) (learned, bool) {
 		s.r, s.g, s.c = s.g, 0, 1
 	}
 	if s.g > 0 {
+		s.x = max(s.x, int64(math.Floor(s.excess()*1e3)))
 		if s.h > 0 && s.r >= s.h {
 			// The level that was good before the limit fell is not yet.
 			if s.h = int64(math.Floor(float64(s.h) * learnForget)); s.h <= s.g {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -217,6 +218,36 @@ func TestAdaptiveProbeOutlastsBurst(t *testing.T) {
 	}
 }
 
+// TestAdaptiveLearnsBurst: a probe that failed after passing more than 5
+// units above the good rate (a vendor's burst let them through) raises
+// the units the next probes must pass to be kept: from 100/s, a probe of
+// 25 % throttled 0.4 s in (10 units above), the next, of 6.25 %, is kept
+// after 10 units (1.6 s), not 5 (0.8 s).
+func TestAdaptiveLearnsBurst(t *testing.T) {
+	w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 400, Min: 1, Start: 100, Per: time.Second}})}
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	// probeAt admits from at until the rate changes from was, and returns
+	// that time.
+	probeAt := func(at time.Time, was float64) time.Time {
+		for end := at.Add(5 * time.Second); math.Abs(w.status(at)-was) < 0.01; at = w.admit(at, at.Add(10*time.Millisecond)) {
+			if at.After(end) {
+				t.Fatalf("still at %.2f/s", was)
+			}
+		}
+		return at
+	}
+	p1 := probeAt(t0, 100)
+	near(t, "the start, good after a dwell, probed", w.status(p1), 125)
+	at := w.admit(p1, p1.Add(400*time.Millisecond))
+	near(t, "the probe throttled 10 units above", w.block(at), 100)
+	p2 := probeAt(at.Add(time.Second), 100)
+	near(t, "the next probe, the step quartered", w.status(p2), 106.25)
+	at = w.admit(p2, p2.Add(1200*time.Millisecond))
+	near(t, "7.5 units above: not yet kept", w.status(at), 106.25)
+	at = w.admit(at, p2.Add(1700*time.Millisecond))
+	near(t, "10 units above: kept, the next probe", w.status(at), 106.25*1.0625)
+}
+
 // TestAdaptiveThrottleBeforeProbe: a throttle that comes before a probe's
 // first unit went out is the good rate's, not the probe's: the good rate
 // is nudged (7/s to 6.79/s) rather than kept with the probe failed. A
@@ -273,12 +304,12 @@ func TestAdaptiveNudgedAgain(t *testing.T) {
 	near(t, "a probe since: nudged", w.block(at), 9.7*0.9*0.97)
 }
 
-// TestAdaptiveNextProbeSooner: a probe right after a kept one is kept
-// after 5 P busy even short of its 5 units, so that a limit that rose is
+// TestAdaptiveNextProbeSooner: once a probe at the smallest step is
+// kept, the next is larger and kept sooner, so that a limit that rose is
 // followed sooner: from 10/s, after three failed probes (the step
 // quartered each time, to 2 %), a probe of 2 % is kept after the hold
-// (24 s), short of its 5 units (25 s), and the next, as small (5 units
-// in 24.5 s), after 5 s.
+// (24 s), short of its 5 units (25 s), and the next is a step of 10 %,
+// kept after 5 s (its 5 units, and 5 P), the step doubled.
 func TestAdaptiveNextProbeSooner(t *testing.T) {
 	w := walk{t, NewModel(), mustSet(Rule{Name: "vendor", Limit: Adaptive{Max: 40, Min: 1, Start: 10, Per: time.Second}})}
 	at := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
@@ -299,13 +330,18 @@ func TestAdaptiveNextProbeSooner(t *testing.T) {
 	probe := at
 	at = w.admit(at, probe.Add(23500*time.Millisecond))
 	near(t, "short of its 5 units and of the hold", w.status(at), 10.2)
-	at = w.admit(at, probe.Add(24500*time.Millisecond))
-	near(t, "kept after the hold, the next probe", w.status(at), 10.2*1.02)
+	for w.status(at) < 10.3 && at.Before(probe.Add(26*time.Second)) { // kept at the hold
+		at = w.admit(at, at.Add(100*time.Millisecond))
+	}
+	if at.After(probe.Add(24500 * time.Millisecond)) {
+		t.Fatalf("kept %v after the probe, want at the hold, 24 s", at.Sub(probe))
+	}
+	near(t, "kept after the hold, the next probe", w.status(at), 10.2*1.1)
 	next := at
 	at = w.admit(at, next.Add(4500*time.Millisecond))
-	near(t, "the next, 4.5 s in", w.status(at), 10.2*1.02)
+	near(t, "the next, 4.5 s in", w.status(at), 10.2*1.1)
 	at = w.admit(at, next.Add(5500*time.Millisecond))
-	near(t, "kept after 5 s, the step doubled", w.status(at), 10.2*1.02*1.04)
+	near(t, "kept after 5 s, the step doubled", w.status(at), 10.2*1.1*1.2)
 }
 
 // TestAdaptiveClimbs: a rule that starts far below its Max finds it in
@@ -370,6 +406,39 @@ func TestAdaptiveOnRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	near(t, "b8", rateOf(t, d, 0), 10)
+	// A state stored before x (the learned burst) was added, 11 fields,
+	// reads as one with x 0 (b8 has none: Status stores nothing).
+	keys, err := c.Keys(ctx, prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := 0
+	for _, k := range keys {
+		v, err := c.Get(ctx, k).Result()
+		if err != nil || strings.Count(v, ":") != 11 || !strings.HasSuffix(v, ":0") {
+			continue
+		}
+		states++
+		ttl := c.PTTL(ctx, k).Val()
+		if err := c.Set(ctx, k, strings.TrimSuffix(v, ":0"), ttl).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if states != 1 {
+		t.Fatalf("%d learned states of 12 fields among %q, want 1 (b7's)", states, keys)
+	}
+	if d, err = b.Allow(ctx, s, b7); err != nil { // stores the state again
+		t.Fatal(err)
+	}
+	near(t, "b7 from a state of 11 fields", rateOf(t, d, 0), 7)
+	for _, k := range keys {
+		if v := c.Get(ctx, k).Val(); strings.Count(v, ":") == 11 {
+			states--
+		}
+	}
+	if states != 0 {
+		t.Errorf("b7's state not stored again with 12 fields")
+	}
 	assertAllExpire(t, c, prefix)
 }
 

@@ -552,7 +552,7 @@ func TestDifferentialSettle(t *testing.T) {
 // and the Go model with requests reserving far ahead of each other, out of
 // order, and refunding: bookings of their own beside the TATs.
 func TestDifferentialBookings(t *testing.T) {
-	var booked, taken, steals, leaps, cut atomic.Int64
+	var booked, taken, steals, leaps, cut, burst atomic.Int64
 	runDiffers(t, newBookingDiffer, 100, 3000, func(d *differ) {
 		leaps.Add(int64(d.mod.m.leaps))
 		for _, bs := range d.mod.m.books {
@@ -564,11 +564,14 @@ func TestDifferentialBookings(t *testing.T) {
 			if l.d > 0 {
 				cut.Add(1)
 			}
+			if l.x > 0 {
+				burst.Add(1)
+			}
 		}
 	})
 	// The test means something only if requests booked ahead of others and
 	// took over each other's bookings.
-	t.Logf("%d bookings of their own alive at the end, %d taken over (%d by a higher priority); Held false %d times; %d adaptive keys cut", booked.Load(), steals.Load(), leaps.Load(), taken.Load(), cut.Load())
+	t.Logf("%d bookings of their own alive at the end, %d taken over (%d by a higher priority); Held false %d times; %d adaptive keys cut, %d with a failed probe's excess (x)", booked.Load(), steals.Load(), leaps.Load(), taken.Load(), cut.Load(), burst.Load())
 	if n := booked.Load(); n < 500 {
 		t.Errorf("only %d bookings of their own were made", n)
 	}
@@ -580,6 +583,9 @@ func TestDifferentialBookings(t *testing.T) {
 	}
 	if cut.Load() < 10 {
 		t.Errorf("only %d adaptive keys were cut", cut.Load())
+	}
+	if burst.Load() < 5 {
+		t.Errorf("only %d adaptive keys saw a failed probe's excess", burst.Load())
 	}
 }
 

@@ -5,7 +5,7 @@
 -- rule tables passed to it.
 --
 -- State of an adaptive rule r: the string at r.lkey,
--- "r:g:s:n:d:w:a:k:h:c:m" (quotas/adaptive.go, learned): the rate r and the
+-- "r:g:s:n:d:w:a:k:h:c:m:x" (quotas/adaptive.go, learned): the rate r and the
 -- last good rate g while probing (0: not), in billionths of a unit per
 -- second; the probe step s in millionths; when the next probe is due (n;
 -- while probing, when its units start), the last cut (d), the time busy
@@ -13,7 +13,9 @@
 -- µs; k, 1 after a good probe; h, the rate that was good before the limit
 -- fell (0: none); c, 1 once the current rate was good for a dwell; m, 1
 -- when the next probe steps from the good rate even below h, 2 after a
--- nudge until the next probe. Absent, or a day after w (also on an
+-- nudge until the next probe; x, the most units above the good rate a
+-- failed probe passed before its throttle, in thousandths (0 in a state
+-- stored without it). Absent, or a day after w (also on an
 -- explicit clock), it is the rule's start. The key lives a day. r.em is
 -- the emission interval of the rate, in µs.
 --
@@ -22,7 +24,7 @@
 
 local learn_dwell, learn_dwell_units, learn_dwell_more, learn_dwell_cap = 2, 4, 16, 4
 local learn_hold, learn_hold_units, learn_hold_back, learn_back_units = 24, 100, 8, 60
-local learn_step0, learn_step_cut, learn_step_min, learn_step_max, learn_step_fail = 0.25, 0.2, 0.02, 1.0, 4
+local learn_step0, learn_step_cut, learn_step_jump, learn_step_min, learn_step_max, learn_step_fail = 0.25, 0.2, 0.1, 0.02, 1.0, 4
 local learn_cut, learn_nudge, learn_nudge_again, learn_forget, learn_cool, learn_ttl = 0.7, 0.97, 0.9, 0.97, 1000000, 86400000000
 local learn_excess, learn_excess_back, learn_excess_next = 5, 4, 5
 
@@ -40,7 +42,7 @@ end
 
 local function ad_store(r)
   call('SET', r.lkey, fmt(r.lr) .. ':' .. fmt(r.lg) .. ':' .. fmt(r.ls) .. ':' .. fmt(r.ln) .. ':' .. fmt(r.ld) ..
-    ':' .. fmt(r.lw) .. ':' .. fmt(r.la) .. ':' .. fmt(r.lk) .. ':' .. fmt(r.lh) .. ':' .. fmt(r.lc) .. ':' .. fmt(r.lm),
+    ':' .. fmt(r.lw) .. ':' .. fmt(r.la) .. ':' .. fmt(r.lk) .. ':' .. fmt(r.lh) .. ':' .. fmt(r.lc) .. ':' .. fmt(r.lm) .. ':' .. fmt(r.lx),
     'PX', fmt(learn_ttl / 1000))
 end
 
@@ -56,9 +58,9 @@ local function ad_load(r, now, credit)
     if now - f[6] >= learn_ttl then f = false end
   end
   if f then
-    r.lr, r.lg, r.ls, r.ln, r.ld, r.lw, r.la, r.lk, r.lh, r.lc, r.lm = f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11]
+    r.lr, r.lg, r.ls, r.ln, r.ld, r.lw, r.la, r.lk, r.lh, r.lc, r.lm, r.lx = f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12] or 0
   else
-    r.lr, r.lg, r.ls, r.ln, r.ld, r.lw, r.la, r.lk, r.lh, r.lc, r.lm = r.lstart, 0, learn_step0 * 1e6, 0, 0, now, 0, 0, 0, 0, 0
+    r.lr, r.lg, r.ls, r.ln, r.ld, r.lw, r.la, r.lk, r.lh, r.lc, r.lm, r.lx = r.lstart, 0, learn_step0 * 1e6, 0, 0, now, 0, 0, 0, 0, 0, 0
   end
   r.em = ad_em(r.lr)
   if credit then
@@ -87,19 +89,29 @@ local function ad_excess_wait(r)
   return ad_hold(r)
 end
 
+-- ad_excess is the units a probe passed above the good rate, busy for r.la.
+local function ad_excess(r)
+  return r.la * (r.lr - r.lg) / 1e15
+end
+
 -- ad_grow, after a charge at now: a rate busy for a dwell is good (a probe
 -- that was, and that passed learn_excess units more than the good rate in
--- it or was busy for ad_excess_wait, is kept, the next due at once; two in
--- a row double the step); then a due probe starts, straight to the
--- remembered rate if higher once the hold has passed since the last cut
--- (unless the last probe to it failed).
+-- it, or r.lx thousandths if more, or was busy for ad_excess_wait, is
+-- kept, the next due at once; two in a row double the step, the first at
+-- the smallest step makes it learn_step_jump); then a due probe starts,
+-- straight to the remembered rate if higher once the hold has passed
+-- since the last cut (unless the last probe to it failed).
 local function ad_grow(r, now)
   if r.la < ad_dwell(r) then return end
-  if r.lg > 0 and r.la < ad_excess_wait(r) and r.la * (r.lr - r.lg) / 1e15 < learn_excess then return end
+  if r.lg > 0 and r.la < ad_excess_wait(r) and ad_excess(r) < max(learn_excess, r.lx / 1e3) then return end
   r.la, r.lc = 0, 1
   if r.lg > 0 then
     r.lg, r.ln = 0, now
-    if r.lk == 1 then r.ls = min(learn_step_max * 1e6, 2 * r.ls) end
+    if r.lk == 1 then
+      r.ls = min(learn_step_max * 1e6, 2 * r.ls)
+    elseif r.ls <= learn_step_min * 1e6 then
+      r.ls = learn_step_jump * 1e6
+    end
     r.lk = 1
     if r.lr >= r.lh then r.lh = 0 end
   end
@@ -136,6 +148,7 @@ local function ad_cut(r, now, till, decided)
     r.lr, r.lg, r.lc = r.lg, 0, 1
   end
   if r.lg > 0 then
+    r.lx = max(r.lx, floor(ad_excess(r) * 1e3))
     if r.lh > 0 and r.lr >= r.lh then
       -- The rate that was good before the limit fell is not yet.
       r.lh = floor(r.lh * learn_forget)

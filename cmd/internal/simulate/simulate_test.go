@@ -158,8 +158,9 @@ func TestAdaptiveDay(t *testing.T) {
 // TestAdaptive's shape, 20/s for 40 s, 5/s, 20/s for 40 s, on 3 and 6
 // workers of 10 slots) is found again soon, wherever the learner's probes
 // stand when it comes back: the low phase lasts 15 to 45 s, a second
-// apart. Measured (2026-11-28): 83.9 % of the third phase used from 10 s
-// in on average, 73.0 % at worst, 1.18 % of calls 429 (80.0, 61.0 and
+// apart. Measured (2026-11-29): 83.0 % of the third phase used from 10 s
+// in on average, 73.0 % at worst, 1.22 % of calls 429 (83.9, 73.0 and
+// 1.18 % before the learned burst and the 10 % step; 80.0, 61.0 and
 // 1.50 % before the probes back to the remembered rate waited the hold
 // since the last cut, and failed probes quartered the step). The bars
 // (the simulation is deterministic): 82 % on average, 70 % at worst,
