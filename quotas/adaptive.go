@@ -158,10 +158,10 @@ func (p *learnParams) hold(s learned) int64 {
 }
 
 // excessWait is learn.lua's ad_excess_wait: the busy time, µs, after
-// which a probe that has not yet passed learnExcess units above the good
-// rate is good all the same: 4 P while a remembered rate is more than
-// 10 % above the current one (so that probes back to it stay as
-// frequent), 5 P right after a kept probe (so that a limit that rose is
+// which a probe that has not yet passed learnExcess units (x if more)
+// above the good rate is good all the same: 4 P while a remembered rate
+// is more than 10 % above the current one (so that probes back to it stay
+// as frequent), 5 P right after a kept probe (so that a limit that rose is
 // followed sooner: from 5/s, each 2 % probe waited the hold, 24 s, for
 // its 5 units), the hold otherwise.
 func (p *learnParams) excessWait(s learned) int64 {

@@ -79,10 +79,10 @@ local function ad_hold(r)
 end
 
 -- ad_excess_wait is the busy time, µs, after which a probe that has not
--- passed learn_excess units above the good rate is good all the same:
--- learn_excess_back P while a remembered rate is more than 10 % above the
--- current one, learn_excess_next P right after a kept probe (k), the hold
--- otherwise.
+-- passed learn_excess units (r.lx if more) above the good rate is good
+-- all the same: learn_excess_back P while a remembered rate is more than
+-- 10 % above the current one, learn_excess_next P right after a kept probe
+-- (k), the hold otherwise.
 local function ad_excess_wait(r)
   if r.lh * 10 > r.lr * 11 then return learn_excess_back * r.lper end
   if r.lk == 1 then return learn_excess_next * r.lper end
